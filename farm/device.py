@@ -1,0 +1,183 @@
+"""OpenCL devices, their limits and their fingerprints.
+
+A *fingerprint* names everything that makes a binary invalid elsewhere: platform name
+and version, device name and vendor, driver version, OpenCL C version and (for PoCL,
+whose device version names the LLVM target CPU) the target. It reads as a slug and is
+made unique by a hash of those fields, e.g. ``pocl-pthread-intel-r-xeon-r-processor-1a2b3c4d5e6f``.
+
+OpenCL state never crosses a fork: :func:`discover_devices` asks a short-lived child
+process (``python -m farm.device``) so that the calling process, which may later fork a
+worker pool, never initialises a driver. :func:`probe_devices` is the in-process probe
+for processes that will hold a context anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+from farm.errors import DeviceError
+from farm.hashing import stable_hash
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+
+class DeviceInfo(BaseModel):
+    """One OpenCL device as the farm sees it: identity and the limits ``lower`` checks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    platform_index: int
+    device_index: int
+    platform_name: str
+    platform_version: str
+    device_name: str
+    vendor: str
+    device_version: str
+    driver_version: str
+    opencl_c_version: str
+    max_work_group_size: int
+    max_work_item_sizes: tuple[int, ...]
+    local_mem_size: int
+    global_mem_size: int
+    max_compute_units: int
+    extensions: tuple[str, ...]
+
+    @property
+    def has_fp16(self) -> bool:
+        return "cl_khr_fp16" in self.extensions
+
+    @property
+    def has_fp64(self) -> bool:
+        return "cl_khr_fp64" in self.extensions
+
+    def identity(self) -> dict[str, str]:
+        """The fields a binary's validity depends on."""
+        return {
+            "platform_name": self.platform_name,
+            "platform_version": self.platform_version,
+            "device_name": self.device_name,
+            "vendor": self.vendor,
+            "device_version": self.device_version,
+            "driver_version": self.driver_version,
+            "opencl_c_version": self.opencl_c_version,
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        """Readable slug plus a hash of :meth:`identity`; stable from run to run."""
+        platform = "pocl" if "pocl" in self.platform_name.lower() or "portable" in \
+            self.platform_name.lower() else _slug(self.platform_name)[:16]
+        name = _slug(self.device_name)[:40]
+        return f"{platform}-{name}-{stable_hash(self.identity(), 12)}"
+
+
+_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def _slug(text: str) -> str:
+    return _SLUG.sub("-", text.lower()).strip("-")
+
+
+def info_from_device(platform_index: int, device_index: int, dev: cl.Device) -> DeviceInfo:
+    """Read a pyopencl device's identity and limits."""
+    platform = dev.platform
+    return DeviceInfo(
+        platform_index=platform_index,
+        device_index=device_index,
+        platform_name=platform.name.strip(),
+        platform_version=platform.version.strip(),
+        device_name=dev.name.strip(),
+        vendor=dev.vendor.strip(),
+        device_version=dev.version.strip(),
+        driver_version=dev.driver_version.strip(),
+        opencl_c_version=dev.opencl_c_version.strip(),
+        max_work_group_size=int(dev.max_work_group_size),
+        max_work_item_sizes=tuple(int(x) for x in dev.max_work_item_sizes),
+        local_mem_size=int(dev.local_mem_size),
+        global_mem_size=int(dev.global_mem_size),
+        max_compute_units=int(dev.max_compute_units),
+        extensions=tuple(sorted(dev.extensions.split())),
+    )
+
+
+def probe_devices() -> list[DeviceInfo]:
+    """List devices in this process (initialises the OpenCL drivers here)."""
+    import pyopencl as cl
+
+    found: list[DeviceInfo] = []
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:  # the ICD loader raises when no platform is installed
+        return found
+    for pi, platform in enumerate(platforms):
+        try:
+            devices = platform.get_devices()
+        except cl.Error:
+            continue
+        for di, dev in enumerate(devices):
+            found.append(info_from_device(pi, di, dev))
+    return found
+
+
+_DEVICES = TypeAdapter(list[DeviceInfo])
+
+
+def discover_devices(timeout_s: float = 120.0) -> list[DeviceInfo]:
+    """List devices from a child process, leaving this process free of OpenCL state."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "farm.device"], capture_output=True,
+                              text=True, timeout=timeout_s, env=os.environ.copy(), check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise DeviceError(f"device discovery did not answer within {timeout_s:.0f} s") from exc
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DeviceError(f"device discovery failed: {last}")
+    return _DEVICES.validate_json(proc.stdout)
+
+
+def select_device(devices: list[DeviceInfo], selector: str | None = None) -> DeviceInfo:
+    """Pick a device by fingerprint, fingerprint prefix or name substring; default first."""
+    if not devices:
+        raise DeviceError("no OpenCL device found (install pocl-binary-distribution for a "
+                          "CPU device)")
+    if not selector:
+        return devices[0]
+    for dev in devices:
+        if dev.fingerprint == selector:
+            return dev
+    matches = [d for d in devices if d.fingerprint.startswith(selector)
+               or selector.lower() in d.device_name.lower()]
+    if not matches:
+        known = ", ".join(d.fingerprint for d in devices)
+        raise DeviceError(f"no device matches {selector!r}; devices here: {known}")
+    return matches[0]
+
+
+def open_device(info: DeviceInfo) -> tuple[cl.Context, cl.Device]:
+    """Create a context on the device ``info`` describes (verifying its fingerprint)."""
+    import pyopencl as cl
+
+    try:
+        dev = cl.get_platforms()[info.platform_index].get_devices()[info.device_index]
+    except (IndexError, cl.Error) as exc:
+        raise DeviceError(f"device {info.fingerprint} is not present here") from exc
+    here = info_from_device(info.platform_index, info.device_index, dev)
+    if here.fingerprint != info.fingerprint:
+        raise DeviceError(f"device changed: expected {info.fingerprint}, found {here.fingerprint}")
+    return cl.Context([dev]), dev
+
+
+def _main() -> None:
+    print(json.dumps([d.model_dump(mode="json") for d in probe_devices()]))
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,249 @@
+"""A throwaway MinIO server on loopback, for development and the integration tests.
+
+MinIO is the cluster's artifact store; first-writer-wins rests on its conditional writes,
+which only a real server can show. Debian has no MinIO package, so the binary is built
+once with `go install` and reused.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from farm.devservices.ports import (
+    LOOPBACK,
+    ServiceError,
+    free_port,
+    stop_process,
+    wait_until,
+)
+
+MINIO_MODULE = "github.com/minio/minio@latest"
+START_TIMEOUT_S = 60.0
+
+# No proxy for loopback health checks, whatever http_proxy says.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _go_bin_dir() -> Path | None:
+    """Where `go install` puts binaries (GOBIN, else the first GOPATH entry's bin)."""
+    go = shutil.which("go")
+    if go is None:
+        return None
+    result = subprocess.run(
+        [go, "env", "GOBIN", "GOPATH"], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        return None
+    gobin, _, gopath = result.stdout.partition("\n")
+    if gobin.strip():
+        return Path(gobin.strip())
+    first = gopath.strip().split(os.pathsep)[0]
+    return Path(first) / "bin" if first else None
+
+
+def ensure_minio() -> Path:
+    """Return a MinIO server binary, building it with `go install` when there is none.
+
+    Order: `FARM_MINIO_BIN` (a binary the user chose; it must exist), then the one
+    `go install` left in GOBIN/GOPATH, then a fresh build, which takes minutes and is
+    announced so that a silent wait is not mistaken for a hang.
+    """
+    chosen = os.environ.get("FARM_MINIO_BIN")
+    if chosen:
+        path = Path(chosen)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ServiceError(f"FARM_MINIO_BIN={chosen} is not an executable file")
+        return path
+    bin_dir = _go_bin_dir()
+    candidates = [bin_dir / "minio"] if bin_dir is not None else []
+    candidates.append(Path.home() / "go" / "bin" / "minio")
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    go = shutil.which("go")
+    if go is None or bin_dir is None:
+        raise ServiceError(
+            "no MinIO binary: set FARM_MINIO_BIN, or install Go and run "
+            f"`go install {MINIO_MODULE}` (scripts/bootstrap does this)"
+        )
+    print(
+        f"devservices: building MinIO with `go install {MINIO_MODULE}` "
+        "(takes several minutes, once)",
+        file=sys.stderr,
+        flush=True,
+    )
+    result = subprocess.run(
+        [go, "install", MINIO_MODULE], capture_output=True, text=True, check=False
+    )
+    built = bin_dir / "minio"
+    if result.returncode != 0 or not built.is_file():
+        output = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+        raise ServiceError(f"`go install {MINIO_MODULE}` failed ({result.returncode}):\n{output}")
+    return built
+
+
+def minio_ready(port: int, timeout: float = 1.0) -> bool:
+    """Whether MinIO on the loopback port says it is ready to serve requests."""
+    url = f"http://{LOOPBACK}:{port}/minio/health/ready"
+    try:
+        with _DIRECT.open(url, timeout=timeout) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class MinioServer:
+    """One single-drive MinIO server in its own temporary folder, on a free loopback port.
+
+    The root credentials are random for every start and reach the server only through
+    its environment; they are never written to a log or shown by repr(). The web console
+    is switched off, and its address is pinned to loopback anyway so that nothing ever
+    listens on another interface.
+    """
+
+    def __init__(self, workdir: Path | None = None) -> None:
+        """`workdir` is where the server's temporary folder is made (system temp if None)."""
+        self.workdir = workdir
+        self._directory: Path | None = None
+        self._port: int | None = None
+        self._access_key: str | None = None
+        self._secret_key: str | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        state = f"endpoint={self.endpoint}" if self.running else "stopped"
+        return f"MinioServer({state})"
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process we started is still alive."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def port(self) -> int:
+        """The loopback port of the S3 API."""
+        if self._port is None:
+            raise ServiceError("MinioServer is not started")
+        return self._port
+
+    @property
+    def directory(self) -> Path:
+        """The server's temporary folder (data under `data/`, log); gone after stop()."""
+        if self._directory is None:
+            raise ServiceError("MinioServer is not started")
+        return self._directory
+
+    @property
+    def endpoint(self) -> str:
+        """`host:port` as the `minio` SDK wants it (plain HTTP: `secure=False`)."""
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def secure(self) -> bool:
+        """Always False: a loopback test server speaks plain HTTP."""
+        return False
+
+    @property
+    def access_key(self) -> str:
+        """The root user, random per start."""
+        if self._access_key is None:
+            raise ServiceError("MinioServer is not started")
+        return self._access_key
+
+    @property
+    def secret_key(self) -> str:
+        """The root password, random per start."""
+        if self._secret_key is None:
+            raise ServiceError("MinioServer is not started")
+        return self._secret_key
+
+    @property
+    def log_path(self) -> Path:
+        """The server's combined stdout and stderr."""
+        return self.directory / "minio.log"
+
+    def start(self) -> MinioServer:
+        """Find or build MinIO, start it and return once its readiness check answers 200."""
+        if self._process is not None:
+            raise ServiceError("MinioServer is already started")
+        binary = ensure_minio()
+        base = self.workdir
+        if base is not None:
+            base.mkdir(parents=True, exist_ok=True)
+        self._directory = Path(tempfile.mkdtemp(prefix="farm-minio-", dir=base))
+        self._port = free_port()
+        console_port = free_port()
+        self._access_key = "farm-" + secrets.token_hex(6)
+        self._secret_key = secrets.token_urlsafe(24)
+        env = {key: value for key, value in os.environ.items() if not key.startswith("MINIO_")}
+        env.update(
+            MINIO_ROOT_USER=self._access_key,
+            MINIO_ROOT_PASSWORD=self._secret_key,
+            MINIO_BROWSER="off",
+            MINIO_UPDATE="off",
+        )
+        command = [
+            str(binary),
+            "server", str(self._directory / "data"),
+            "--address", f"{LOOPBACK}:{self._port}",
+            "--console-address", f"{LOOPBACK}:{console_port}",
+            "--certs-dir", str(self._directory / "certs"),
+            "--quiet",
+            "--anonymous",
+        ]  # fmt: skip
+        try:
+            with self.log_path.open("wb") as log:
+                self._process = subprocess.Popen(
+                    command,
+                    env=env,
+                    cwd=self._directory,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            port = self._port
+            wait_until(
+                lambda: minio_ready(port),
+                what=f"MinIO on {LOOPBACK}:{port}",
+                timeout=START_TIMEOUT_S,
+                process=self._process,
+                log=self.log_path,
+                interval=0.1,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM) and remove its folder with all objects. Idempotent."""
+        if self._process is not None:
+            stop_process(self._process)
+            self._process = None
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+        self._port = None
+        self._access_key = None
+        self._secret_key = None
+
+    def __enter__(self) -> MinioServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,12 @@
+"""The farm's built-in kernel library (one family per module, see ``base``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from farm.families.base import KernelFamily
+from farm.families.builtin.elementwise_binary import ElementwiseBinary
+
+FAMILIES: list[type[KernelFamily[Any]]] = [
+    ElementwiseBinary,
+]

@@ -1,0 +1,180 @@
+"""The data model of the compile path: ids, keys, artifacts, outcomes.
+
+Every value that crosses a boundary (a task payload, a stored artifact's metadata, a
+record) is one of these pydantic models, so it is validated where it enters. Ids are
+frozen: they are hashed, used as dict keys and compared across processes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from farm.hashing import sha256_hex, stable_hash
+
+
+class Frozen(BaseModel):
+    """Immutable, strict-about-extra-fields base for ids and payloads."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LaunchSettings(Frozen):
+    """What a launch fixes that the kernel's code may be specialized for.
+
+    ``local_size`` is the work-group shape the kernel is compiled for (``None``: the
+    family picks its own default). It is part of the kernel id because a kernel compiled
+    with ``reqd_work_group_size`` cannot be launched with another shape.
+    """
+
+    local_size: tuple[int, ...] | None = None
+
+    @field_validator("local_size")
+    @classmethod
+    def _positive(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not 1 <= len(value) <= 3 or any(v < 1 for v in value)):
+            raise ValueError("local_size must be 1 to 3 positive integers")
+        return value
+
+
+class KernelId(Frozen):
+    """Family name + validated compile-time parameters + launch settings.
+
+    ``params`` holds the family's parameter model dumped to JSON-compatible values
+    (defaults filled in), so two spellings of the same kernel have the same id.
+    """
+
+    family: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    launch: LaunchSettings = LaunchSettings()
+
+    def __hash__(self) -> int:  # dict params are unhashable; hash the canonical form
+        return hash(self.id_hash)
+
+    @property
+    def id_hash(self) -> str:
+        """Stable hash of the kernel id alone."""
+        return stable_hash(self.model_dump(mode="json"))
+
+    def label(self) -> str:
+        """Short readable name for tables and logs."""
+        inner = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.family}({inner})"
+
+
+class Variant(Frozen):
+    """What a launch decides that the kernel id does not: build options, alignment."""
+
+    options: tuple[str, ...] = ()
+    alignment: int = 0
+
+    @field_validator("options")
+    @classmethod
+    def _safe_options(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for opt in value:
+            if not opt.startswith("-") or any(c in opt for c in "\n\r\0"):
+                raise ValueError(f"build option {opt!r} must be a single '-' flag")
+        return value
+
+
+class ArtifactId(Frozen):
+    """Kernel id + variant: what one compiled binary is for."""
+
+    kernel: KernelId
+    variant: Variant = Variant()
+
+    def __hash__(self) -> int:
+        return hash(self.id_hash)
+
+    @property
+    def id_hash(self) -> str:
+        """The ``id`` part of the key: a stable hash of kernel id and variant."""
+        return stable_hash(self.model_dump(mode="json"))
+
+
+class Key(Frozen):
+    """(id hash, build id): how an artifact is found without expanding the kernel."""
+
+    id_hash: str = Field(pattern=r"^[0-9a-f]{8,64}$")
+    build_id: str = Field(pattern=r"^[0-9a-f]{8,64}$")
+
+    def __str__(self) -> str:
+        return f"{self.id_hash}.{self.build_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> Key:
+        """Inverse of ``str(key)``."""
+        id_hash, _, build_id = text.partition(".")
+        return cls(id_hash=id_hash, build_id=build_id)
+
+
+class Lowered(Frozen):
+    """A kernel expanded to OpenCL C for one device: the reusable *source*."""
+
+    source: str
+    options: tuple[str, ...] = ()
+    kernel_names: tuple[str, ...]
+
+    @property
+    def source_hash(self) -> str:
+        """Hash of what the compiler sees; equal hashes can share one binary."""
+        return stable_hash({"source": self.source, "options": list(self.options)}, 64)
+
+
+class Outcome(StrEnum):
+    """How an artifact was obtained."""
+
+    LOADED = "Loaded"
+    REKEYED = "Rekeyed"
+    COMPILED = "Compiled"
+
+
+FailureKind = Literal["unsupported", "validation", "compile", "load", "version-skew", "error"]
+
+
+class KernelFailure(Frozen):
+    """Why one kernel of a batch was not obtained."""
+
+    kind: FailureKind
+    message: str
+    build_log: str = ""
+
+
+class ArtifactMeta(Frozen):
+    """Everything stored beside a binary. Its digest is checked before every load."""
+
+    key: Key
+    family: str
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    source_hash: str
+    build_log: str = ""
+    host: str = ""
+    worker: str = ""
+    work_s: float = 0.0
+    created_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    origin: Literal["compiled", "imported"] = "compiled"
+
+
+class Artifact(BaseModel):
+    """A compiled binary and its metadata."""
+
+    model_config = ConfigDict(frozen=True)
+
+    meta: ArtifactMeta
+    binary: bytes
+
+    @classmethod
+    def create(cls, key: Key, family: str, binary: bytes, source_hash: str,
+               **extra: Any) -> Artifact:
+        """Build an artifact, computing digest and size from the binary."""
+        meta = ArtifactMeta(key=key, family=family, digest=sha256_hex(binary),
+                            size=len(binary), source_hash=source_hash, **extra)
+        return cls(meta=meta, binary=binary)
+
+    def verify(self) -> bool:
+        """True when the binary matches its recorded size and digest."""
+        return len(self.binary) == self.meta.size and sha256_hex(self.binary) == self.meta.digest
