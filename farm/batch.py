@@ -1,0 +1,322 @@
+"""A batch: obtain many kernels together, each Loaded, Rekeyed or Compiled.
+
+Order of work, chosen so the compiler (the expensive part) starts as early as possible
+and nothing per kernel is serialized behind it:
+
+1. compute every key (no expansion needed) and ask the store which it holds, in bulk;
+2. lower the misses on threads; a miss whose source the index knows is *rekeyed*
+   (see :mod:`farm.rekey`); the rest are grouped by source and each group's first
+   kernel (its leader) is sent to the compiler, the others reuse its artifact;
+3. while the compiler works, load the hits (verifying digests; a corrupt or refused
+   hit becomes a miss that is compiled again, which repairs the store);
+4. load each compiled binary as it arrives and store it only after the load succeeded.
+
+A kernel that fails is reported with its error and build log and nothing of it is
+stored; the others go on. The batch's work is the sum of its kernels' work; its wall
+time runs from its start to its last load.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from farm.device import DeviceInfo
+from farm.errors import FarmError, KernelError, LoadError
+from farm.families import Registry
+from farm.finalize import FinalizeResult
+from farm.keys import Namespace
+from farm.load import load
+from farm.model import Artifact, ArtifactId, Key, KernelFailure, Lowered, Outcome
+from farm.rekey import RekeyAction, rekey_action
+from farm.store.base import ArtifactStore
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+    from farm.compiler import Compiler
+    from farm.records.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[["KernelResult"], None]
+
+
+@dataclass
+class KernelResult:
+    """What happened to one kernel of a batch."""
+
+    artifact: ArtifactId
+    key: Key | None = None
+    outcome: Outcome | None = None
+    failure: KernelFailure | None = None
+    work_s: float = 0.0
+    worker: str = ""
+    program: Any = None  # the loaded pyopencl.Program, when the batch keeps programs
+
+    @property
+    def label(self) -> str:
+        return self.artifact.kernel.label()
+
+
+@dataclass
+class BatchReport:
+    """The batch's results in request order, and what it cost."""
+
+    results: list[KernelResult]
+    wall_s: float
+    parallelism: int
+    compiler_invocations: int
+    batch_seq: int | None = None
+
+    @property
+    def work_s(self) -> float:
+        return sum(r.work_s for r in self.results)
+
+    def count(self, outcome: Outcome) -> int:
+        return sum(1 for r in self.results if r.outcome is outcome)
+
+    @property
+    def unsupported(self) -> list[KernelResult]:
+        return [r for r in self.results if r.failure and r.failure.kind == "unsupported"]
+
+    @property
+    def failed(self) -> list[KernelResult]:
+        return [r for r in self.results if r.failure and r.failure.kind != "unsupported"]
+
+    def summary(self) -> dict[str, Any]:
+        wall = self.wall_s
+        return {
+            "kernels": len(self.results),
+            "loaded": self.count(Outcome.LOADED),
+            "rekeyed": self.count(Outcome.REKEYED),
+            "compiled": self.count(Outcome.COMPILED),
+            "unsupported": len(self.unsupported),
+            "failed": len(self.failed),
+            "work_s": round(self.work_s, 4),
+            "wall_s": round(wall, 4),
+            "speedup": round(self.work_s / wall, 2) if wall > 0 else 0.0,
+            "parallelism": self.parallelism,
+            "compiler_invocations": self.compiler_invocations,
+        }
+
+
+@dataclass
+class _Pending:
+    """A miss on its way through lower -> (rekey | compile) -> load -> store."""
+
+    result: KernelResult
+    family: str
+    lowered: Lowered | None = None
+    started: float = 0.0
+    followers: list[_Pending] = field(default_factory=list)
+
+
+class Batch:
+    """Obtains kernels on one device. Reusable: one ``run`` per batch."""
+
+    def __init__(self, *, registry: Registry, device: DeviceInfo, ctx: cl.Context,
+                 cl_device: cl.Device, store: ArtifactStore, compiler: Compiler,
+                 recorder: Recorder | None = None, keep_programs: bool = False,
+                 label: str = "") -> None:
+        self.registry = registry
+        self.device = device
+        self.ctx = ctx
+        self.cl_device = cl_device
+        self.store = store
+        self.ns = Namespace.for_fingerprint(device.fingerprint)
+        self.compiler = compiler
+        self.recorder = recorder
+        self.keep_programs = keep_programs
+        self.label = label
+
+    # -- entry point ---------------------------------------------------------------------
+    def run(self, artifacts: Iterable[ArtifactId],
+            progress: Progress | None = None) -> BatchReport:
+        start = time.perf_counter()
+        results = [KernelResult(artifact=a) for a in artifacts]
+        notify = progress or (lambda r: None)
+        invocations = 0
+
+        # 1. keys, then one bulk look-up
+        families: dict[int, str] = {}
+        for i, res in enumerate(results):
+            try:
+                family = self.registry.get(res.artifact.kernel.family)
+                res.key = Key(id_hash=res.artifact.id_hash, build_id=family.build_id)
+                families[i] = family.name
+            except FarmError as exc:
+                self._fail(res, "validation", str(exc), notify)
+        keyed = [r for r in results if r.key is not None]
+        held = self.store.existing(self.ns, [r.key for r in keyed if r.key])
+        hits = [r for r in keyed if r.key in held]
+        misses = [_Pending(result=r, family=r.artifact.kernel.family)
+                  for r in keyed if r.key not in held]
+
+        # 2. lower misses, rekey what the source index knows, send the rest to compile
+        futures: dict[Future[FinalizeResult], _Pending] = {}
+        invocations += self._dispatch(misses, futures, notify)
+
+        # 3. load hits while the compiler works
+        late: list[_Pending] = []
+        for res in hits:
+            t = time.perf_counter()
+            assert res.key is not None
+            art = self.store.get(self.ns, res.key)
+            program = None
+            if art is not None:
+                try:
+                    program = load(self.ctx, self.cl_device, art.binary)
+                except LoadError as exc:
+                    log.warning("stored artifact %s refused by the device (%s); compiling",
+                                res.key, exc)
+            if program is None:  # corrupt or refused: a miss that recompiling repairs
+                late.append(_Pending(result=res, family=res.artifact.kernel.family,
+                                     started=t))
+                continue
+            res.work_s = time.perf_counter() - t
+            self._done(res, Outcome.LOADED, program, notify)
+        invocations += self._dispatch(late, futures, notify, rekey=False)
+
+        # 4. load compiled binaries as they arrive, store after a successful load
+        for fut in as_completed(list(futures)):
+            self._finish_compile(futures[fut], fut.result(), notify)
+
+        wall = time.perf_counter() - start
+        report = BatchReport(results=results, wall_s=wall,
+                             parallelism=self.compiler.parallelism,
+                             compiler_invocations=invocations)
+        if self.recorder is not None:
+            rec = self.recorder.batch(
+                kernels=len(results), loaded=report.count(Outcome.LOADED),
+                rekeyed=report.count(Outcome.REKEYED), compiled=report.count(Outcome.COMPILED),
+                unsupported=len(report.unsupported), failed=len(report.failed),
+                parallelism=report.parallelism, wall_s=wall, work_s=report.work_s,
+                label=self.label)
+            report.batch_seq = rec.stamp.seq if rec is not None else None
+        return report
+
+    # -- steps -----------------------------------------------------------------------------
+    def _lower(self, pending: _Pending) -> None:
+        t = time.perf_counter()
+        family = self.registry.get(pending.family)
+        pending.lowered = family.lower_id(pending.result.artifact, self.device)
+        pending.result.work_s += time.perf_counter() - t
+
+    def _dispatch(self, pendings: list[_Pending],
+                  futures: dict[Future[FinalizeResult], _Pending], notify: Progress,
+                  rekey: bool = True) -> int:
+        """Lower ``pendings`` in parallel; rekey or submit each. Returns compiles sent."""
+        if not pendings:
+            return 0
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            lowered = list(pool.map(self._try_lower, pendings))
+        leaders: dict[str, _Pending] = {}
+        sent = 0
+        for pending, error in zip(pendings, lowered, strict=True):
+            if error is not None:
+                self._fail(pending.result, error.kind if error.kind != "error"
+                           else "validation", str(error), notify)
+                continue
+            assert pending.lowered is not None
+            source_hash = pending.lowered.source_hash
+            if source_hash in leaders:
+                leaders[source_hash].followers.append(pending)
+                continue
+            if rekey and self._try_rekey(pending, source_hash, notify):
+                continue
+            leaders[source_hash] = pending
+            futures[self.compiler.submit(pending.lowered)] = pending
+            sent += 1
+        return sent
+
+    def _try_lower(self, pending: _Pending) -> KernelError | None:
+        try:
+            self._lower(pending)
+        except KernelError as exc:
+            return exc
+        except FarmError as exc:  # parameter errors surface here for hand-made ids
+            return KernelError(str(exc))
+        return None
+
+    def _try_rekey(self, pending: _Pending, source_hash: str, notify: Progress) -> bool:
+        res = pending.result
+        assert res.key is not None
+        found = self.store.find_source(self.ns, source_hash)
+        if found is None or found == res.key:
+            return False
+        t = time.perf_counter()
+        art = self.store.get(self.ns, found)
+        if art is None:
+            return False
+        try:
+            program = load(self.ctx, self.cl_device, art.binary)
+        except LoadError:
+            return False
+        action = rekey_action(found, res.key)
+        self._put(res, art)
+        if action is RekeyAction.MOVE:
+            self.store.delete(self.ns, found)
+        res.work_s += time.perf_counter() - t
+        self._done(res, Outcome.REKEYED, program, notify, pending.lowered)
+        return True
+
+    def _finish_compile(self, leader: _Pending, built: FinalizeResult,
+                        notify: Progress) -> None:
+        group = [leader, *leader.followers]
+        if not built.ok:
+            for p in group:
+                p.result.work_s += built.work_s if p is leader else 0.0
+                self._fail(p.result, "compile", built.error, notify, built.build_log)
+            return
+        t = time.perf_counter()
+        assert leader.lowered is not None
+        try:
+            program = load(self.ctx, self.cl_device, built.binary, leader.lowered.kernel_names)
+        except LoadError as exc:
+            for p in group:
+                self._fail(p.result, "load", str(exc), notify, built.build_log)
+            return
+        art = Artifact.create(leader.result.key or Key(id_hash="0" * 8, build_id="0" * 8),
+                              leader.family, built.binary, leader.lowered.source_hash,
+                              build_log=built.build_log, host=built.host, worker=built.worker,
+                              work_s=built.work_s)
+        self._put(leader.result, art)
+        leader.result.worker = built.worker
+        leader.result.work_s += built.work_s + (time.perf_counter() - t)
+        self._done(leader.result, Outcome.COMPILED, program, notify, leader.lowered)
+        for p in leader.followers:
+            self._put(p.result, art)
+            self._done(p.result, Outcome.REKEYED, program, notify, p.lowered)
+
+    def _put(self, res: KernelResult, art: Artifact) -> None:
+        assert res.key is not None
+        if art.meta.key != res.key or art.meta.family != res.artifact.kernel.family:
+            art = Artifact(meta=art.meta.model_copy(
+                update={"key": res.key, "family": res.artifact.kernel.family}),
+                binary=art.binary)
+        self.store.put(self.ns, art)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def _done(self, res: KernelResult, outcome: Outcome, program: Any, notify: Progress,
+              lowered: Lowered | None = None) -> None:
+        res.outcome = outcome
+        if self.keep_programs:
+            res.program = program
+        if self.recorder is not None and res.key is not None:
+            self.recorder.compilation(
+                family=res.artifact.kernel.family, key=str(res.key), outcome=outcome,
+                work_s=res.work_s, source=lowered.source if lowered else None,
+                options=list(lowered.options) if lowered else None, worker=res.worker)
+        notify(res)
+
+    @staticmethod
+    def _fail(res: KernelResult, kind: str, message: str, notify: Progress,
+              build_log: str = "") -> None:
+        res.failure = KernelFailure(kind=kind, message=message,  # type: ignore[arg-type]
+                                    build_log=build_log)
+        notify(res)

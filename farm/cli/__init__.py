@@ -1,0 +1,1 @@
+"""The ``farm`` command line (typer). ``main`` turns every FarmError into one line."""

@@ -1,0 +1,45 @@
+"""The ``farm`` command. Every :class:`FarmError` becomes one line and an exit status."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from farm.cli import build as build_cmd
+from farm.cli import demo as demo_cmd
+from farm.cli import devices as devices_cmd
+from farm.cli.manifest import app as manifest_app
+from farm.errors import FarmError
+
+app = typer.Typer(help="kernel-farm: a compilation farm for OpenCL kernels.",
+                  pretty_exceptions_enable=False, no_args_is_help=True,
+                  add_completion=False)
+app.command("build")(build_cmd.build)
+app.command("devices")(devices_cmd.devices)
+app.command("demo")(demo_cmd.demo)
+app.add_typer(manifest_app, name="manifest", help="Inspect model manifests.")
+
+
+def main() -> None:
+    """Console entry point."""
+    try:
+        app(standalone_mode=False)
+    except FarmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors are ClickException
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise

@@ -1,0 +1,111 @@
+"""Compilers: where ``finalize`` runs. The batch only sees the :class:`Compiler` seam.
+
+* :class:`ProcessPoolCompiler` — the embedded default: a pool of *spawned* processes,
+  each of which opens its OpenCL context once, in its initializer, and keeps it. Spawn,
+  never fork: OpenCL state must not cross a fork, and the parent may already hold a
+  context (it loads what the pool compiles).
+* :class:`InlineCompiler` — compile in the calling thread (``--workers 0``, tests).
+* The cluster's Celery compiler implements the same protocol in ``worker/``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import TYPE_CHECKING, Any, Protocol
+
+from farm.device import DeviceInfo, open_device
+from farm.finalize import FinalizeResult, finalize
+from farm.model import Lowered
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+
+class Compiler(Protocol):
+    """Runs ``finalize`` somewhere; ``parallelism`` is how many compile at once."""
+
+    parallelism: int
+
+    def submit(self, lowered: Lowered) -> Future[FinalizeResult]: ...
+
+    def close(self) -> None: ...
+
+
+class InlineCompiler:
+    """Compiles synchronously with a context the caller owns."""
+
+    parallelism = 1
+
+    def __init__(self, ctx: cl.Context, device: cl.Device) -> None:
+        self._ctx = ctx
+        self._device = device
+        self.submitted = 0
+
+    def submit(self, lowered: Lowered) -> Future[FinalizeResult]:
+        self.submitted += 1
+        fut: Future[FinalizeResult] = Future()
+        try:
+            fut.set_result(finalize(self._ctx, self._device, lowered))
+        except Exception as exc:  # pragma: no cover - finalize returns errors as values
+            fut.set_exception(exc)
+        return fut
+
+    def close(self) -> None:
+        pass
+
+
+# Per-process state of a pool process: its one context, made once by the initializer.
+_POOL_DEVICE: tuple[Any, Any] | None = None
+
+
+def _pool_init(device_json: str, env: dict[str, str]) -> None:
+    global _POOL_DEVICE
+    os.environ.update(env)
+    info = DeviceInfo.model_validate_json(device_json)
+    _POOL_DEVICE = open_device(info)
+
+
+def _pool_finalize(lowered_json: str) -> str:
+    assert _POOL_DEVICE is not None, "pool process was not initialised"
+    ctx, dev = _POOL_DEVICE
+    return finalize(ctx, dev, Lowered.model_validate_json(lowered_json)).model_dump_json()
+
+
+class ProcessPoolCompiler:
+    """``workers`` spawned processes, one OpenCL context each, made at start."""
+
+    def __init__(self, device: DeviceInfo, workers: int) -> None:
+        self.parallelism = max(1, workers)
+        self.submitted = 0
+        # Driver cache switches must reach the children before their drivers start.
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith(("POCL_", "PYOPENCL_", "CUDA_"))}
+        self._pool = ProcessPoolExecutor(
+            max_workers=self.parallelism, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_pool_init, initargs=(device.model_dump_json(), env))
+
+    def submit(self, lowered: Lowered) -> Future[FinalizeResult]:
+        self.submitted += 1
+        raw = self._pool.submit(_pool_finalize, lowered.model_dump_json())
+        out: Future[FinalizeResult] = Future()
+
+        def _done(f: Future[str]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                out.set_result(FinalizeResult(error=f"compile process failed: {exc}"))
+            else:
+                out.set_result(FinalizeResult.model_validate_json(f.result()))
+
+        raw.add_done_callback(_done)
+        return out
+
+    def warm_up(self) -> None:
+        """Start every process now (so start-up is not billed to the first kernels)."""
+        futures = [self._pool.submit(os.getpid) for _ in range(self.parallelism)]
+        for f in futures:
+            f.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

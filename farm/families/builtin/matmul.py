@@ -1,0 +1,154 @@
+"""Tiled matrix product ``C[m, n] = A[m, k] @ B[k, n]`` (row-major) through ``__local``
+memory, with register blocking.
+
+A work-group computes one ``tile_m x tile_n`` tile of C. Its ``(tile_m/wpt_m,
+tile_n/wpt_n)`` work-items step through k ``tile_k`` at a time: together they copy a
+``tile_m x tile_k`` tile of A and a ``tile_k x tile_n`` tile of B into local memory,
+then each work-item accumulates its ``wpt_m x wpt_n`` outputs (rows ``wpt_m`` apart by
+the group's height, columns likewise) from the local tiles in private registers. Every
+global read and the final write are bounds-guarded, and out-of-range tile elements read
+as zero, so m, n and k need not be multiples of the tiles.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, ValidationInfo, field_validator
+
+from farm.device import DeviceInfo
+from farm.families.base import Example, KernelFamily, Params
+from farm.families.builtin.common import (
+    NUMPY,
+    SIZEOF,
+    DType,
+    Tile,
+    acc_type,
+    fixed_local_size,
+    pragmas,
+    reqd_wg,
+    round_up,
+    tolerance,
+)
+from farm.model import LaunchSettings, Lowered
+
+Wpt = Literal[1, 2, 4, 8]
+
+
+class MatmulParams(Params):
+    m: int = Field(ge=1, le=65536)
+    n: int = Field(ge=1, le=65536)
+    k: int = Field(ge=1, le=65536)
+    tile_m: Tile = 16
+    tile_n: Tile = 16
+    tile_k: Tile = 16
+    wpt_m: Wpt = 1
+    wpt_n: Wpt = 1
+    dtype: DType = "float"
+
+    @field_validator("wpt_m", "wpt_n")
+    @classmethod
+    def _fits_tile(cls, value: int, info: ValidationInfo) -> int:
+        """Each work-item's outputs must lie in its tile (both are powers of two, so
+        ``wpt <= tile`` also makes the work-group shape whole)."""
+        tile_field = "tile_m" if info.field_name == "wpt_m" else "tile_n"
+        tile = info.data.get(tile_field)
+        if tile is not None and value > tile:
+            raise ValueError(f"{info.field_name}={value} exceeds {tile_field}={tile}")
+        return value
+
+    @property
+    def local_size(self) -> tuple[int, int]:
+        """The work-group shape: one work-item per ``wpt_m x wpt_n`` block of the tile."""
+        return (self.tile_m // self.wpt_m, self.tile_n // self.wpt_n)
+
+    @property
+    def local_bytes(self) -> int:
+        """Local memory of the A and B tiles."""
+        return (self.tile_m * self.tile_k + self.tile_k * self.tile_n) * SIZEOF[self.dtype]
+
+
+class Matmul(KernelFamily[MatmulParams]):
+    """``C = A @ B`` for fixed m, n, k, one tile of C per work-group."""
+
+    name = "matmul"
+    params_model = MatmulParams
+    depends_on = ("farm.families.builtin.common",)
+
+    def lower(self, params: MatmulParams, launch: LaunchSettings,
+              device: DeviceInfo) -> Lowered:
+        self.check_dtype(device, params.dtype)
+        local = fixed_local_size(self.name, launch, params.local_size)
+        self.check_work_group(device, local)
+        self.check_local_mem(device, params.local_bytes)
+        p = params
+        source = (
+            f"{pragmas(p.dtype)}"
+            f"#define T {p.dtype}\n#define ACC {acc_type(p.dtype)}\n"
+            f"#define M {p.m}\n#define N {p.n}\n#define K {p.k}\n"
+            f"#define TM {p.tile_m}\n#define TN {p.tile_n}\n#define TK {p.tile_k}\n"
+            f"#define WPTM {p.wpt_m}\n#define WPTN {p.wpt_n}\n"
+            "#define RTM (TM / WPTM)\n#define RTN (TN / WPTN)\n"
+            "#define THREADS (RTM * RTN)\n"
+            f"{reqd_wg(local)}__kernel void matmul(\n"
+            "    __global const T *restrict a, __global const T *restrict b,\n"
+            "    __global T *restrict c)\n"
+            "{\n"
+            "    __local T at[TM][TK];\n"
+            "    __local T bt[TK][TN];\n"
+            "    const int lm = get_local_id(0);\n"
+            "    const int ln = get_local_id(1);\n"
+            "    const int tid = ln * RTM + lm;  /* the hardware order: coalesced tile loads */\n"
+            "    const int m0 = get_group_id(0) * TM;\n"
+            "    const int n0 = get_group_id(1) * TN;\n"
+            "    ACC acc[WPTM][WPTN];\n"
+            "    for (int wm = 0; wm < WPTM; ++wm)\n"
+            "        for (int wn = 0; wn < WPTN; ++wn) acc[wm][wn] = (ACC)0;\n"
+            "    for (int k0 = 0; k0 < K; k0 += TK) {\n"
+            "        for (int i = tid; i < TM * TK; i += THREADS) {\n"
+            "            const int r = i / TK, q = i % TK;\n"
+            "            const int gr = m0 + r, gq = k0 + q;\n"
+            "            at[r][q] = (gr < M && gq < K) ? a[(size_t)gr * K + gq] : (T)0;\n"
+            "        }\n"
+            "        for (int i = tid; i < TK * TN; i += THREADS) {\n"
+            "            const int r = i / TN, q = i % TN;\n"
+            "            const int gr = k0 + r, gq = n0 + q;\n"
+            "            bt[r][q] = (gr < K && gq < N) ? b[(size_t)gr * N + gq] : (T)0;\n"
+            "        }\n"
+            "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+            "        for (int kk = 0; kk < TK; ++kk) {\n"
+            "            ACC bv[WPTN];\n"
+            "            for (int wn = 0; wn < WPTN; ++wn) bv[wn] = (ACC)bt[kk][ln + wn * RTN];\n"
+            "            for (int wm = 0; wm < WPTM; ++wm) {\n"
+            "                const ACC av = (ACC)at[lm + wm * RTM][kk];\n"
+            "                for (int wn = 0; wn < WPTN; ++wn) acc[wm][wn] += av * bv[wn];\n"
+            "            }\n"
+            "        }\n"
+            "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+            "    }\n"
+            "    for (int wm = 0; wm < WPTM; ++wm) {\n"
+            "        const int r = m0 + lm + wm * RTM;\n"
+            "        for (int wn = 0; wn < WPTN; ++wn) {\n"
+            "            const int q = n0 + ln + wn * RTN;\n"
+            "            if (r < M && q < N) c[(size_t)r * N + q] = (T)acc[wm][wn];\n"
+            "        }\n"
+            "    }\n"
+            "}\n"
+        )
+        return Lowered(source=source, kernel_names=("matmul",))
+
+    def example(self, params: MatmulParams, launch: LaunchSettings,
+                rng: np.random.Generator) -> Example:
+        dtype = NUMPY[params.dtype]
+        a = rng.uniform(-1.0, 1.0, (params.m, params.k)).astype(dtype)
+        b = rng.uniform(-1.0, 1.0, (params.k, params.n)).astype(dtype)
+        c = np.zeros((params.m, params.n), dtype=dtype)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        rtol, atol = tolerance(params.dtype)
+        atol *= max(1.0, float(np.sqrt(params.k)))  # rounding grows with the terms
+        rtm, rtn = params.local_size
+        global_size = (round_up(params.m, params.tile_m) // params.wpt_m,
+                       round_up(params.n, params.tile_n) // params.wpt_n)
+        return Example(kernel_name="matmul", args=[a, b, c], global_size=global_size,
+                       local_size=(rtm, rtn), expected={2: want}, rtol=rtol, atol=atol)

@@ -1,0 +1,113 @@
+"""Rotary position embedding (RoPE) of ``[tokens, heads, head_dim]`` at positions
+``0..tokens-1``.
+
+Half-split pairing (GPT-NeoX, Llama in Hugging Face transformers): element ``i`` of the
+first half rotates with element ``i + head_dim/2`` by the angle ``pos * theta^(-2i /
+head_dim)``. The inverse frequencies are computed here in float64 and baked into the
+source as a constant table, so the device never evaluates ``pow`` per element. One
+work-item rotates one pair; ``out`` may be ``x`` (in place), because every work-item
+reads its pair before writing it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from farm.device import DeviceInfo
+from farm.families.base import Example, KernelFamily, Params
+from farm.families.builtin.common import (
+    NUMPY,
+    DType,
+    acc_type,
+    literal,
+    pragmas,
+    reqd_wg,
+    round_up,
+    tolerance,
+)
+from farm.model import LaunchSettings, Lowered
+
+
+class RotaryParams(Params):
+    head_dim: int = Field(ge=2, le=1024)
+    heads: int = Field(ge=1, le=1024)
+    theta: float = Field(default=10000.0, gt=0.0, allow_inf_nan=False)
+    dtype: DType = "float"
+
+    @field_validator("head_dim")
+    @classmethod
+    def _even(cls, value: int) -> int:
+        if value % 2:
+            raise ValueError(f"head_dim must be even (elements rotate in pairs), not {value}")
+        return value
+
+    def inv_freq(self) -> np.ndarray:
+        """``theta^(-2i/head_dim)`` for each pair ``i``, in float64."""
+        return np.asarray(self.theta, np.float64) ** (
+            -np.arange(0, self.head_dim, 2, dtype=np.float64) / self.head_dim)
+
+
+def rope_reference(x: np.ndarray, params: RotaryParams) -> np.ndarray:
+    """numpy RoPE of ``x[tokens, heads, head_dim]`` in float64."""
+    x = x.astype(np.float64)
+    half = params.head_dim // 2
+    ang = np.arange(x.shape[0], dtype=np.float64)[:, None] * params.inv_freq()[None, :]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class Rotary(KernelFamily[RotaryParams]):
+    """RoPE; global size ``tokens * heads * head_dim / 2`` (rounded up to the group)."""
+
+    name = "rotary"
+    params_model = RotaryParams
+    depends_on = ("farm.families.builtin.common",)
+
+    def lower(self, params: RotaryParams, launch: LaunchSettings,
+              device: DeviceInfo) -> Lowered:
+        self.check_dtype(device, params.dtype)
+        if launch.local_size:
+            self.check_work_group(device, launch.local_size)
+        acc = acc_type(params.dtype)
+        table = ",\n    ".join(
+            ", ".join(literal(v, acc) for v in row)
+            for row in np.array_split(params.inv_freq(), max(1, params.head_dim // 16)))
+        source = (
+            f"{pragmas(params.dtype)}"
+            f"#define T {params.dtype}\n#define ACC {acc}\n"
+            f"#define HALF {params.head_dim // 2}u\n#define HEADS {params.heads}u\n"
+            f"__constant ACC INV_FREQ[HALF] = {{\n    {table}\n}};\n"
+            f"{reqd_wg(launch.local_size)}__kernel void rotary(\n"
+            "    __global const T *x, __global T *out, const uint tokens)\n"
+            "{\n"
+            "    const size_t gid = get_global_id(0);\n"
+            "    if (gid >= (size_t)tokens * HEADS * HALF) return;\n"
+            "    const uint i = gid % HALF;\n"
+            "    const size_t row = gid / HALF;          /* token * HEADS + head */\n"
+            "    const uint pos = (uint)(row / HEADS);\n"
+            "    const size_t base = row * (2 * HALF) + i;\n"
+            "    ACC c;\n"
+            "    const ACC s = sincos((ACC)pos * INV_FREQ[i], &c);\n"
+            "    const ACC x1 = (ACC)x[base], x2 = (ACC)x[base + HALF];\n"
+            "    out[base] = (T)(x1 * c - x2 * s);\n"
+            "    out[base + HALF] = (T)(x2 * c + x1 * s);\n"
+            "}\n"
+        )
+        return Lowered(source=source, kernel_names=("rotary",))
+
+    def example(self, params: RotaryParams, launch: LaunchSettings,
+                rng: np.random.Generator) -> Example:
+        dtype = NUMPY[params.dtype]
+        tokens = 7
+        x = rng.uniform(-1.0, 1.0, (tokens, params.heads, params.head_dim)).astype(dtype)
+        out = np.zeros_like(x)
+        want = rope_reference(x, params)
+        rtol, atol = tolerance(params.dtype)
+        pairs = tokens * params.heads * params.head_dim // 2
+        local = launch.local_size
+        global_n = pairs if not local else round_up(pairs, local[0])
+        return Example(kernel_name="rotary", args=[x, out, np.uint32(tokens)],
+                       global_size=(global_n,), local_size=local, expected={1: want},
+                       rtol=rtol, atol=atol)

@@ -1,0 +1,133 @@
+"""Every name the farm gives to shared state: namespaces, object paths, Redis keys,
+stream names and queue names. Nothing else in the code spells one out.
+
+Namespace::
+
+    <backend>/<store format version>/<device fingerprint>
+    e.g. opencl/v1/pocl-pthread-intel-r-xeon-r-processor-6221550b06de
+
+Object store (MinIO), one bucket (``FARM_MINIO_BUCKET``)::
+
+    <namespace>/artifacts/<id hash>/<build id>     artifact binary; metadata in headers
+    <namespace>/sources/<source hash>              source index entry: the key (text)
+
+SQLite store: table ``artifacts`` with columns (namespace, id_hash, build_id, ...), and
+``sources`` (namespace, source_hash, id_hash, build_id): the namespace is a column.
+
+Redis (broker and farm state)::
+
+    farm:lease:<namespace>:<source hash>          in-flight compile lease (TTL, renewed)
+    farm:workers:<fingerprint>                    hash host:pid -> worker description
+    farm:records:<kind>                           records stream, e.g. farm:records:sessions,
+                                                  farm:records:compilation,
+                                                  farm:records:compilation_batch
+    farm:records:group                            consumer group name of the ingesters
+
+Celery queues: ``farm.<fingerprint>`` (one per fingerprint).
+
+Records storage: kind ``records/v1/<kind>`` keyed by (session, seq).
+
+Why the fingerprint is in the namespace and never a file path built from input: it is
+what keeps a binary from ever reaching the wrong device, in a store or in a bundle.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from farm.model import Key
+
+BACKEND = "opencl"
+STORE_FORMAT = "v1"
+
+_FINGERPRINT = re.compile(r"^[a-z0-9][a-z0-9-]{0,99}$")
+
+
+class Namespace(BaseModel):
+    """Where artifacts for one device live; compared and hashed as a value."""
+
+    model_config = ConfigDict(frozen=True)
+
+    backend: str = BACKEND
+    format: str = STORE_FORMAT
+    fingerprint: str
+
+    @field_validator("fingerprint")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not _FINGERPRINT.match(value):
+            raise ValueError(f"not a device fingerprint: {value!r}")
+        return value
+
+    def __str__(self) -> str:
+        return f"{self.backend}/{self.format}/{self.fingerprint}"
+
+    @classmethod
+    def parse(cls, text: str) -> Namespace:
+        parts = text.split("/")
+        if len(parts) != 3:
+            raise ValueError(f"not a namespace (backend/format/fingerprint): {text!r}")
+        return cls(backend=parts[0], format=parts[1], fingerprint=parts[2])
+
+    @classmethod
+    def for_fingerprint(cls, fingerprint: str) -> Namespace:
+        return cls(fingerprint=fingerprint)
+
+
+# -- object store --------------------------------------------------------------------------
+def artifact_object(ns: Namespace, key: Key) -> str:
+    return f"{ns}/artifacts/{key.id_hash}/{key.build_id}"
+
+
+def artifacts_prefix(ns: Namespace) -> str:
+    return f"{ns}/artifacts/"
+
+
+def source_object(ns: Namespace, source_hash: str) -> str:
+    return f"{ns}/sources/{source_hash}"
+
+
+def key_from_artifact_object(ns: Namespace, name: str) -> Key | None:
+    """Inverse of :func:`artifact_object`; ``None`` for a name of another layout."""
+    prefix = artifacts_prefix(ns)
+    if not name.startswith(prefix):
+        return None
+    parts = name[len(prefix):].split("/")
+    if len(parts) != 2:
+        return None
+    try:
+        return Key(id_hash=parts[0], build_id=parts[1])
+    except ValueError:
+        return None
+
+
+# -- redis ---------------------------------------------------------------------------------
+def lease_key(ns: Namespace, source_hash: str) -> str:
+    return f"farm:lease:{ns}:{source_hash}"
+
+
+def workers_key(fingerprint: str) -> str:
+    return f"farm:workers:{fingerprint}"
+
+
+WORKERS_PATTERN = "farm:workers:*"
+
+
+def records_stream(kind: str) -> str:
+    """Stream of one record kind (``sessions``, ``compilation``, ``compilation_batch``)."""
+    return f"farm:records:{kind}"
+
+
+RECORDS_GROUP = "farm:records:group"
+
+
+# -- celery ----------------------------------------------------------------------------------
+def queue_name(fingerprint: str) -> str:
+    return f"farm.{fingerprint}"
+
+
+# -- records storage -------------------------------------------------------------------------
+def record_kind(kind: str) -> str:
+    return f"records/v1/{kind}"

@@ -1,0 +1,73 @@
+"""The embedded default: local store and records in SQLite, compilation on a local
+process pool on the local OpenCL device. The cluster swaps the store and the compiler;
+the batch is the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from farm.batch import Batch
+from farm.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
+from farm.device import DeviceInfo, open_device, probe_devices, select_device
+from farm.families import Registry
+from farm.records import Recorder, RecordsConfig, SessionStorage, StorageSink
+from farm.settings import Settings
+from farm.store import ArtifactStore, SQLiteStore
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+
+@dataclass
+class LocalFarm:
+    """Everything one embedded process uses, opened once and closed together."""
+
+    settings: Settings
+    registry: Registry
+    device: DeviceInfo
+    ctx: cl.Context
+    cl_device: cl.Device
+    store: ArtifactStore
+    recorder: Recorder
+    compiler: Compiler
+
+    def batch(self, *, keep_programs: bool = False, label: str = "") -> Batch:
+        return Batch(registry=self.registry, device=self.device, ctx=self.ctx,
+                     cl_device=self.cl_device, store=self.store, compiler=self.compiler,
+                     recorder=self.recorder, keep_programs=keep_programs, label=label)
+
+
+def open_records(settings: Settings, label: str) -> Recorder:
+    """A session on the environment's records storage."""
+    settings.environment_dir.mkdir(parents=True, exist_ok=True)
+    storage = SessionStorage(settings.effective_records_url)
+    config = RecordsConfig(level=settings.records_level, keep_sessions=settings.keep_sessions)
+    return Recorder(StorageSink(storage), config, label)
+
+
+@contextlib.contextmanager
+def local_farm(settings: Settings, *, label: str, workers: int | None = None,
+               compiler: Compiler | None = None) -> Iterator[LocalFarm]:
+    """Open the embedded farm. ``workers=0`` compiles in this process."""
+    registry = Registry.load(settings.family_modules)
+    device = select_device(probe_devices(), settings.device)
+    ctx, cl_device = open_device(device)
+    store = SQLiteStore(settings.store_path)
+    recorder = open_records(settings, label)
+    n = settings.workers if workers is None else workers
+    own: Any = None
+    if compiler is None:
+        own = ProcessPoolCompiler(device, n) if n > 0 else InlineCompiler(ctx, cl_device)
+        compiler = own
+    try:
+        yield LocalFarm(settings=settings, registry=registry, device=device, ctx=ctx,
+                        cl_device=cl_device, store=store, recorder=recorder, compiler=compiler)
+    finally:
+        if own is not None:
+            own.close()
+        recorder.close()
+        store.close()

@@ -1,0 +1,130 @@
+"""The artifact store interface every backend implements.
+
+Rules every backend keeps (see ARCHITECTURE.md, "The artifact store"):
+
+* **First writer wins.** ``put`` of a key that holds a *different* valid value is
+  refused and counted (:attr:`StoreStats.refused`), never raised: another worker simply
+  compiled it first. The same value again is fine. A stored value that fails its digest
+  is not a value: ``put`` repairs it.
+* **Integrity.** ``get`` verifies size and SHA-256 before returning; a mismatch is
+  counted (:attr:`StoreStats.corrupt`) and answered as a miss, never raised.
+* **Source index.** Every stored artifact is indexed by the hash of its source, so a
+  key that misses can be served by rekeying an artifact of the same source.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from farm.keys import Namespace
+from farm.model import Artifact, Key
+
+log = logging.getLogger(__name__)
+
+
+class PutResult(StrEnum):
+    STORED = "stored"
+    SAME = "same"
+    REFUSED = "refused"
+
+
+@dataclass
+class StoreStats:
+    """Counters a store keeps for summaries and tests (thread-safe increments)."""
+
+    refused: int = 0
+    corrupt: int = 0
+    repaired: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def bump(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+
+class ArtifactStore(ABC):
+    """Keys -> artifacts, per namespace. Implementations must be thread-safe."""
+
+    def __init__(self) -> None:
+        self.stats = StoreStats()
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the store is, for messages (no credentials)."""
+
+    @abstractmethod
+    def get(self, ns: Namespace, key: Key) -> Artifact | None:
+        """The verified artifact, or ``None`` (missing or corrupt)."""
+
+    @abstractmethod
+    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+        """Insert under ``artifact.meta.key`` with first-writer-wins; index its source."""
+
+    @abstractmethod
+    def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
+        """Which of ``keys`` the store holds, in bulk (no verification)."""
+
+    @abstractmethod
+    def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
+        """The key indexed for ``source_hash``, if any."""
+
+    @abstractmethod
+    def delete(self, ns: Namespace, key: Key) -> None:
+        """Remove an artifact and its source-index entry (if it points at ``key``)."""
+
+    @abstractmethod
+    def keys(self, ns: Namespace) -> Iterator[Key]:
+        """Every key of a namespace."""
+
+    @abstractmethod
+    def namespaces(self) -> list[Namespace]:
+        """Every namespace holding at least one artifact."""
+
+    def rekey(self, ns: Namespace, src: Key, dst: Key, *, move: bool) -> Artifact | None:
+        """Keep the artifact stored under ``src`` under ``dst`` too; with ``move`` the old
+        key and its index entry go. ``None`` when ``src`` is gone or corrupt."""
+        old = self.get(ns, src)
+        if old is None:
+            return None
+        meta = old.meta.model_copy(update={"key": dst})
+        new = Artifact(meta=meta, binary=old.binary)
+        result = self.put(ns, new)
+        if result is PutResult.REFUSED:
+            current = self.get(ns, dst)
+            if current is None:
+                return None
+            new = current
+        if move and src != dst:
+            self.delete(ns, src)
+        return new
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+
+def decide_put(existing: Artifact | None, new: Artifact) -> PutResult | None:
+    """First-writer-wins decision shared by backends: ``None`` means write it."""
+    if existing is None:
+        return None
+    if not existing.verify():
+        return None  # a corrupt entry is not a value: repair it
+    if existing.meta.digest == new.meta.digest:
+        return PutResult.SAME
+    return PutResult.REFUSED
+
+
+def log_refused(store: ArtifactStore, ns: Namespace, key: Key) -> None:
+    store.stats.bump("refused")
+    log.info("store %s: %s/%s already holds another value; first writer wins",
+             store.location, ns, key)
+
+
+def iter_chunks(items: list[Key], size: int) -> Iterator[list[Key]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]

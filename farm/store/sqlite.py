@@ -1,0 +1,207 @@
+"""The embedded artifact store: one SQLite file per environment.
+
+Layout (format ``kernel-farm-store`` version 1)::
+
+    meta(k PRIMARY KEY, v)                      'format' -> 'kernel-farm-store', 'version' -> '1'
+    artifacts(namespace, id_hash, build_id,     PRIMARY KEY (namespace, id_hash, build_id)
+              digest, size, meta JSON, binary)
+    sources(namespace, source_hash,             PRIMARY KEY (namespace, source_hash)
+            id_hash, build_id)
+
+The namespace is a column, never part of a path. Opening a file that is not a
+kernel-farm store (or of another format version) raises :class:`ForeignStoreError`
+without writing to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from farm.errors import ForeignStoreError
+from farm.keys import Namespace
+from farm.model import Artifact, ArtifactMeta, Key
+from farm.store.base import ArtifactStore, PutResult, decide_put, iter_chunks, log_refused
+
+log = logging.getLogger(__name__)
+
+FORMAT = "kernel-farm-store"
+VERSION = "1"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS artifacts (
+    namespace TEXT NOT NULL, id_hash TEXT NOT NULL, build_id TEXT NOT NULL,
+    digest TEXT NOT NULL, size INTEGER NOT NULL, meta TEXT NOT NULL, binary BLOB NOT NULL,
+    PRIMARY KEY (namespace, id_hash, build_id));
+CREATE TABLE IF NOT EXISTS sources (
+    namespace TEXT NOT NULL, source_hash TEXT NOT NULL,
+    id_hash TEXT NOT NULL, build_id TEXT NOT NULL,
+    PRIMARY KEY (namespace, source_hash));
+"""
+
+
+class SQLiteStore(ArtifactStore):
+    """Thread-safe through one connection and a lock; WAL lets other processes read."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._conn = self._open()
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def _open(self) -> sqlite3.Connection:
+        path = self.path
+        if path.exists() and not path.is_file():
+            raise ForeignStoreError(f"{path}: not a kernel-farm store (not a file)")
+        fresh = not path.exists() or path.stat().st_size == 0
+        if not fresh:
+            with open(path, "rb") as fh:
+                if fh.read(16) != b"SQLite format 3\x00":
+                    raise ForeignStoreError(f"{path}: not a kernel-farm store (not SQLite)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(path, check_same_thread=False, timeout=30,
+                                   isolation_level=None)
+            if not fresh:
+                self._check_format(conn)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            if fresh:
+                conn.executescript(_SCHEMA)
+                conn.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                                 [("format", FORMAT), ("version", VERSION)])
+        except sqlite3.DatabaseError as exc:
+            raise ForeignStoreError(f"{path}: not a kernel-farm store ({exc})") from None
+        return conn
+
+    def _check_format(self, conn: sqlite3.Connection) -> None:
+        try:
+            rows = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+        except sqlite3.DatabaseError:
+            raise ForeignStoreError(f"{self.path}: not a kernel-farm store "
+                                    "(no meta table)") from None
+        if rows.get("format") != FORMAT:
+            raise ForeignStoreError(f"{self.path}: not a kernel-farm store")
+        if rows.get("version") != VERSION:
+            raise ForeignStoreError(f"{self.path}: store format version {rows.get('version')}"
+                                    f", this farm reads version {VERSION}")
+
+    # -- reads -----------------------------------------------------------------------------
+    def _read(self, ns: Namespace, key: Key) -> Artifact | None | bool:
+        """The artifact, ``None`` if absent, ``False`` if present but unreadable."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT meta, binary FROM artifacts WHERE namespace=? AND id_hash=? "
+                "AND build_id=?", (str(ns), key.id_hash, key.build_id)).fetchone()
+        if row is None:
+            return None
+        try:
+            meta = ArtifactMeta.model_validate_json(row[0])
+        except ValidationError:
+            return False
+        return Artifact(meta=meta, binary=bytes(row[1]))
+
+    def get(self, ns: Namespace, key: Key) -> Artifact | None:
+        found = self._read(ns, key)
+        if found is None:
+            return None
+        if found is False or not isinstance(found, Artifact) or not found.verify() \
+                or found.meta.key != key:
+            self.stats.bump("corrupt")
+            log.warning("store %s: artifact %s/%s fails its digest; treated as a miss",
+                        self.location, ns, key)
+            return None
+        return found
+
+    def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
+        wanted = list(keys)
+        found: set[Key] = set()
+        with self._lock:
+            for chunk in iter_chunks(wanted, 400):
+                marks = ",".join("(?,?)" for _ in chunk)
+                params: list[str] = [str(ns)]
+                for k in chunk:
+                    params += [k.id_hash, k.build_id]
+                rows = self._conn.execute(
+                    f"SELECT id_hash, build_id FROM artifacts WHERE namespace=? AND "
+                    f"(id_hash, build_id) IN (VALUES {marks})", params).fetchall()
+                found.update(Key(id_hash=r[0], build_id=r[1]) for r in rows)
+        return found
+
+    def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT id_hash, build_id FROM sources WHERE namespace=? AND source_hash=?",
+                (str(ns), source_hash)).fetchone()
+        return Key(id_hash=row[0], build_id=row[1]) if row else None
+
+    def keys(self, ns: Namespace) -> Iterator[Key]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT id_hash, build_id FROM artifacts WHERE namespace=? "
+                "ORDER BY id_hash, build_id", (str(ns),)).fetchall()
+        return iter([Key(id_hash=r[0], build_id=r[1]) for r in rows])
+
+    def namespaces(self) -> list[Namespace]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT DISTINCT namespace FROM artifacts ORDER BY namespace").fetchall()
+        return [Namespace.parse(r[0]) for r in rows]
+
+    # -- writes ----------------------------------------------------------------------------
+    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+        meta = artifact.meta
+        key = meta.key
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                existing = self._read(ns, key)
+                decision = decide_put(existing if isinstance(existing, Artifact) else None,
+                                      artifact)
+                if decision is None:
+                    if existing is not None:
+                        self.stats.bump("repaired")
+                    self._conn.execute(
+                        "INSERT OR REPLACE INTO artifacts VALUES (?,?,?,?,?,?,?)",
+                        (str(ns), key.id_hash, key.build_id, meta.digest, meta.size,
+                         meta.model_dump_json(), artifact.binary))
+                    self._conn.execute(
+                        "INSERT OR REPLACE INTO sources VALUES (?,?,?,?)",
+                        (str(ns), meta.source_hash, key.id_hash, key.build_id))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        if decision is PutResult.REFUSED:
+            log_refused(self, ns, key)
+            return decision
+        return decision or PutResult.STORED
+
+    def delete(self, ns: Namespace, key: Key) -> None:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute(
+                    "DELETE FROM artifacts WHERE namespace=? AND id_hash=? AND build_id=?",
+                    (str(ns), key.id_hash, key.build_id))
+                self._conn.execute(
+                    "DELETE FROM sources WHERE namespace=? AND id_hash=? AND build_id=?",
+                    (str(ns), key.id_hash, key.build_id))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
