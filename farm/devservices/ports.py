@@ -84,11 +84,12 @@ def wait_until(
             return
         if process is not None and process.poll() is not None:
             raise ServiceError(
-                f"{what} exited with code {process.returncode} before it was ready"
-                + _with_log(log)
+                f"{what} exited with code {process.returncode} before it was ready" + _with_log(log)
             )
         if time.monotonic() >= deadline:
-            raise ServiceError(f"{what} did not become ready within {timeout:.0f} s" + _with_log(log))
+            raise ServiceError(
+                f"{what} did not become ready within {timeout:.0f} s" + _with_log(log)
+            )
         time.sleep(interval)
 
 

@@ -274,7 +274,7 @@ class PostgresServer:
         with psycopg.connect(
             host=LOOPBACK, port=self.port, user=USER, dbname="postgres", autocommit=True
         ) as conn:
-            conn.execute("create database farm")  # DATABASE
+            conn.execute("create database farm")
 
     def _kill_postmaster(self) -> None:
         """Last resort when pg_ctl cannot stop the server: SIGKILL the postmaster."""
