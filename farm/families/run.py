@@ -6,7 +6,7 @@ application example; it is the one place that turns an ``Example`` into buffers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,7 +24,7 @@ def run_example(queue: cl.CommandQueue, kernel: cl.Kernel,
     ctx = queue.context
     mf = cl.mem_flags
     bufs: dict[int, cl.Buffer] = {}
-    args: list[object] = []
+    args: list[Any] = []
     for i, arg in enumerate(example.args):
         if isinstance(arg, LocalMem):
             args.append(cl.LocalMemory(arg.nbytes))

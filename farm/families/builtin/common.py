@@ -64,8 +64,6 @@ def _power_of_two(value: int) -> int:
 GroupSize = Annotated[int, Field(ge=1, le=1024), AfterValidator(_power_of_two)]
 #: a matmul tile edge
 Tile = Annotated[int, Field(ge=4, le=128), AfterValidator(_power_of_two)]
-#: a finite float (``inf``/``nan`` cannot be baked into source or canonical JSON)
-Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
 # -- code generation ------------------------------------------------------------------
@@ -97,10 +95,11 @@ def tree_reduce(buf: str, value: str, result: str, combine: str, group_size: int
                 ctype: str, indent: str = "    ") -> str:
     """Work-group reduction of ``value`` through the ``__local`` array ``buf``.
 
-    ``combine`` is an expression in ``{a}`` and ``{b}``, e.g. ``"{a} + {b}"``. The snippet leaves the group's
-    result in the private ``result`` of every work-item, and ends with a barrier so the
-    caller may reuse ``buf`` at once. ``group_size`` must be a power of two, and the
-    kernel needs ``lid`` (its local id).
+    ``combine`` is an expression in ``{a}`` and ``{b}``, e.g. ``"{a} + {b}"``. The
+    snippet leaves the group's result in the private ``result`` (of type ``ctype``) of
+    every work-item, and ends with a barrier so the caller may reuse ``buf`` at once.
+    ``group_size`` must be a power of two, and the kernel must have defined ``lid``
+    (its local id). Every work-item of the group must reach the snippet (barriers).
     """
     step = combine.replace("{a}", f"{buf}[lid]").replace("{b}", f"{buf}[lid + s]")
     lines = [

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
 
 from farm.device import DeviceInfo
 from farm.families.base import Example, KernelFamily, Params

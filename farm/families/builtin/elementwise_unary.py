@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
 
 from farm.device import DeviceInfo
 from farm.families.base import Example, KernelFamily, Params
@@ -60,6 +59,8 @@ _NUMPY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 
 class UnaryParams(Params):
+    """Which function, element type and vector width (elements per work-item)."""
+
     op: Op
     dtype: DType = "float"
     width: Literal[1, 2, 4, 8, 16] = 1

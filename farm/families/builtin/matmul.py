@@ -37,6 +37,8 @@ Wpt = Literal[1, 2, 4, 8]
 
 
 class MatmulParams(Params):
+    """All three shapes are compile-time: a model build specializes per shape."""
+
     m: int = Field(ge=1, le=65536)
     n: int = Field(ge=1, le=65536)
     k: int = Field(ge=1, le=65536)

@@ -37,6 +37,8 @@ _FOLD = {"sum": ("(ACC)0", "{a} + {b}"), "mean": ("(ACC)0", "{a} + {b}"),
 
 
 class ReduceParams(Params):
+    """``cols`` is compile-time (constant trip count); ``rows`` is the launch's."""
+
     op: Op
     cols: int = Field(ge=1, le=1 << 20)
     group_size: GroupSize = 64

@@ -29,6 +29,8 @@ from farm.model import LaunchSettings, Lowered
 
 
 class RmsnormParams(Params):
+    """``hidden`` and ``eps`` are compile-time; ``rows`` is the launch's."""
+
     hidden: int = Field(ge=1, le=1 << 20)
     group_size: GroupSize = 64
     eps: float = Field(default=1e-6, gt=0.0, le=1.0, allow_inf_nan=False)

@@ -30,6 +30,8 @@ from farm.model import LaunchSettings, Lowered
 
 
 class RotaryParams(Params):
+    """``head_dim``, ``heads`` and ``theta`` are compile-time; ``tokens`` is not."""
+
     head_dim: int = Field(ge=2, le=1024)
     heads: int = Field(ge=1, le=1024)
     theta: float = Field(default=10000.0, gt=0.0, allow_inf_nan=False)

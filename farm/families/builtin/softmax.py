@@ -28,6 +28,8 @@ from farm.model import LaunchSettings, Lowered
 
 
 class SoftmaxParams(Params):
+    """``cols`` is compile-time; ``rows`` is the number of work-groups launched."""
+
     cols: int = Field(ge=1, le=1 << 20)
     group_size: GroupSize = 64
     dtype: DType = "float"

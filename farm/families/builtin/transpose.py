@@ -28,6 +28,8 @@ from farm.model import LaunchSettings, Lowered
 
 
 class TransposeParams(Params):
+    """Both shapes are compile-time; ``tile`` is the square work-group's edge."""
+
     rows: int = Field(ge=1, le=65536)
     cols: int = Field(ge=1, le=65536)
     tile: Literal[4, 8, 16, 32] = 16
