@@ -14,7 +14,8 @@ from farm.batch import Batch
 from farm.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
 from farm.device import DeviceInfo, open_device, probe_devices, select_device
 from farm.families import Registry
-from farm.records import Recorder, RecordsConfig, SessionStorage, StorageSink
+from farm.records import Recorder
+from farm.records.open import open_recorder
 from farm.settings import Settings
 from farm.store import ArtifactStore, SQLiteStore
 
@@ -41,14 +42,6 @@ class LocalFarm:
                      recorder=self.recorder, keep_programs=keep_programs, label=label)
 
 
-def open_records(settings: Settings, label: str) -> Recorder:
-    """A session on the environment's records storage."""
-    settings.environment_dir.mkdir(parents=True, exist_ok=True)
-    storage = SessionStorage(settings.effective_records_url)
-    config = RecordsConfig(level=settings.records_level, keep_sessions=settings.keep_sessions)
-    return Recorder(StorageSink(storage), config, label)
-
-
 @contextlib.contextmanager
 def local_farm(settings: Settings, *, label: str, workers: int | None = None,
                compiler: Compiler | None = None) -> Iterator[LocalFarm]:
@@ -57,7 +50,7 @@ def local_farm(settings: Settings, *, label: str, workers: int | None = None,
     device = select_device(probe_devices(), settings.device)
     ctx, cl_device = open_device(device)
     store = SQLiteStore(settings.store_path)
-    recorder = open_records(settings, label)
+    recorder = open_recorder(settings, label)
     n = settings.workers if workers is None else workers
     own: Any = None
     if compiler is None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-out = Console(highlight=False)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True, highlight=False)
 
 

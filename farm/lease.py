@@ -1,0 +1,89 @@
+"""In-flight deduplication: a lease in Redis per (namespace, source hash).
+
+Two builds that overlap ask the workers for the same kernels at once. The first worker
+to take the lease compiles; the others wait until the lease is gone and then find the
+artifact in the store. The lease has a time-to-live that a background thread renews
+while the compile runs, so a worker that dies gives its lease up by simply expiring.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from farm.keys import Namespace, lease_key
+
+if TYPE_CHECKING:
+    import redis
+
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+class Lease:
+    """A held lease; renewed every ``ttl/3`` until released. Use as a context manager."""
+
+    def __init__(self, client: redis.Redis, name: str, token: str, ttl_s: float) -> None:
+        self._client = client
+        self.name = name
+        self._token = token
+        self._ttl_ms = int(ttl_s * 1000)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, daemon=True,
+                                        name=f"lease-renew {name}")
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self._ttl_ms / 3000):
+            try:
+                self._client.eval(_RENEW, 1, self.name, self._token, self._ttl_ms)
+            except Exception:  # noqa: BLE001 - a missed renewal only shortens the lease
+                continue
+
+    def release(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1)
+        self._client.eval(_RELEASE, 1, self.name, self._token)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+
+class Leases:
+    """Takes and waits on compile leases."""
+
+    def __init__(self, client: redis.Redis, ttl_s: float = 30.0) -> None:
+        self._client = client
+        self.ttl_s = ttl_s
+
+    def try_acquire(self, ns: Namespace, source_hash: str) -> Lease | None:
+        name = lease_key(ns, source_hash)
+        token = uuid.uuid4().hex
+        if self._client.set(name, token, nx=True, px=int(self.ttl_s * 1000)):
+            return Lease(self._client, name, token, self.ttl_s)
+        return None
+
+    def wait_released(self, ns: Namespace, source_hash: str, timeout_s: float,
+                      poll_s: float = 0.05) -> bool:
+        """Wait until nobody holds the lease; False on timeout."""
+        name = lease_key(ns, source_hash)
+        deadline = time.monotonic() + timeout_s
+        while self._client.exists(name):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(poll_s)
+        return True

@@ -1,0 +1,42 @@
+"""Task payloads between a build client and the workers (JSON only, validated both ends).
+
+A task carries data, never code: family names and parameters that the worker expands
+with its own registry, plus the build id the client computed for each kernel so that a
+worker running different kernel code refuses instead of storing under a wrong key.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from farm.model import ArtifactId, Frozen, KernelFailure, Outcome
+from farm.records.model import RequestedBy
+
+TASK_NAME = "farm.compile"
+
+
+class KernelRequest(Frozen):
+    artifact: ArtifactId
+    build_id: str = Field(pattern=r"^[0-9a-f]{8,64}$")
+
+
+class CompileRequest(Frozen):
+    """One chunk of kernels for one fingerprint."""
+
+    fingerprint: str
+    kernels: list[KernelRequest] = Field(min_length=1, max_length=1024)
+    requested_by: RequestedBy | None = None
+
+
+class KernelReply(Frozen):
+    id_hash: str
+    key: str | None = None
+    outcome: Outcome | None = None
+    failure: KernelFailure | None = None
+    work_s: float = 0.0
+    worker: str = ""
+    host: str = ""
+
+
+class CompileReply(Frozen):
+    results: list[KernelReply]

@@ -1,0 +1,89 @@
+"""Which workers serve which fingerprints: written by workers, read by build clients.
+
+Each worker's main process refreshes one field of ``farm:workers:<fingerprint>`` (see
+``farm.keys``) every few seconds with a :class:`WorkerInfo`. A field whose heartbeat is
+older than :data:`STALE_S` is a dead worker and is ignored (and cleaned up).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from farm.keys import WORKERS_PATTERN, workers_key
+
+HEARTBEAT_S = 3.0
+STALE_S = 15.0
+
+
+class WorkerInfo(BaseModel):
+    """One running ``farm worker``."""
+
+    host: str
+    pid: int
+    fingerprint: str
+    device_name: str
+    processes: int
+    version: str
+    queues: list[str]
+    heartbeat: float = 0.0
+
+    @property
+    def field(self) -> str:
+        return f"{self.host}:{self.pid}"
+
+
+def served(client: Any) -> dict[str, list[WorkerInfo]]:
+    """Fingerprint -> live workers serving it."""
+    now = time.time()
+    out: dict[str, list[WorkerInfo]] = {}
+    for name in client.scan_iter(match=WORKERS_PATTERN):
+        for field, raw in client.hgetall(name).items():
+            try:
+                info = WorkerInfo.model_validate_json(raw)
+            except ValidationError:
+                client.hdel(name, field)
+                continue
+            if now - info.heartbeat > STALE_S:
+                client.hdel(name, field)
+                continue
+            out.setdefault(info.fingerprint, []).append(info)
+    return out
+
+
+class Heartbeat:
+    """Background thread that keeps a worker's registration fresh until stopped."""
+
+    def __init__(self, client: Any, info: WorkerInfo) -> None:
+        self._client = client
+        self._info = info
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="farm-heartbeat")
+
+    def start(self) -> None:
+        self._beat()
+        self._thread.start()
+
+    def _beat(self) -> None:
+        info = self._info.model_copy(update={"heartbeat": time.time()})
+        name = workers_key(info.fingerprint)
+        self._client.hset(name, info.field, info.model_dump_json())
+        self._client.expire(name, int(STALE_S * 4))
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._beat()
+            except Exception:  # noqa: BLE001 - Redis away for a moment: beat again later
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        try:
+            self._client.hdel(workers_key(self._info.fingerprint), self._info.field)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass

@@ -1,0 +1,77 @@
+"""The Celery application: JSON only, late acknowledgement, one queue per fingerprint.
+
+Why these settings:
+
+* ``accept_content=["json"]``: a task is data (family names and parameters), never
+  pickled objects, so a message cannot carry code to the workers.
+* ``task_acks_late`` + ``task_reject_on_worker_lost``: a task is acknowledged only once it
+  finished, so a worker that dies mid-build gives its tasks back.
+* ``worker_prefetch_multiplier=1``: a worker holds one task per process, so a dead worker
+  strands little work and idle workers are not starved by a busy one's prefetch.
+* soft/hard time limits: a hung driver cannot stall a build; a task over its hard limit
+  fails (its kernels are reported failed) instead of being re-queued forever.
+* ``visibility_timeout``: with Redis as broker, a message taken by a worker whose main
+  process is killed comes back only after this timeout, so it is a setting, chosen
+  longer than the hard time limit (see ``Settings``), not an inherited default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from farm.errors import SettingsError
+from farm.payloads import TASK_NAME
+from farm.settings import Settings
+
+
+def make_app(settings: Settings) -> Celery:
+    """A Celery app configured from ``settings`` (used by workers and build clients)."""
+    if not settings.redis_url:
+        raise SettingsError("setting FARM_REDIS_URL: the cluster needs a Redis URL")
+    if settings.visibility_timeout <= settings.compile_hard_time_limit:
+        raise SettingsError("setting FARM_VISIBILITY_TIMEOUT: must exceed "
+                            "FARM_COMPILE_HARD_TIME_LIMIT, or running tasks are re-delivered")
+    app = Celery("kernel_farm", broker=settings.redis_url, backend=settings.redis_url,
+                 set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_soft_time_limit=settings.compile_soft_time_limit,
+        task_time_limit=settings.compile_hard_time_limit,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
+        result_expires=24 * 3600,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_default_queue="farm.default",
+        enable_utc=True,
+    )
+    return app
+
+
+def register_tasks(app: Celery, get_state: Any) -> None:
+    """Register the compile task; ``get_state()`` gives the process's ``WorkerState``."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from farm.payloads import CompileRequest
+    from worker.execute import execute_job
+
+    transient: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
+
+    @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True)  # type: ignore[misc]
+    def compile_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        request = CompileRequest.model_validate(payload)
+        try:
+            return execute_job(request, get_state()).model_dump(mode="json")
+        except SoftTimeLimitExceeded:
+            raise
+        except transient as exc:  # store or broker hiccup: retry, never for a bad kernel
+            raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc

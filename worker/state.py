@@ -1,0 +1,64 @@
+"""What one worker process holds for its whole life: made once, at process start.
+
+Creating an OpenCL context costs up to seconds, compiling a kernel tens to hundreds of
+milliseconds, so a context per task would dominate everything. Each pool process opens
+its device (spread round-robin over the devices of its fingerprint), its store
+connection, its lease client and its records session exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from farm.device import DeviceInfo, open_device
+from farm.families import Registry
+from farm.finalize import worker_name
+from farm.keys import Namespace
+from farm.lease import Leases
+from farm.records import Recorder
+from farm.settings import Settings
+from farm.store import ArtifactStore
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+
+@dataclass
+class WorkerState:
+    settings: Settings
+    registry: Registry
+    device: DeviceInfo
+    ctx: cl.Context
+    cl_device: cl.Device
+    store: ArtifactStore
+    leases: Leases
+    recorder: Recorder
+    name: str
+
+    @property
+    def ns(self) -> Namespace:
+        return Namespace.for_fingerprint(self.device.fingerprint)
+
+    def close(self) -> None:
+        self.recorder.close()
+        self.store.close()
+
+
+def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> WorkerState:
+    """Open process ``index``'s device (round-robin over ``devices``) and connections."""
+    import redis
+
+    from farm.records.open import open_recorder
+    from farm.store.minio import MinioStore
+
+    device = devices[index % len(devices)]
+    ctx, cl_device = open_device(device)
+    assert settings.redis_url, "a worker needs FARM_REDIS_URL"
+    client: Any = redis.Redis.from_url(settings.redis_url)
+    return WorkerState(
+        settings=settings, registry=Registry.load(settings.family_modules), device=device,
+        ctx=ctx, cl_device=cl_device, store=MinioStore.from_settings(settings),
+        leases=Leases(client, ttl_s=30.0),
+        recorder=open_recorder(settings, label=f"worker {worker_name()}"),
+        name=worker_name())
