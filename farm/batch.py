@@ -317,6 +317,6 @@ class Batch:
     @staticmethod
     def _fail(res: KernelResult, kind: str, message: str, notify: Progress,
               build_log: str = "") -> None:
-        res.failure = KernelFailure(kind=kind, message=message,  # type: ignore[arg-type]
+        res.failure = KernelFailure(kind=kind, message=message,
                                     build_log=build_log)
         notify(res)

@@ -12,7 +12,7 @@ import base64
 import os
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
@@ -69,7 +69,7 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered) -> FinalizeRe
                                     f"{_first_error(log)}", build_log=log,
                               work_s=time.perf_counter() - start, host=socket.gethostname(),
                               worker=worker_name())
-    binaries = program.get_info(cl.program_info.BINARIES)
+    binaries: Any = program.get_info(cl.program_info.BINARIES)
     work = time.perf_counter() - start
     return FinalizeResult(binary=bytes(binaries[0]), build_log=_build_log(program, device),
                           work_s=work, host=socket.gethostname(), worker=worker_name())

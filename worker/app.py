@@ -66,7 +66,7 @@ def register_tasks(app: Celery, get_state: Any) -> None:
 
     transient: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
 
-    @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True)  # type: ignore[misc]
+    @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True)
     def compile_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         request = CompileRequest.model_validate(payload)
         try:

@@ -135,6 +135,6 @@ def _compile(req: KernelRequest, key: Key, lowered: Lowered, state: WorkerState)
 def _failed(req: KernelRequest, key: Key | None, kind: str, message: str, build_log: str,
             start: float) -> KernelReply:
     return KernelReply(id_hash=req.artifact.id_hash, key=str(key) if key else None,
-                       failure=KernelFailure(kind=kind, message=message,  # type: ignore[arg-type]
+                       failure=KernelFailure(kind=kind, message=message,
                                              build_log=build_log),
                        work_s=time.perf_counter() - start, host=socket.gethostname())

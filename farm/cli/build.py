@@ -2,68 +2,151 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from farm.batch import BatchReport, KernelResult
+from farm.batch import Batch, BatchReport, KernelResult
 from farm.cli.console import err, out, print_json
 from farm.local import local_farm
-from farm.manifest import expand, load_manifest, resolve_manifest
-from farm.settings import load_settings
+from farm.manifest import Manifest, expand, load_manifest, resolve_manifest
+from farm.model import ArtifactId, Outcome
+from farm.settings import Settings, load_settings
 
 
 def build(
     manifest: Annotated[str, typer.Argument(help="manifest file, or tiny/medium/large")],
     workers: Annotated[int | None, typer.Option(
-        "--workers", "-w", help="compile processes (0: in this process)")] = None,
+        "--workers", "-w", help="local compile processes (0: in this process)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
     strict: Annotated[bool, typer.Option(
         help="count kernels the device cannot run as failures")] = False,
     device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
+    cluster: Annotated[bool | None, typer.Option(
+        "--cluster/--local", help="build on the cluster (default: when FARM_REDIS_URL is "
+        "set) or locally")] = None,
+    fingerprint: Annotated[str | None, typer.Option(
+        help="cluster: target fingerprint (default: the local device's)")] = None,
+    fallback_local: Annotated[bool, typer.Option(
+        help="cluster: compile locally when no worker serves the fingerprint")] = False,
+    verify: Annotated[bool, typer.Option(
+        help="cluster: read and verify every stored artifact's digest")] = False,
 ) -> None:
-    """Build a model's kernels into the store and load each on the device."""
+    """Build a model's kernels into the store (locally or on the cluster)."""
     overrides = {"device": device} if device else {}
     settings = load_settings(**overrides)
     path = resolve_manifest(manifest)
     loaded = load_manifest(path)
-    registry_entries = None
-    with local_farm(settings, label=f"build {loaded.name}", workers=workers) as farm:
-        registry_entries = expand(loaded, farm.registry)
-        artifacts = [e.artifact for e in registry_entries]
-        report = _run_with_progress(farm.batch(label=f"build {loaded.name}"), artifacts,
-                                    quiet=json_out)
-        fingerprint = farm.device.fingerprint
+    label = f"build {loaded.name}"
+    use_cluster = settings.cluster if cluster is None else cluster
+    report: BatchReport | None = None
+    if use_cluster:
+        report, fp = _cluster_build(settings, loaded, label, fingerprint, fallback_local,
+                                    verify, json_out)
+    if report is None:
+        with local_farm(settings, label=label, workers=workers) as farm:
+            artifacts = [e.artifact for e in expand(loaded, farm.registry)]
+            report = _run_with_progress(farm.batch(label=label), artifacts, quiet=json_out)
+            fp = farm.device.fingerprint
     failed = report.failed + (report.unsupported if strict else [])
     if json_out:
-        print_json({"manifest": str(path), "fingerprint": fingerprint,
-                    "summary": report.summary(),
+        print_json({"manifest": str(path), "fingerprint": fp, "cluster": use_cluster,
+                    "summary": report.summary(), "workers": _by_worker(report),
                     "unsupported": [_failure_json(r) for r in report.unsupported],
                     "failures": [_failure_json(r) for r in report.failed]})
     else:
-        print_summary(report, title=f"farm build {loaded.name} on {fingerprint}")
+        print_summary(report, title=f"farm build {loaded.name} on {fp}")
+        if use_cluster:
+            print_workers(report)
         print_failures(report, strict)
     if failed:
         raise typer.Exit(1)
 
 
-def _run_with_progress(batch: object, artifacts: list, quiet: bool) -> BatchReport:
-    from farm.batch import Batch
+def _cluster_build(settings: Settings, loaded: Manifest, label: str,
+                   fingerprint: str | None, fallback_local: bool, verify: bool,
+                   quiet: bool) -> tuple[BatchReport | None, str]:
+    """Build through the workers; ``None`` when falling back to a local build."""
+    from typing import Any
 
-    assert isinstance(batch, Batch)
+    import redis
+
+    from farm.cluster import check_served, cluster_build
+    from farm.device import discover_devices, select_device
+    from farm.errors import ClusterError
+    from farm.families import Registry
+    from farm.records.open import open_recorder
+    from farm.store.open import open_store
+    from worker.app import make_app
+
+    fp = fingerprint or select_device(discover_devices(), settings.device).fingerprint
+    client: Any = redis.Redis.from_url(settings.redis_url or "")
+    try:
+        check_served(client, fp)
+    except ClusterError as exc:
+        if not fallback_local:
+            raise
+        err.print(f"{exc}: compiling locally (--fallback-local)", markup=False)
+        return None, fp
+    registry = Registry.load(settings.family_modules)
+    artifacts = [e.artifact for e in expand(loaded, registry)]
+    store = open_store(settings)
+    recorder = open_recorder(settings, label)
+    app = make_app(settings)
+    try:
+        with _progress(len(artifacts), quiet) as tick:
+            report = cluster_build(settings, app=app, registry=registry, store=store,
+                                   fingerprint=fp, artifacts=artifacts, recorder=recorder,
+                                   label=label, progress=tick, verify=verify)
+    finally:
+        recorder.close()
+        store.close()
+    return report, fp
+
+
+def _by_worker(report: BatchReport) -> dict[str, dict[str, float]]:
+    out_: dict[str, dict[str, float]] = {}
+    for r in report.results:
+        if r.worker and r.outcome is not None:
+            w = out_.setdefault(r.worker, {"kernels": 0, "compiled": 0, "work_s": 0.0})
+            w["kernels"] += 1
+            w["compiled"] += r.outcome is Outcome.COMPILED
+            w["work_s"] = round(w["work_s"] + r.work_s, 4)
+    return out_
+
+
+def print_workers(report: BatchReport) -> None:
+    table = Table(title="work by worker")
+    for col in ("worker", "kernels", "compiled", "work"):
+        table.add_column(col, justify="right" if col != "worker" else "left")
+    for name, w in sorted(_by_worker(report).items()):
+        table.add_row(name, str(int(w["kernels"])), str(int(w["compiled"])),
+                      f"{w['work_s']:.2f} s")
+    out.print(table)
+
+
+@contextlib.contextmanager
+def _progress(total: int, quiet: bool) -> Iterator[Callable[[KernelResult], None]]:
+    """A progress bar on stderr; yields the per-kernel callback."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=err,
                   disable=quiet, transient=True) as bar:
-        task = bar.add_task("building", total=len(artifacts), last="")
+        task = bar.add_task("building", total=total, last="")
 
         def tick(res: KernelResult) -> None:
             what = res.outcome.value if res.outcome else (res.failure.kind if res.failure
                                                            else "")
             bar.update(task, advance=1, last=f"{what} {res.label}"[:60])
 
+        yield tick
+
+
+def _run_with_progress(batch: Batch, artifacts: list[ArtifactId], quiet: bool) -> BatchReport:
+    with _progress(len(artifacts), quiet) as tick:
         return batch.run(artifacts, progress=tick)
 
 
@@ -101,7 +184,3 @@ def _failure_json(r: KernelResult) -> dict[str, object]:
     assert r.failure is not None
     return {"kernel": r.artifact.kernel.model_dump(mode="json"), "label": r.label,
             "key": str(r.key) if r.key else None, **r.failure.model_dump()}
-
-
-def manifest_path(value: str) -> Path:
-    return resolve_manifest(value)

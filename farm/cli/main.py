@@ -9,6 +9,7 @@ import typer
 from farm.cli import build as build_cmd
 from farm.cli import demo as demo_cmd
 from farm.cli import devices as devices_cmd
+from farm.cli import worker as worker_cmd
 from farm.cli.manifest import app as manifest_app
 from farm.errors import FarmError
 
@@ -18,6 +19,8 @@ app = typer.Typer(help="kernel-farm: a compilation farm for OpenCL kernels.",
 app.command("build")(build_cmd.build)
 app.command("devices")(devices_cmd.devices)
 app.command("demo")(demo_cmd.demo)
+app.command("worker")(worker_cmd.worker)
+app.command("workers")(worker_cmd.workers)
 app.add_typer(manifest_app, name="manifest", help="Inspect model manifests.")
 
 

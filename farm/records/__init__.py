@@ -1,0 +1,50 @@
+"""Records and sessions: what the farm did, for whom, and what it cost.
+
+- ``model``: the record kinds, sessions, levels and settings (pydantic).
+- ``recorder``: one session's rules: what is recorded at each level, held observed
+  records, when a session is written.
+- ``sink``: the transport protocol, and the embedded one that writes straight into
+  storage.
+- ``storage``: where a record becomes durable (SQLite or PostgreSQL).
+"""
+
+from farm.records.model import (
+    RECORD_KINDS,
+    Clock,
+    CompilationBatchRecord,
+    CompilationRecord,
+    Effect,
+    Record,
+    RecordLevel,
+    RecordsConfig,
+    RequestedBy,
+    Session,
+    Stamp,
+    SystemClock,
+    parse_record,
+)
+from farm.records.recorder import Recorder
+from farm.records.sink import RecordSink, StorageSink
+from farm.records.storage import MIGRATIONS, SCHEMA_VERSION, SessionStorage
+
+__all__ = [
+    "MIGRATIONS",
+    "RECORD_KINDS",
+    "SCHEMA_VERSION",
+    "Clock",
+    "CompilationBatchRecord",
+    "CompilationRecord",
+    "Effect",
+    "Record",
+    "RecordLevel",
+    "RecordSink",
+    "Recorder",
+    "RecordsConfig",
+    "RequestedBy",
+    "Session",
+    "SessionStorage",
+    "Stamp",
+    "StorageSink",
+    "SystemClock",
+    "parse_record",
+]

@@ -1,0 +1,292 @@
+"""What a record and a session are: the validated shapes every transport and storage share.
+
+A record is written by one process and read back by another (the ingester, `farm`
+commands, a later farm version), so each one is a pydantic model that validates where
+it enters, and each kind carries a storage name (``KIND``) with a format version in it.
+Reading must keep working across versions: a field that was renamed keeps its old name
+as an alias, and fields a newer writer added are ignored rather than refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import socket
+import threading
+import time
+from enum import StrEnum
+from typing import Any, ClassVar, Protocol
+
+from pydantic import (
+    AliasChoices,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from farm.model import Key, Outcome
+from farm.version import __version__
+
+
+class RecordLevel(StrEnum):
+    """How much a session records.
+
+    Basic is the default because the code of a kernel (its expanded source and build
+    options) is large and may be proprietary; everything else is small and is what a
+    person needs to see what a build cost and why.
+    """
+
+    OFF = "off"
+    BASIC = "basic"
+    FULL = "full"
+
+
+class Effect(StrEnum):
+    """Whether a record changed the environment or only looked at it.
+
+    A session is written only once it changes something, so that the many processes that
+    merely load artifacts do not fill the storage with sessions nobody needs.
+    """
+
+    CHANGES = "changes"
+    OBSERVES = "observes"
+
+
+class RecordsConfig(BaseModel):
+    """Settings of the records of one environment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    level: RecordLevel = RecordLevel.BASIC
+    keep_sessions: int | None = Field(
+        default=None,
+        ge=0,
+        description="Sessions kept when a new one is written; unset keeps every session, "
+        "0 acts as 1 (the session being written always survives).",
+    )
+    max_held: int = Field(
+        default=10_000,
+        ge=0,
+        description="Observed records held in memory while the session is not written "
+        "yet; beyond it the oldest are dropped (and counted), so a process that only "
+        "loads can run for ever in bounded memory.",
+    )
+
+
+class Clock(Protocol):
+    """Where a recorder reads time; tests pass a fake one.
+
+    Two clocks because they answer different questions: the wall clock dates a session
+    (and makes its id), the monotonic clock measures offsets, which must never go
+    backwards when the wall clock is adjusted.
+    """
+
+    def wall_ns(self) -> int:
+        """Nanoseconds since the Unix epoch."""
+        ...
+
+    def monotonic_ns(self) -> int:
+        """Nanoseconds of a clock that never goes backwards."""
+        ...
+
+
+class SystemClock:
+    """The process's real clocks."""
+
+    def wall_ns(self) -> int:
+        """``time.time_ns()``."""
+        return time.time_ns()
+
+    def monotonic_ns(self) -> int:
+        """``time.monotonic_ns()``."""
+        return time.monotonic_ns()
+
+
+_id_lock = threading.Lock()
+_last_session_id = 0
+
+
+def _unique_session_id(wall_ns: int) -> int:
+    """The start in ns, bumped past any id this process handed out already.
+
+    Two sessions started within one clock tick in one process (an environment switch
+    in a tight loop) would otherwise share an id and mix their records.
+    """
+    global _last_session_id
+    with _id_lock:
+        session_id = max(wall_ns, _last_session_id + 1)
+        _last_session_id = session_id
+        return session_id
+
+
+class Session(BaseModel):
+    """One process's use of one environment.
+
+    The id is the start time in nanoseconds since the epoch: ids sort by start, need no
+    coordination between machines, and fit a signed 64-bit column until the year 2262.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: int = Field(gt=0)
+    started_at: AwareDatetime
+    farm_version: str = __version__
+    label: str = ""
+    pid: int = 0
+    os: str = ""
+    arch: str = ""
+    host: str = ""
+
+    @classmethod
+    def start(cls, label: str = "", clock: Clock | None = None) -> Session:
+        """A new session of this process, started now."""
+        wall_ns = (clock or SystemClock()).wall_ns()
+        session_id = _unique_session_id(wall_ns)
+        started_at = dt.datetime.fromtimestamp(session_id / 1e9, tz=dt.UTC)
+        return cls(
+            id=session_id,
+            started_at=started_at,
+            farm_version=__version__,
+            label=label,
+            pid=os.getpid(),
+            os=platform.system(),
+            arch=platform.machine(),
+            host=socket.gethostname(),
+        )
+
+
+class Stamp(BaseModel):
+    """Where a record sits: its session, its place in it, and when it happened.
+
+    ``seq`` is shared by every record kind of a session, so the records of a session
+    read back in the order they happened, whatever their kind.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    session: int
+    seq: int = Field(ge=0)
+    offset_s: float = Field(ge=0.0)
+
+
+class RequestedBy(BaseModel):
+    """Which build asked for this work, so a worker's records join its client's."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    session: int
+    batch: int
+
+
+class _Record(BaseModel):
+    """Common base of the record kinds. ``extra="ignore"``: newer writers may add fields."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    KIND: ClassVar[str]
+
+    stamp: Stamp
+
+    @property
+    def effect(self) -> Effect:
+        """Whether this record changed the environment (see ``Effect``)."""
+        raise NotImplementedError
+
+    @property
+    def changes(self) -> bool:
+        """True when the record changed the environment."""
+        return self.effect is Effect.CHANGES
+
+
+class CompilationRecord(_Record):
+    """One kernel obtained: how (outcome), what it cost (work time), and where.
+
+    At level Full a Compiled or Rekeyed record also carries the source and build options
+    it was obtained from. A Loaded record never does: a load runs no compiler, so there
+    is no code to explain, and the code is already recorded by the session that made the
+    artifact. The validator drops them rather than refusing, so records written by an
+    older or careless writer still read.
+    """
+
+    KIND: ClassVar[str] = "records/v1/compilation"
+
+    family: str
+    key: str
+    outcome: Outcome
+    work_s: float = Field(ge=0.0, validation_alias=AliasChoices("work_s", "duration"))
+    worker: str = ""
+    host: str = ""
+    source: str | None = None
+    options: list[str] | None = None
+    requested_by: RequestedBy | None = None
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _key_text(cls, value: Any) -> Any:
+        """Accept a ``Key`` as well as its text form."""
+        return str(value) if isinstance(value, Key) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _loaded_has_no_code(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("outcome") in (Outcome.LOADED, "Loaded"):
+            if data.get("source") is not None or data.get("options") is not None:
+                data = {**data, "source": None, "options": None}
+        return data
+
+    @property
+    def effect(self) -> Effect:
+        """Compiled and Rekeyed stored an artifact; Loaded only read one."""
+        return Effect.OBSERVES if self.outcome is Outcome.LOADED else Effect.CHANGES
+
+
+class CompilationBatchRecord(_Record):
+    """Many kernels obtained together: what was asked, what came of it, what it cost.
+
+    ``wall_s`` is what the batch cost the user (start to last load); ``work_s`` is the
+    sum of its kernels' own work, so their ratio shows how well the work was spread.
+    """
+
+    KIND: ClassVar[str] = "records/v1/compilation_batch"
+
+    kernels: int = Field(ge=0, description="kernels asked for, failures included")
+    loaded: int = Field(default=0, ge=0)
+    rekeyed: int = Field(default=0, ge=0)
+    compiled: int = Field(default=0, ge=0)
+    unsupported: int = Field(default=0, ge=0)
+    failed: int = Field(default=0, ge=0)
+    parallelism: int = Field(default=1, ge=0, description="threads/workers that compiled at once")
+    wall_s: float = Field(ge=0.0)
+    work_s: float = Field(default=0.0, ge=0.0, validation_alias=AliasChoices("work_s", "duration"))
+    label: str = ""
+
+    @property
+    def effect(self) -> Effect:
+        """A batch that compiled or rekeyed anything changed the store."""
+        return Effect.CHANGES if self.compiled or self.rekeyed else Effect.OBSERVES
+
+
+Record = CompilationRecord | CompilationBatchRecord
+"""Any record kind."""
+
+RECORD_KINDS: dict[str, type[CompilationRecord] | type[CompilationBatchRecord]] = {
+    CompilationRecord.KIND: CompilationRecord,
+    CompilationBatchRecord.KIND: CompilationBatchRecord,
+}
+"""Storage name -> model, for reading records back from any transport."""
+
+
+def parse_record(kind: str, payload: str | bytes | dict[str, Any]) -> Record:
+    """Validate a stored record of the named kind (JSON text or already-decoded dict).
+
+    Raises ``KeyError`` for a kind this version does not know, so that a caller can
+    decide whether to skip it (a newer writer) or fail.
+    """
+    model = RECORD_KINDS[kind]
+    if isinstance(payload, dict):
+        return model.model_validate(payload)
+    return model.model_validate_json(payload)

@@ -1,0 +1,310 @@
+"""The recorder: one session, and the rules for what it writes and when.
+
+Rules (ARCHITECTURE.md, "Records and sessions"):
+
+- Level Off records nothing, Basic everything but code, Full also the source and build
+  options of what was compiled or rekeyed (a Loaded record never carries code).
+- A session is written only once a record that *changes* the environment arrives.
+  Observed records before it (loads) are held in memory, at most ``max_held`` of them
+  (the oldest are dropped beyond that, and counted), and are written with it, in order.
+  A process that only ever loads leaves nothing behind, not even its session.
+- After that, records are written as they come, in small batches: a batch is sent when
+  it reaches ``flush_records`` records, when a compilation batch record closes a batch
+  of work, or when the oldest unsent record is ``flush_interval_s`` old (checked as
+  records arrive). ``flush()`` and ``close()`` send everything.
+- Recording never fails a build: a sink that raises while records come in is logged,
+  its records are kept and retried with the next send (sinks are idempotent by
+  (session, seq)), bounded by ``max_held``. ``flush()`` and ``close()`` do raise, so
+  the end of a build reports records that could not be written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from types import TracebackType
+
+from farm.model import Key, Outcome
+from farm.records.model import (
+    Clock,
+    CompilationBatchRecord,
+    CompilationRecord,
+    Record,
+    RecordLevel,
+    RecordsConfig,
+    RequestedBy,
+    Session,
+    Stamp,
+    SystemClock,
+)
+from farm.records.sink import RecordSink
+
+log = logging.getLogger(__name__)
+
+FLUSH_RECORDS = 256
+"""Records sent to the sink at once; a SQLite commit per record would cost more than the
+record is worth when a batch loads thousands of kernels in a second."""
+
+FLUSH_INTERVAL_S = 1.0
+"""Oldest age of an unsent record before the next record sends it."""
+
+
+class Recorder:
+    """One session: a process's use of one environment, and the records it makes.
+
+    Thread-safe: the compile path records from many threads. One lock orders
+    everything, so sequence numbers are unique and increasing and records reach the
+    sink in seq order. The recorder owns its sink and closes it in ``close()``.
+    """
+
+    def __init__(
+        self,
+        sink: RecordSink,
+        config: RecordsConfig | None = None,
+        label: str = "",
+        *,
+        clock: Clock | None = None,
+        flush_records: int = FLUSH_RECORDS,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+    ) -> None:
+        self._sink = sink
+        self.config = config if config is not None else RecordsConfig()
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._flush_records = max(1, flush_records)
+        self._flush_interval_ns = int(flush_interval_s * 1e9)
+        self._lock = threading.Lock()
+        self._session = Session.start(label, self._clock)
+        self._start_ns = self._clock.monotonic_ns()
+        self._seq = 0
+        self._pending: deque[Record] = deque()
+        self._pending_since_ns = 0
+        self._due = False  # a changing record arrived: the session is to be written
+        self._session_written = False
+        self._dropped = 0
+        self._failing = False
+        self._closed = False
+
+    # -- state --------------------------------------------------------------------------
+
+    @property
+    def session(self) -> Session:
+        """This recorder's session (whether written yet or not)."""
+        return self._session
+
+    @property
+    def level(self) -> RecordLevel:
+        """The recording level of this session."""
+        return self.config.level
+
+    @property
+    def written(self) -> bool:
+        """Whether the session has reached the sink (it changed something)."""
+        with self._lock:
+            return self._session_written
+
+    @property
+    def held(self) -> int:
+        """Records made but not yet sent to the sink."""
+        with self._lock:
+            return len(self._pending)
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped because more than ``max_held`` waited to be written."""
+        with self._lock:
+            return self._dropped
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called; later records are ignored."""
+        return self._closed
+
+    # -- recording ----------------------------------------------------------------------
+
+    def compilation(
+        self,
+        *,
+        family: str,
+        key: Key | str,
+        outcome: Outcome,
+        work_s: float,
+        source: str | None = None,
+        options: Sequence[str] | None = None,
+        worker: str = "",
+        host: str = "",
+        requested_by: RequestedBy | None = None,
+    ) -> CompilationRecord | None:
+        """Record one kernel obtained; None when nothing is recorded (level Off, closed).
+
+        ``source`` and ``options`` are kept only at level Full, and never on Loaded.
+        """
+        if self.config.level is RecordLevel.OFF or self._closed:
+            return None
+        keep_code = self.config.level is RecordLevel.FULL and outcome is not Outcome.LOADED
+        with self._lock:
+            if self._closed:  # closed while this thread waited for the lock
+                return None
+            record = CompilationRecord(
+                stamp=self._stamp(),
+                family=family,
+                key=str(key),
+                outcome=outcome,
+                work_s=work_s,
+                worker=worker,
+                host=host,
+                source=source if keep_code else None,
+                options=list(options) if keep_code and options is not None else None,
+                requested_by=requested_by,
+            )
+            self._add(record)
+        return record
+
+    def batch(
+        self,
+        *,
+        kernels: int,
+        wall_s: float,
+        work_s: float = 0.0,
+        loaded: int = 0,
+        rekeyed: int = 0,
+        compiled: int = 0,
+        unsupported: int = 0,
+        failed: int = 0,
+        parallelism: int = 1,
+        label: str = "",
+    ) -> CompilationBatchRecord | None:
+        """Record a batch of kernels obtained together; None when nothing is recorded.
+
+        A batch record also sends what is waiting: the end of a batch is when a person
+        may look at the records.
+        """
+        if self.config.level is RecordLevel.OFF or self._closed:
+            return None
+        with self._lock:
+            if self._closed:  # closed while this thread waited for the lock
+                return None
+            record = CompilationBatchRecord(
+                stamp=self._stamp(),
+                kernels=kernels,
+                loaded=loaded,
+                rekeyed=rekeyed,
+                compiled=compiled,
+                unsupported=unsupported,
+                failed=failed,
+                parallelism=parallelism,
+                wall_s=wall_s,
+                work_s=work_s,
+                label=label,
+            )
+            self._add(record, send=True)
+        return record
+
+    def reserve_seq(self) -> int:
+        """Take a sequence number now for a record written later (a build's batch), so
+        that records made elsewhere on its behalf (workers) can name it up front."""
+        with self._lock:
+            self._seq += 1
+            return self._seq
+
+    def flush(self) -> None:
+        """Send every record waiting, if the session is to be written; raise on failure."""
+        with self._lock:
+            self._send(quiet=False)
+
+    def close(self) -> None:
+        """Send what is waiting (an observe-only session sends nothing), close the sink.
+
+        Idempotent. Raises when the last records cannot be written; the sink is closed
+        all the same.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._send(quiet=False)
+            finally:
+                if self._dropped:
+                    log.info("records: session %d dropped %d record(s) over max_held=%d",
+                             self._session.id, self._dropped, self.config.max_held)
+                self._pending.clear()
+                self._sink.close()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Recorder(session={self._session.id}, level={self.config.level.value}, "
+                f"written={self._session_written})")
+
+    # -- inside the lock ------------------------------------------------------------------
+
+    def _stamp(self) -> Stamp:
+        """The next stamp. Called with the lock held, so seq is unique and increasing."""
+        self._seq += 1
+        offset_ns = max(0, self._clock.monotonic_ns() - self._start_ns)
+        return Stamp(session=self._session.id, seq=self._seq, offset_s=offset_ns / 1e9)
+
+    def _add(self, record: Record, *, send: bool = False) -> None:
+        """Queue a record and decide whether to send now."""
+        now = self._clock.monotonic_ns()
+        if not self._pending:
+            self._pending_since_ns = now
+        self._pending.append(record)
+        if not self._due:
+            if not record.changes:
+                self._bound(self.config.max_held)
+                return
+            self._due = True
+            send = True  # the session becomes durable as soon as it changed something
+        if (
+            send
+            or len(self._pending) >= self._flush_records
+            or now - self._pending_since_ns >= self._flush_interval_ns
+        ):
+            self._send(quiet=True)
+
+    def _bound(self, limit: int) -> None:
+        """Drop the oldest waiting records beyond ``limit``, counting them."""
+        while len(self._pending) > limit:
+            self._pending.popleft()
+            self._dropped += 1
+
+    def _send(self, *, quiet: bool) -> None:
+        """Write the session (first time) and the waiting records to the sink.
+
+        ``quiet``: a failure is logged and the records kept for the next send, because a
+        records problem must not fail the kernel that is being recorded.
+        """
+        if not self._due:
+            return
+        try:
+            if not self._session_written:
+                self._sink.write_session(self._session, keep_sessions=self.config.keep_sessions)
+                self._session_written = True
+            if self._pending:
+                self._sink.write_records(list(self._pending))
+                self._pending.clear()
+        except Exception as exc:  # any sink failure: the records are kept and retried
+            if not quiet:
+                raise
+            if not self._failing:
+                log.warning("records: cannot write session %d yet (%s); will retry",
+                            self._session.id, exc)
+            self._failing = True
+            self._bound(max(1, self.config.max_held))
+            return
+        if self._failing:
+            log.warning("records: session %d written again", self._session.id)
+        self._failing = False
+        self._pending_since_ns = self._clock.monotonic_ns()

@@ -1,0 +1,555 @@
+"""Session storage: where a record becomes durable, in SQLite or PostgreSQL.
+
+One class, one code path for both databases (SQLAlchemy Core, no ORM), because the
+embedded default and the cluster must behave the same: the embedded recorder writes
+here directly, and in a cluster the ingester writes what it reads from Redis here.
+
+Writes are idempotent: a session is keyed by its id and a record by (session, seq), and
+inserting one that is already there does nothing. That is what lets a recorder retry a
+failed write and an ingester re-deliver a message it could not acknowledge, without
+duplicates and without reading first.
+
+The schema is versioned (``SCHEMA_VERSION``, table ``schema_version``) and ``migrate()``
+brings an older store up to date; a store of a newer version, or a database that is not
+ours, is refused with ``ForeignStoreError`` before anything is written to it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pydantic
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    event,
+    func,
+    inspect,
+    select,
+    true,
+)
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.elements import ColumnElement
+
+from farm.errors import ForeignStoreError, SettingsError, StoreError
+from farm.records.model import (
+    RECORD_KINDS,
+    CompilationBatchRecord,
+    CompilationRecord,
+    Record,
+    Session,
+    parse_record,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+"""Version of the tables below. Bump it with a new entry in ``MIGRATIONS``."""
+
+COMPONENT = "kernel-farm records"
+"""Our row in ``schema_version``: what tells our database from someone else's."""
+
+BUSY_TIMEOUT_S = 30.0
+"""How long SQLite waits for another process's write lock before giving up."""
+
+_PG_MIGRATION_LOCK = 0x6B66_7265_636F_7264  # "kfrecord": serializes concurrent migrate()
+
+
+def _v1_metadata() -> MetaData:
+    """The tables of schema version 1.
+
+    Kept as a function of its own because the migration that creates version 1 must
+    keep creating exactly these tables after later versions change them.
+    """
+    metadata = MetaData()
+    Table(
+        "schema_version",
+        metadata,
+        Column("component", String(64), primary_key=True),
+        Column("version", Integer, nullable=False),
+    )
+    Table(
+        "sessions",
+        metadata,
+        Column("id", BigInteger, primary_key=True, autoincrement=False),
+        Column("started_at", DateTime(timezone=True), nullable=False),
+        Column("farm_version", String(64), nullable=False),
+        Column("label", Text, nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("os", String(64), nullable=False),
+        Column("arch", String(64), nullable=False),
+        Column("host", Text, nullable=False),
+    )
+    Table(
+        "records",
+        metadata,
+        Column("session_id", BigInteger, primary_key=True, autoincrement=False),
+        Column("seq", BigInteger, primary_key=True, autoincrement=False),
+        Column("kind", String(64), nullable=False),
+        Column("family", Text, nullable=True),
+        Column("key", Text, nullable=True),
+        Column("outcome", String(16), nullable=True),
+        Column("work_s", Float, nullable=True),
+        Column("worker", Text, nullable=True),
+        Column("host", Text, nullable=True),
+        Column("requested_session", BigInteger, nullable=True),
+        Column("requested_batch", BigInteger, nullable=True),
+        Column("payload", Text, nullable=False),
+        Index("records_by_kind", "kind", "session_id", "seq"),
+        Index("records_by_requester", "requested_session", "requested_batch"),
+    )
+    return metadata
+
+
+# The tables of the current version, used by every query. When version 2 changes them,
+# give them a definition of their own here and leave ``_v1_metadata`` as it is.
+_METADATA = _v1_metadata()
+_VERSION_T = _METADATA.tables["schema_version"]
+_SESSIONS_T = _METADATA.tables["sessions"]
+_RECORDS_T = _METADATA.tables["records"]
+_OUR_TABLES = frozenset(_METADATA.tables)
+
+
+def _create_v1(conn: Connection) -> None:
+    """Migration 0 -> 1: create the tables."""
+    _v1_metadata().create_all(conn)
+
+
+Migration = Callable[[Connection], None]
+
+MIGRATIONS: list[Migration] = [_create_v1]
+"""``MIGRATIONS[v]`` upgrades a store of version ``v`` to ``v + 1``, in one transaction."""
+
+assert len(MIGRATIONS) == SCHEMA_VERSION, "one migration per schema version"
+
+
+def _one_line(error: BaseException) -> str:
+    """The driver's own message, first line only: SQLAlchemy's carries SQL and links."""
+    original = getattr(error, "orig", None)
+    message = str(original if original is not None else error).strip()
+    return message.splitlines()[0] if message else type(error).__name__
+
+
+class SessionStorage:
+    """Sessions and their records in one SQL database (SQLite file or PostgreSQL).
+
+    ``url`` is a SQLAlchemy URL: ``sqlite:///path/to/records.sqlite`` (``sqlite://`` for
+    memory), or ``postgresql+psycopg://user@host:port/db``. Opening checks that the
+    database is ours and migrates it; ``migrate=False`` connects lazily and leaves both
+    to the caller (``schema_version()``, ``migrate()``). Safe to use from many threads;
+    SQLite files also from many processes (WAL mode, busy timeout).
+
+    A SQLite file holds our tables and nothing else: a file with other tables is
+    refused rather than written into. A PostgreSQL database may hold other tables; it is
+    refused only when tables of our names are there without our version row.
+    """
+
+    def __init__(self, url: str, *, migrate: bool = True) -> None:
+        try:
+            parsed = make_url(url)
+        except sa_exc.ArgumentError as exc:
+            raise SettingsError(f"records storage URL {url!r} cannot be parsed") from exc
+        self._dialect = parsed.get_backend_name()
+        self._path: Path | None = None
+        if self._dialect == "sqlite":
+            database = parsed.database or ""
+            if database in ("", ":memory:"):
+                self.where = "in-memory SQLite"
+                engine = create_engine(
+                    "sqlite://",
+                    poolclass=StaticPool,
+                    connect_args={"check_same_thread": False},
+                )
+            else:
+                self._path = Path(database)
+                self.where = str(self._path)
+                if self._path.is_dir():
+                    raise ForeignStoreError(f"{self._path} is a folder, not a records database")
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                engine = create_engine(
+                    parsed,
+                    connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
+                )
+            _take_over_sqlite_transactions(engine)
+        elif self._dialect == "postgresql":
+            self.where = parsed.render_as_string(hide_password=True)
+            engine = create_engine(parsed, pool_pre_ping=True)
+        else:
+            raise SettingsError(
+                f"records storage URL {parsed.render_as_string(hide_password=True)!r}: "
+                "use sqlite:///<file> or postgresql+psycopg://..."
+            )
+        self._engine: Engine = engine
+        self._wal_checked = False
+        if migrate:
+            try:
+                self.migrate()
+            except BaseException:
+                self._engine.dispose()
+                raise
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._dialect
+
+    def close(self) -> None:
+        """Close every pooled connection (SQLite checkpoints its WAL on the last one)."""
+        self._engine.dispose()
+
+    def __enter__(self) -> SessionStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SessionStorage({self.where!r})"
+
+    # -- schema -------------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        """The version the store is at (0: empty, none of our tables yet)."""
+        with self._transaction(write=False, doing="reading the schema version") as conn:
+            return self._check_ours(conn)
+
+    def migrate(self) -> int:
+        """Create the tables or upgrade them to ``SCHEMA_VERSION``; return the old version.
+
+        Idempotent, and safe when several processes open one store at once: the whole
+        check-and-upgrade runs in one write transaction (SQLite ``BEGIN IMMEDIATE``,
+        PostgreSQL an advisory lock), so a second process waits and then finds the store
+        current. Nothing is written to a store that is refused.
+        """
+        with self._transaction(write=True, doing="migrating the schema") as conn:
+            if self._dialect == "postgresql":
+                conn.execute(select(func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
+            found = self._check_ours(conn)
+            for version in range(found, SCHEMA_VERSION):
+                MIGRATIONS[version](conn)
+                if version == 0:
+                    conn.execute(
+                        _VERSION_T.insert().values(component=COMPONENT, version=version + 1)
+                    )
+                else:
+                    conn.execute(
+                        _VERSION_T.update()
+                        .where(_VERSION_T.c.component == COMPONENT)
+                        .values(version=version + 1)
+                    )
+            if found < SCHEMA_VERSION:
+                log.info("records storage %s: schema %d -> %d", self.where, found,
+                         SCHEMA_VERSION)
+        self._use_wal()
+        return found
+
+    def _check_ours(self, conn: Connection) -> int:
+        """Our schema version in this database, or ForeignStoreError when it is not ours."""
+        tables = set(inspect(conn).get_table_names())
+        if "schema_version" not in tables:
+            clash = tables & _OUR_TABLES if self._dialect == "postgresql" else tables
+            if clash:
+                raise ForeignStoreError(
+                    f"{self.where} is not a kernel-farm records database "
+                    f"(it holds other tables: {', '.join(sorted(clash)[:5])})"
+                )
+            return 0
+        columns = {column["name"] for column in inspect(conn).get_columns("schema_version")}
+        if not {"component", "version"} <= columns:
+            raise ForeignStoreError(
+                f"{self.where} is not a kernel-farm records database "
+                "(its schema_version table is not ours)"
+            )
+        row = conn.execute(
+            select(_VERSION_T.c.version).where(_VERSION_T.c.component == COMPONENT)
+        ).first()
+        if row is None:
+            raise ForeignStoreError(
+                f"{self.where} is not a kernel-farm records database "
+                "(its schema_version table has no records row)"
+            )
+        version = int(row[0])
+        if version > SCHEMA_VERSION:
+            raise ForeignStoreError(
+                f"{self.where} is a records database of schema version {version}; this "
+                f"kernel-farm reads up to version {SCHEMA_VERSION}: upgrade kernel-farm"
+            )
+        return version
+
+    def _use_wal(self) -> None:
+        """Switch a SQLite file to WAL once it is known to be ours.
+
+        Not in the connect hook: turning WAL on rewrites the file header, and a file we
+        refuse must be left byte for byte as it was. WAL lets readers (``farm`` commands)
+        run while a build writes. The mode is stored in the file, so once is enough.
+        """
+        if self._path is None or self._wal_checked:
+            return
+        with self._errors("switching to WAL mode"), self._engine.connect() as conn:
+            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                mode = cursor.fetchone()
+            finally:
+                cursor.close()
+        if not mode or str(mode[0]).lower() != "wal":
+            log.warning("records storage %s: WAL mode refused (%s)", self.where, mode)
+        self._wal_checked = True
+
+    # -- writes -------------------------------------------------------------------------
+
+    def write_session(self, session: Session) -> None:
+        """Insert a session; one already there (same id) is left as it is."""
+        values = session.model_dump(mode="python")
+        # SQLite keeps no zone: store every start in UTC so both backends read the same.
+        values["started_at"] = session.started_at.astimezone(dt.UTC)
+        with self._transaction(write=True, doing="writing a session") as conn:
+            conn.execute(self._insert_ignore(_SESSIONS_T).values(**values))
+
+    def write_records(self, records: Iterable[Record]) -> int:
+        """Insert records; those already there (same session and seq) are left as they are.
+
+        Returns how many were given (not how many were new: drivers do not all report
+        that for a batch). One transaction, so a batch is durable entirely or not at all.
+        """
+        rows = [_record_row(record) for record in records]
+        if not rows:
+            return 0
+        with self._transaction(write=True, doing="writing records") as conn:
+            conn.execute(self._insert_ignore(_RECORDS_T), rows)
+        return len(rows)
+
+    def prune(self, keep: int, protect: int | None = None) -> int:
+        """Delete the oldest sessions beyond ``keep``, with all their records.
+
+        ``protect`` (the session just written) always survives and counts as one of the
+        kept; the rest are the newest others. Why protect and not just "newest": a long
+        observing process writes its session only when it first changes something, so
+        the session being kept may be older than others already stored. ``keep`` 0 acts
+        as 1. Records whose session row is not there (an ingester may store them first)
+        are left alone. Returns the number of sessions deleted.
+        """
+        keep = max(keep, 1)
+        ids = _SESSIONS_T.c.id
+        with self._transaction(write=True, doing="pruning sessions") as conn:
+            others_kept = keep
+            if protect is not None:
+                if conn.execute(select(ids).where(ids == protect)).first() is not None:
+                    others_kept -= 1
+            others = select(ids).order_by(ids.desc())
+            if protect is not None:
+                others = others.where(ids != protect)
+            doomed: ColumnElement[bool] = true()
+            if others_kept > 0:
+                row = conn.execute(others.offset(others_kept - 1).limit(1)).first()
+                if row is None:
+                    return 0
+                doomed = ids < row[0]
+            if protect is not None:
+                doomed = doomed & (ids != protect)
+            conn.execute(
+                delete(_RECORDS_T).where(
+                    _RECORDS_T.c.session_id.in_(select(ids).where(doomed).scalar_subquery())
+                )
+            )
+            deleted = conn.execute(delete(_SESSIONS_T).where(doomed)).rowcount
+        if deleted:
+            log.info("records storage %s: pruned %d session(s)", self.where, deleted)
+        return int(deleted)
+
+    # -- reads --------------------------------------------------------------------------
+
+    def sessions(self, limit: int | None = None) -> list[Session]:
+        """Stored sessions, newest first."""
+        query = select(_SESSIONS_T).order_by(_SESSIONS_T.c.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._transaction(write=False, doing="reading sessions") as conn:
+            rows = conn.execute(query).mappings().all()
+        return [_session_from_row(row) for row in rows]
+
+    def session(self, session_id: int) -> Session | None:
+        """One stored session, or None."""
+        query = select(_SESSIONS_T).where(_SESSIONS_T.c.id == session_id)
+        with self._transaction(write=False, doing="reading a session") as conn:
+            row = conn.execute(query).mappings().first()
+        return None if row is None else _session_from_row(row)
+
+    def records(self, session_id: int) -> list[Record]:
+        """The records of one session, in sequence order."""
+        return self._read_records(_RECORDS_T.c.session_id == session_id)
+
+    def all_records(
+        self, kind: str | None = None, requested_by_session: int | None = None
+    ) -> list[Record]:
+        """Records of every session (by session, then seq), optionally of one kind or
+        asked for by one session (a worker's records that a client's build caused)."""
+        condition: ColumnElement[bool] = true()
+        if kind is not None:
+            condition = condition & (_RECORDS_T.c.kind == kind)
+        if requested_by_session is not None:
+            condition = condition & (_RECORDS_T.c.requested_session == requested_by_session)
+        return self._read_records(condition)
+
+    def count_records(self, session_id: int | None = None) -> int:
+        """How many records are stored (of one session, or in all)."""
+        query = select(func.count()).select_from(_RECORDS_T)
+        if session_id is not None:
+            query = query.where(_RECORDS_T.c.session_id == session_id)
+        with self._transaction(write=False, doing="counting records") as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def count_sessions(self) -> int:
+        """How many sessions are stored."""
+        with self._transaction(write=False, doing="counting sessions") as conn:
+            return int(conn.execute(select(func.count()).select_from(_SESSIONS_T)).scalar_one())
+
+    def _read_records(self, condition: ColumnElement[bool]) -> list[Record]:
+        query = (
+            select(_RECORDS_T.c.session_id, _RECORDS_T.c.seq, _RECORDS_T.c.kind,
+                   _RECORDS_T.c.payload)
+            .where(condition)
+            .order_by(_RECORDS_T.c.session_id, _RECORDS_T.c.seq)
+        )
+        with self._transaction(write=False, doing="reading records") as conn:
+            rows = conn.execute(query).all()
+        found: list[Record] = []
+        for session_id, seq, kind, payload in rows:
+            if kind not in RECORD_KINDS:
+                # A newer farm version wrote a kind this one does not know: not ours to read.
+                log.debug("records storage %s: skipping %s record (%s, %s)", self.where, kind,
+                          session_id, seq)
+                continue
+            try:
+                found.append(parse_record(kind, payload))
+            except pydantic.ValidationError as exc:
+                raise StoreError(
+                    f"records storage {self.where}: record ({session_id}, {seq}) of kind "
+                    f"{kind} does not validate: {exc.errors()[0]['msg']}"
+                ) from exc
+        return found
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _insert_ignore(self, table: Table) -> Any:
+        """An INSERT that skips rows whose primary key is already there (both dialects)."""
+        if self._dialect == "postgresql":
+            return pg_dialect.insert(table).on_conflict_do_nothing()
+        return sqlite_dialect.insert(table).on_conflict_do_nothing()
+
+    @contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        """Turn a database failure into a one-line StoreError that names the storage.
+
+        SQLite's "file is not a database" (a DatabaseError that is not an operational
+        one: locked, unreachable) means the file is not ours: ForeignStoreError.
+        """
+        try:
+            yield
+        except sa_exc.OperationalError as exc:
+            raise StoreError(f"records storage {self.where}: {doing} failed: "
+                             f"{_one_line(exc)}") from exc
+        except sa_exc.DatabaseError as exc:
+            if self._dialect == "sqlite":
+                raise ForeignStoreError(
+                    f"{self.where} is not a kernel-farm records database ({_one_line(exc)})"
+                ) from exc
+            raise StoreError(f"records storage {self.where}: {doing} failed: "
+                             f"{_one_line(exc)}") from exc
+        except sa_exc.SQLAlchemyError as exc:
+            raise StoreError(f"records storage {self.where}: {doing} failed: "
+                             f"{_one_line(exc)}") from exc
+
+    @contextmanager
+    def _transaction(self, *, write: bool, doing: str) -> Iterator[Connection]:
+        """One transaction; ``write`` takes SQLite's write lock up front (BEGIN IMMEDIATE),
+        so that two writers queue on the busy timeout instead of failing mid-way."""
+        with self._errors(doing), self._engine.connect() as conn:
+            if write:
+                conn.execution_options(farm_write=True)
+            with conn.begin():
+                yield conn
+
+
+def _take_over_sqlite_transactions(engine: Engine) -> None:
+    """Let us, not the sqlite3 module, say when a SQLite transaction begins.
+
+    The sqlite3 module opens transactions lazily and only before data changes, which
+    puts DDL (migrations) outside them and makes every writer a deferred one that can
+    fail with "database is locked" half-way. SQLAlchemy's documented recipe: disable
+    the module's handling and emit BEGIN ourselves.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("farm_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def _record_row(record: Record) -> dict[str, Any]:
+    """The columns of a record: the indexed fields, and the whole record as JSON."""
+    row: dict[str, Any] = {
+        "session_id": record.stamp.session,
+        "seq": record.stamp.seq,
+        "kind": record.KIND,
+        "family": None,
+        "key": None,
+        "outcome": None,
+        "work_s": record.work_s,
+        "worker": None,
+        "host": None,
+        "requested_session": None,
+        "requested_batch": None,
+        "payload": record.model_dump_json(),
+    }
+    if isinstance(record, CompilationRecord):
+        row.update(family=record.family, key=record.key, outcome=record.outcome.value,
+                   worker=record.worker, host=record.host)
+        if record.requested_by is not None:
+            row.update(requested_session=record.requested_by.session,
+                       requested_batch=record.requested_by.batch)
+    elif not isinstance(record, CompilationBatchRecord):
+        raise TypeError(f"not a record: {type(record).__name__}")
+    return row
+
+
+def _session_from_row(row: Any) -> Session:
+    """A stored session; SQLite returns datetimes without zone, and we store UTC."""
+    values = dict(row)
+    started_at = values["started_at"]
+    if isinstance(started_at, dt.datetime) and started_at.tzinfo is None:
+        values["started_at"] = started_at.replace(tzinfo=dt.UTC)
+    return Session.model_validate(values)
+
+
+__all__ = [
+    "BUSY_TIMEOUT_S",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "SessionStorage",
+]

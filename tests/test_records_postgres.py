@@ -1,0 +1,75 @@
+"""The records storage contract against a real PostgreSQL (the cluster's session storage).
+
+The very tests of ``StorageContract`` (tests/test_records.py) that run on SQLite, each in
+a database of its own on the session's PostgreSQL server, plus what only PostgreSQL
+allows: other tables beside ours in one database.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from test_records import StorageContract
+
+from farm.errors import ForeignStoreError
+from farm.records import SCHEMA_VERSION, SessionStorage
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def fresh_database(postgres_server: Any) -> Iterator[str]:
+    """A new, empty database on the session's server; its URL. Dropped afterwards."""
+    admin_url = sa.make_url(postgres_server.url)
+    name = f"records_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+class TestPostgresContract(StorageContract):
+    """The storage contract on PostgreSQL."""
+
+    @pytest.fixture
+    def url(self, fresh_database: str) -> str:
+        return fresh_database
+
+
+def test_the_url_is_postgresql(fresh_database: str) -> None:
+    with SessionStorage(fresh_database) as storage:
+        assert storage.dialect == "postgresql"
+        assert "farm@" in storage.where
+
+
+def test_other_tables_beside_ours_are_fine(fresh_database: str) -> None:
+    engine = sa.create_engine(fresh_database)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE dashboards (id serial PRIMARY KEY, name text)"))
+    engine.dispose()
+    with SessionStorage(fresh_database) as storage:
+        assert storage.schema_version() == SCHEMA_VERSION
+
+
+def test_tables_of_our_names_that_are_not_ours_are_refused(fresh_database: str) -> None:
+    engine = sa.create_engine(fresh_database)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE sessions (who text, since date)"))
+    try:
+        with pytest.raises(ForeignStoreError) as caught:
+            SessionStorage(fresh_database)
+        assert "\n" not in str(caught.value) and "sessions" in str(caught.value)
+        with engine.connect() as conn:  # untouched: no table of ours was added
+            names = sa.inspect(conn).get_table_names()
+        assert sorted(names) == ["sessions"]
+    finally:
+        engine.dispose()
