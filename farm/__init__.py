@@ -25,7 +25,7 @@ from farm.errors import (
 )
 from farm.families import Example, KernelFamily, LocalMem, Params, Registry
 from farm.keys import Namespace
-from farm.model import ArtifactId, Key, KernelId, LaunchSettings, Lowered, Outcome, Variant
+from farm.model import ArtifactId, KernelId, Key, LaunchSettings, Lowered, Outcome, Variant
 from farm.settings import Settings, load_settings
 from farm.version import __version__
 

@@ -31,7 +31,7 @@ from farm.families import Registry
 from farm.finalize import FinalizeResult
 from farm.keys import Namespace
 from farm.load import load
-from farm.model import Artifact, ArtifactId, Key, KernelFailure, Lowered, Outcome
+from farm.model import Artifact, ArtifactId, KernelFailure, Key, Lowered, Outcome
 from farm.rekey import RekeyAction, rekey_action
 from farm.store.base import ArtifactStore
 
@@ -72,6 +72,8 @@ class BatchReport:
     parallelism: int
     compiler_invocations: int
     batch_seq: int | None = None
+    #: cluster builds: compile tasks sent to the workers
+    tasks_sent: int = 0
 
     @property
     def work_s(self) -> float:
@@ -102,6 +104,7 @@ class BatchReport:
             "speedup": round(self.work_s / wall, 2) if wall > 0 else 0.0,
             "parallelism": self.parallelism,
             "compiler_invocations": self.compiler_invocations,
+            "tasks_sent": self.tasks_sent,
         }
 
 

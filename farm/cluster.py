@@ -20,7 +20,7 @@ from farm.batch import BatchReport, KernelResult
 from farm.errors import ClusterError, FarmError
 from farm.families import Registry
 from farm.keys import Namespace, queue_name
-from farm.model import ArtifactId, Key, KernelFailure, Outcome
+from farm.model import ArtifactId, KernelFailure, Key, Outcome
 from farm.payloads import TASK_NAME, CompileReply, CompileRequest, KernelRequest
 from farm.records import Recorder
 from farm.records.model import RequestedBy
@@ -76,6 +76,7 @@ def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: Ar
     if recorder is not None:
         requested_by = RequestedBy(session=recorder.session.id, batch=recorder.reserve_seq())
     pending: dict[Any, list[KernelResult]] = {}
+    tasks_sent = 0
     size = settings.chunk_size
     for i in range(0, len(misses), size):
         chunk = misses[i:i + size]
@@ -84,6 +85,7 @@ def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: Ar
         async_result = app.send_task(TASK_NAME, args=[payload.model_dump(mode="json")],
                                      queue=queue_name(fingerprint))
         pending[async_result] = [res for res, _ in chunk]
+        tasks_sent += 1
 
     deadline = time.monotonic() + timeout_s
     while pending:
@@ -107,6 +109,7 @@ def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: Ar
                          parallelism=0, compiler_invocations=sum(
                              1 for r in results if r.outcome is Outcome.COMPILED))
     report.parallelism = len({r.worker for r in results if r.worker}) or 1
+    report.tasks_sent = tasks_sent
     if recorder is not None:
         rec = recorder.batch(
             kernels=len(results), loaded=report.count(Outcome.LOADED),
@@ -120,7 +123,7 @@ def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: Ar
 def _apply_reply(ar: Any, chunk: list[KernelResult], notify: Progress) -> None:
     try:
         reply = CompileReply.model_validate(ar.get(propagate=True, disable_sync_subtasks=False))
-    except Exception as exc:  # noqa: BLE001 - the task failed as a whole (time limit, ...)
+    except Exception as exc:  # the task failed as a whole (time limit, ...)
         message = f"task failed on the worker: {type(exc).__name__}: {exc}"
         for res in chunk:
             res.failure = KernelFailure(kind="error", message=message)

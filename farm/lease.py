@@ -47,7 +47,7 @@ class Lease:
         while not self._stop.wait(self._ttl_ms / 3000):
             try:
                 self._client.eval(_RENEW, 1, self.name, self._token, self._ttl_ms)
-            except Exception:  # noqa: BLE001 - a missed renewal only shortens the lease
+            except Exception:  # a missed renewal only shortens the lease
                 continue
 
     def release(self) -> None:

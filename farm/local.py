@@ -17,7 +17,8 @@ from farm.families import Registry
 from farm.records import Recorder
 from farm.records.open import open_recorder
 from farm.settings import Settings
-from farm.store import ArtifactStore, SQLiteStore
+from farm.store import ArtifactStore
+from farm.store.open import open_store
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -49,7 +50,7 @@ def local_farm(settings: Settings, *, label: str, workers: int | None = None,
     registry = Registry.load(settings.family_modules)
     device = select_device(probe_devices(), settings.device)
     ctx, cl_device = open_device(device)
-    store = SQLiteStore(settings.store_path)
+    store = open_store(settings)
     recorder = open_recorder(settings, label)
     n = settings.workers if workers is None else workers
     own: Any = None

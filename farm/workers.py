@@ -77,7 +77,7 @@ class Heartbeat:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 self._beat()
-            except Exception:  # noqa: BLE001 - Redis away for a moment: beat again later
+            except Exception:  # Redis away for a moment: beat again later
                 continue
 
     def stop(self) -> None:
@@ -85,5 +85,5 @@ class Heartbeat:
         self._thread.join(timeout=2)
         try:
             self._client.hdel(workers_key(self._info.fingerprint), self._info.field)
-        except Exception:  # noqa: BLE001 - best effort on the way out
+        except Exception:  # best effort on the way out
             pass

@@ -83,14 +83,20 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     from farm.store.open import open_store
     from worker.app import make_app
 
-    fp = fingerprint or select_device(discover_devices(), settings.device).fingerprint
+    local_fp = select_device(discover_devices(), settings.device).fingerprint \
+        if fallback_local or not fingerprint else None
+    fp = fingerprint or local_fp or ""
     client: Any = redis.Redis.from_url(settings.redis_url or "")
     try:
         check_served(client, fp)
     except ClusterError as exc:
         if not fallback_local:
             raise
-        err.print(f"{exc}: compiling locally (--fallback-local)", markup=False)
+        if local_fp != fp:
+            raise ClusterError(f"{exc}; and the local device ({local_fp}) cannot compile "
+                               f"for {fp}") from None
+        err.print(f"{exc}: compiling locally (--fallback-local)", markup=False,
+                  soft_wrap=True)
         return None, fp
     registry = Registry.load(settings.family_modules)
     artifacts = [e.artifact for e in expand(loaded, registry)]

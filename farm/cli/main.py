@@ -10,6 +10,7 @@ from farm.cli import build as build_cmd
 from farm.cli import demo as demo_cmd
 from farm.cli import devices as devices_cmd
 from farm.cli import worker as worker_cmd
+from farm.cli.cluster import app as cluster_app
 from farm.cli.manifest import app as manifest_app
 from farm.errors import FarmError
 
@@ -22,6 +23,7 @@ app.command("demo")(demo_cmd.demo)
 app.command("worker")(worker_cmd.worker)
 app.command("workers")(worker_cmd.workers)
 app.add_typer(manifest_app, name="manifest", help="Inspect model manifests.")
+app.add_typer(cluster_app, name="cluster", help="A local cluster on this machine.")
 
 
 def main() -> None:

@@ -97,7 +97,7 @@ class SQLiteStore(ArtifactStore):
                                     f", this farm reads version {VERSION}")
 
     # -- reads -----------------------------------------------------------------------------
-    def _read(self, ns: Namespace, key: Key) -> Artifact | None | bool:
+    def _read(self, ns: Namespace, key: Key) -> Artifact | bool | None:
         """The artifact, ``None`` if absent, ``False`` if present but unreadable."""
         with self._lock:
             row = self._conn.execute(

@@ -1,0 +1,150 @@
+"""A local cluster of separate processes: Redis, MinIO and N ``farm worker`` processes.
+
+Used by ``farm cluster up`` (to try the distributed mode on one machine), by the
+integration tests and by the benchmarks, so that all three run the real thing the same
+way. Workers are started in their own process sessions: killing a worker's whole
+process group (its main process and pool) is how tests simulate a dead machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farm.devservices.minio import MinioServer
+from farm.devservices.ports import ServiceError, log_tail, stop_process
+from farm.devservices.redis import RedisServer
+
+
+@dataclass
+class WorkerProcess:
+    """One ``farm worker`` and its log."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    home: Path
+    concurrency: int = 1
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill_all(self) -> None:
+        """SIGKILL the worker's main process and its pool: the whole worker dies."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+@dataclass
+class LocalCluster:
+    """Settings for clients, and workers started on demand against one Redis and MinIO."""
+
+    redis_url: str
+    minio_endpoint: str
+    minio_access_key: str
+    minio_secret_key: str
+    bucket: str
+    workdir: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    def env(self, home: Path | None = None, **extra: str) -> dict[str, str]:
+        """Environment for a farm process of this cluster (client or worker)."""
+        env = dict(os.environ)
+        env.update({
+            "FARM_REDIS_URL": self.redis_url,
+            "FARM_MINIO_ENDPOINT": self.minio_endpoint,
+            "FARM_MINIO_ACCESS_KEY": self.minio_access_key,
+            "FARM_MINIO_SECRET_KEY": self.minio_secret_key,
+            "FARM_MINIO_BUCKET": self.bucket,
+            "FARM_MINIO_SECURE": "false",
+            "PYOPENCL_NO_CACHE": "1",
+            "POCL_KERNEL_CACHE": "0",
+        })
+        env.update(self.extra_env)
+        if home is not None:
+            env["FARM_HOME"] = str(home)
+        env.update(extra)
+        return env
+
+    def start_worker(self, concurrency: int = 1, **extra_env: str) -> WorkerProcess:
+        index = len(self.workers)
+        home = self.workdir / f"worker-{index}"
+        home.mkdir(parents=True, exist_ok=True)
+        log = self.workdir / f"worker-{index}.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "farm", "worker", f"--concurrency={concurrency}"],
+                env=self.env(home, **extra_env), stdout=fh, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        worker = WorkerProcess(process=proc, log=log, home=home, concurrency=concurrency)
+        self.workers.append(worker)
+        return worker
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait until every started worker has all its pool processes up."""
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            while True:
+                text = w.log.read_text(errors="replace") if w.log.exists() else ""
+                if " ready." in text and text.count(" opened ") >= w.concurrency:
+                    break
+                if w.process.poll() is not None:
+                    raise ServiceError(f"worker exited with {w.process.returncode}:\n"
+                                       f"{log_tail(w.log)}")
+                if time.monotonic() > deadline:
+                    raise ServiceError(f"worker not ready in {timeout:.0f} s:\n"
+                                       f"{log_tail(w.log)}")
+                time.sleep(0.1)
+
+    def stop_workers(self) -> None:
+        for w in self.workers:
+            if w.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(w.process.pid, signal.SIGTERM)
+                try:
+                    w.process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    w.kill_all()
+        self.workers.clear()
+
+
+@contextlib.contextmanager
+def local_cluster(workdir: Path, *, redis: Any = None, minio: Any = None,
+                  bucket: str = "kernel-farm", **extra_env: str) -> Any:
+    """Start (or reuse the given) Redis and MinIO; yield a LocalCluster; stop it all."""
+    own: list[Any] = []
+    try:
+        if redis is None:
+            redis = RedisServer().start()
+            own.append(redis)
+        if minio is None:
+            minio = MinioServer().start()
+            own.append(minio)
+        cluster = LocalCluster(redis_url=redis.url, minio_endpoint=minio.endpoint,
+                               minio_access_key=minio.access_key,
+                               minio_secret_key=minio.secret_key, bucket=bucket,
+                               workdir=workdir, extra_env=dict(extra_env))
+        try:
+            yield cluster
+        finally:
+            cluster.stop_workers()
+    finally:
+        for service in reversed(own):
+            stop_process_safe(service)
+
+
+def stop_process_safe(service: Any) -> None:
+    with contextlib.suppress(Exception):
+        service.stop()
+
+
+__all__ = ["LocalCluster", "WorkerProcess", "local_cluster", "stop_process"]
