@@ -8,8 +8,12 @@ Namespace::
 
 Object store (MinIO), one bucket (``FARM_MINIO_BUCKET``)::
 
-    <namespace>/artifacts/<id hash>/<build id>     artifact binary; metadata in headers
+    <namespace>/artifacts/<id hash>/<build id>     framed artifact: full metadata JSON, then
+                                                  the binary; short fields also in headers
     <namespace>/sources/<source hash>              source index entry: the key (text)
+
+A namespace is ``NAMESPACE_LEVELS`` names deep, so the namespaces of a bucket are found
+by listing that many levels of common prefixes (:func:`namespace_from_prefix`).
 
 SQLite store: table ``artifacts`` with columns (namespace, id_hash, build_id, ...), and
 ``sources`` (namespace, source_hash, id_hash, build_id): the namespace is a column.
@@ -22,6 +26,12 @@ Redis (broker and farm state)::
                                                   farm:records:compilation,
                                                   farm:records:compilation_batch
     farm:records:group                            consumer group name of the ingesters
+    farm:records:dead                             records stream entries that do not validate
+                                                  (kept for a person to read, never retried)
+
+A record of kind ``records/v<N>/<name>`` travels on ``farm:records:<name>``
+(:func:`records_stream_for`): the stream has no version in its name, the entry carries
+its kind, so a kind's later format version shares its stream (see docs/RECORDS.md).
 
 Celery queues: ``farm.<fingerprint>`` (one per fingerprint).
 
@@ -89,6 +99,22 @@ def source_object(ns: Namespace, source_hash: str) -> str:
     return f"{ns}/sources/{source_hash}"
 
 
+#: how many ``/``-separated names a namespace spans at the front of an object name
+NAMESPACE_LEVELS = 3
+
+
+def namespace_from_prefix(prefix: str) -> Namespace | None:
+    """The namespace a listing prefix such as ``opencl/v1/<fingerprint>/`` names; ``None``
+    for a prefix of another layout (a foreign object in the bucket is skipped, not fatal)."""
+    text = prefix.removesuffix("/")
+    if text.count("/") != NAMESPACE_LEVELS - 1:
+        return None
+    try:
+        return Namespace.parse(text)
+    except ValueError:
+        return None
+
+
 def key_from_artifact_object(ns: Namespace, name: str) -> Key | None:
     """Inverse of :func:`artifact_object`; ``None`` for a name of another layout."""
     prefix = artifacts_prefix(ns)
@@ -121,6 +147,18 @@ def records_stream(kind: str) -> str:
 
 
 RECORDS_GROUP = "farm:records:group"
+
+RECORDS_SESSIONS_STREAM = records_stream("sessions")
+"""Stream of the sessions (one entry when a session first changes something)."""
+
+RECORDS_DEAD_STREAM = records_stream("dead")
+"""Where the ingester sets aside stream entries that do not validate, so that one bad
+entry neither blocks the others nor is retried for ever."""
+
+
+def records_stream_for(kind: str) -> str:
+    """Stream of a record kind given by its storage name (``records/v1/compilation``)."""
+    return records_stream(kind.rsplit("/", 1)[-1])
 
 
 # -- celery ----------------------------------------------------------------------------------

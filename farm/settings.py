@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +37,10 @@ class Settings(BaseSettings):
     records_url: str | None = None
     records_level: RecordLevel = RecordLevel.BASIC
     keep_sessions: int | None = Field(default=None, ge=0)
+    #: where records go (FARM_RECORDS_TRANSPORT): ``auto`` = Redis streams when
+    #: FARM_REDIS_URL is set, else straight into storage; ``storage`` / ``stream`` force
+    #: one (see farm/records/open.py and docs/RECORDS.md)
+    records_transport: Literal["auto", "storage", "stream"] = "auto"
     #: extra modules providing kernel families (FARM_FAMILY_MODULES='["pkg.mod"]')
     family_modules: list[str] = Field(default_factory=list)
     #: OpenCL device: fingerprint, prefix or name substring (FARM_DEVICE)
@@ -55,6 +60,8 @@ class Settings(BaseSettings):
     compile_hard_time_limit: float = Field(default=360.0, gt=0)
     #: Redis broker visibility timeout; must exceed the hard time limit (see cluster docs)
     visibility_timeout: float = Field(default=900.0, gt=0)
+    #: seconds a compile lease lives without renewal (a dead worker's lease expires)
+    lease_ttl: float = Field(default=30.0, gt=0)
     #: kernels per Celery task (amortises per-task overhead against compile time)
     chunk_size: int = Field(default=4, ge=1, le=256)
 

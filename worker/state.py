@@ -59,6 +59,6 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     return WorkerState(
         settings=settings, registry=Registry.load(settings.family_modules), device=device,
         ctx=ctx, cl_device=cl_device, store=MinioStore.from_settings(settings),
-        leases=Leases(client, ttl_s=30.0),
+        leases=Leases(client, ttl_s=settings.lease_ttl),
         recorder=open_recorder(settings, label=f"worker {worker_name()}"),
         name=worker_name())

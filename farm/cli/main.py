@@ -29,7 +29,8 @@ app.add_typer(cluster_app, name="cluster", help="A local cluster on this machine
 def main() -> None:
     """Console entry point."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns the exit code of ``typer.Exit``.
+        code = app(standalone_mode=False)
     except FarmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -48,3 +49,4 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+    sys.exit(code if isinstance(code, int) else 0)

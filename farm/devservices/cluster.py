@@ -97,6 +97,8 @@ class LocalCluster:
                 text = w.log.read_text(errors="replace") if w.log.exists() else ""
                 if " ready." in text and text.count(" opened ") >= w.concurrency:
                     break
+                if "Traceback" in text:
+                    raise ServiceError(f"worker failed to start:\n{log_tail(w.log)}")
                 if w.process.poll() is not None:
                     raise ServiceError(f"worker exited with {w.process.returncode}:\n"
                                        f"{log_tail(w.log)}")
@@ -119,8 +121,11 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster(workdir: Path, *, redis: Any = None, minio: Any = None,
-                  bucket: str = "kernel-farm", **extra_env: str) -> Any:
-    """Start (or reuse the given) Redis and MinIO; yield a LocalCluster; stop it all."""
+                  bucket: str = "kernel-farm", redis_db: int = 0, **extra_env: str) -> Any:
+    """Start (or reuse the given) Redis and MinIO; yield a LocalCluster; stop it all.
+
+    Clusters sharing one Redis stay apart through ``redis_db`` (queues, leases and the
+    worker registry live in the database) and through their MinIO ``bucket``."""
     own: list[Any] = []
     try:
         if redis is None:
@@ -129,7 +134,8 @@ def local_cluster(workdir: Path, *, redis: Any = None, minio: Any = None,
         if minio is None:
             minio = MinioServer().start()
             own.append(minio)
-        cluster = LocalCluster(redis_url=redis.url, minio_endpoint=minio.endpoint,
+        redis_url = redis.url.rsplit("/", 1)[0] + f"/{redis_db}"
+        cluster = LocalCluster(redis_url=redis_url, minio_endpoint=minio.endpoint,
                                minio_access_key=minio.access_key,
                                minio_secret_key=minio.secret_key, bucket=bucket,
                                workdir=workdir, extra_env=dict(extra_env))

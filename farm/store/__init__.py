@@ -1,6 +1,22 @@
-"""Artifact stores: the interface, the embedded SQLite store; MinIO and tiers join here."""
+"""Artifact stores: the interface, the embedded SQLite store, an in-memory tier, the
+tiered store, and :func:`open_store`, which picks them from settings.
+
+``MinioStore`` needs the ``minio`` SDK (the ``cluster`` extra), so it is imported from
+:mod:`farm.store.minio` where it is wanted rather than here.
+"""
 
 from farm.store.base import ArtifactStore, PutResult, StoreStats
+from farm.store.memory import MemoryStore
+from farm.store.open import open_store
 from farm.store.sqlite import SQLiteStore
+from farm.store.tiered import TieredStore
 
-__all__ = ["ArtifactStore", "PutResult", "SQLiteStore", "StoreStats"]
+__all__ = [
+    "ArtifactStore",
+    "MemoryStore",
+    "PutResult",
+    "SQLiteStore",
+    "StoreStats",
+    "TieredStore",
+    "open_store",
+]

@@ -1,0 +1,120 @@
+"""An in-memory artifact store: the front tier of a :class:`~farm.store.tiered.TieredStore`
+for one process, and a stand-in store for tests.
+
+It keeps every rule of the interface (first writer wins, digest verified on every read,
+source index), so a tier made of it behaves like the others. ``max_bytes`` bounds the
+binaries it holds, evicting the least recently used; unbounded when ``None``. It holds no
+environment generation of its own: the loader's caches do that, and a store belongs to
+one environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+
+from farm.keys import Namespace
+from farm.model import Artifact, Key
+from farm.store.base import ArtifactStore, PutResult, decide_put, log_refused
+
+log = logging.getLogger(__name__)
+
+
+class MemoryStore(ArtifactStore):
+    """Artifacts in a dict, guarded by one lock; optionally bounded by total binary size."""
+
+    def __init__(self, max_bytes: int | None = None, name: str = "memory") -> None:
+        super().__init__()
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        self.max_bytes = max_bytes
+        self._name = name
+        self._lock = threading.RLock()
+        self._items: OrderedDict[tuple[Namespace, Key], Artifact] = OrderedDict()
+        self._sources: dict[tuple[Namespace, str], Key] = {}
+        self._bytes = 0
+
+    @property
+    def location(self) -> str:
+        return f"{self._name}://{id(self):x}"
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(items={len(self._items)}, max_bytes={self.max_bytes})"
+
+    def get(self, ns: Namespace, key: Key) -> Artifact | None:
+        with self._lock:
+            found = self._items.get((ns, key))
+            if found is not None:
+                self._items.move_to_end((ns, key))
+        if found is None:
+            return None
+        if not found.verify() or found.meta.key != key:
+            self.stats.bump("corrupt")
+            log.warning("store %s: artifact %s/%s fails its digest; treated as a miss",
+                        self.location, ns, key)
+            return None
+        return found
+
+    def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
+        with self._lock:
+            return {k for k in keys if (ns, k) in self._items}
+
+    def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
+        with self._lock:
+            return self._sources.get((ns, source_hash))
+
+    def keys(self, ns: Namespace) -> Iterator[Key]:
+        with self._lock:
+            found = [k for (n, k) in self._items if n == ns]
+        return iter(sorted(found, key=lambda k: (k.id_hash, k.build_id)))
+
+    def namespaces(self) -> list[Namespace]:
+        with self._lock:
+            return sorted({n for (n, _) in self._items}, key=str)
+
+    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+        key = artifact.meta.key
+        with self._lock:
+            existing = self._items.get((ns, key))
+            decision = decide_put(existing, artifact)
+            if decision is None:
+                if existing is not None:
+                    self.stats.bump("repaired")
+                    self._drop(ns, key)
+                self._items[(ns, key)] = artifact
+                self._bytes += len(artifact.binary)
+                self._sources[(ns, artifact.meta.source_hash)] = key
+                self._evict()
+        if decision is PutResult.REFUSED:
+            log_refused(self, ns, key)
+            return decision
+        return decision or PutResult.STORED
+
+    def delete(self, ns: Namespace, key: Key) -> None:
+        with self._lock:
+            self._drop(ns, key)
+
+    def _drop(self, ns: Namespace, key: Key) -> None:
+        """Remove one entry and the index entry that points at it (lock held)."""
+        old = self._items.pop((ns, key), None)
+        if old is None:
+            return
+        self._bytes -= len(old.binary)
+        if self._sources.get((ns, old.meta.source_hash)) == key:
+            del self._sources[(ns, old.meta.source_hash)]
+
+    def _evict(self) -> None:
+        """Drop least recently used entries until the bound holds (lock held)."""
+        if self.max_bytes is None:
+            return
+        while self._bytes > self.max_bytes and self._items:
+            (ns, key) = next(iter(self._items))
+            self._drop(ns, key)
+
+    def close(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._sources.clear()
+            self._bytes = 0
