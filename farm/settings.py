@@ -84,9 +84,21 @@ class Settings(BaseSettings):
 
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment plus explicit overrides, as one line on error."""
+    from pydantic_settings import SettingsError as SourceError
+
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
+    except SourceError as exc:  # a complex value (a list) that is not valid JSON
+        raise SettingsError(f"setting {_env_name(str(exc))}: not valid JSON") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         raise SettingsError(f"setting FARM_{field.upper()}: {err['msg']}") from None
+
+
+def _env_name(message: str) -> str:
+    """``error parsing value for field "family_modules" ...`` -> FARM_FAMILY_MODULES."""
+    import re
+
+    found = re.search(r'field "([a-z_]+)"', message)
+    return f"FARM_{found.group(1).upper()}" if found else "FARM_*"
