@@ -1,0 +1,157 @@
+{{/*
+Names, labels, images, and the one place that decides where credentials come from.
+*/}}
+
+{{- define "kernel-farm.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* <release>-kernel-farm, or the release name alone when it already says kernel-farm. */}}
+{{- define "kernel-farm.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kernel-farm.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kernel-farm.labels" -}}
+helm.sh/chart: {{ include "kernel-farm.chart" . }}
+{{ include "kernel-farm.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kernel-farm
+{{- end }}
+
+{{- define "kernel-farm.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kernel-farm.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of one component: (dict "root" $ "component" "worker") */}}
+{{- define "kernel-farm.componentLabels" -}}
+{{ include "kernel-farm.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "kernel-farm.componentSelector" -}}
+{{ include "kernel-farm.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "kernel-farm.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kernel-farm.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* repository:tag of an image value, the tag defaulting to the chart's appVersion. */}}
+{{- define "kernel-farm.image" -}}
+{{- $img := index . 0 }}{{- $root := index . 1 }}
+{{- printf "%s:%s" $img.repository (default $root.Chart.AppVersion $img.tag | toString) }}
+{{- end }}
+
+{{/* Service names of the bundled services. */}}
+{{- define "kernel-farm.redis.host" -}}{{ include "kernel-farm.fullname" . }}-redis{{- end }}
+{{- define "kernel-farm.minio.host" -}}{{ include "kernel-farm.fullname" . }}-minio{{- end }}
+{{- define "kernel-farm.postgresql.host" -}}{{ include "kernel-farm.fullname" . }}-postgresql{{- end }}
+
+{{/* FARM_MINIO_ENDPOINT (not a secret: host and port only). */}}
+{{- define "kernel-farm.minio.endpoint" -}}
+{{- if .Values.minio.enabled }}
+{{- printf "%s:9000" (include "kernel-farm.minio.host" .) }}
+{{- else }}
+{{- required "minio.enabled is false: set minio.endpoint to the external MinIO (host:port or https://host:port)" .Values.minio.endpoint }}
+{{- end }}
+{{- end }}
+
+{{/* The name of the Secret holding the credentials: the existing one, or ours. */}}
+{{- define "kernel-farm.secretName" -}}
+{{- if .Values.secrets.existingSecret }}
+{{- .Values.secrets.existingSecret }}
+{{- else }}
+{{- include "kernel-farm.fullname" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+One credential for the Secret the chart creates: the value given, else the one already
+in that Secret (so upgrades keep generated passwords), else a random one.
+(list $ "secret-key" .Values.secrets.x length)
+*/}}
+{{- define "kernel-farm.credential" -}}
+{{- $root := index . 0 }}{{- $key := index . 1 }}{{- $given := index . 2 }}{{- $length := index . 3 }}
+{{- if $given }}
+{{- $given }}
+{{- else }}
+{{- $existing := lookup "v1" "Secret" $root.Release.Namespace (include "kernel-farm.fullname" $root) }}
+{{- $data := dict }}
+{{- if $existing }}{{- $data = $existing.data | default dict }}{{- end }}
+{{- if hasKey $data $key }}
+{{- index $data $key | b64dec }}
+{{- else }}
+{{- randAlphaNum $length }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* env entry reading one key of the credentials Secret: (list $ "ENV_NAME" "secret-key") */}}
+{{- define "kernel-farm.secretEnv" -}}
+{{- $root := index . 0 -}}
+- name: {{ index . 1 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "kernel-farm.secretName" $root }}
+      key: {{ index . 2 }}
+{{- end }}
+
+{{/*
+Checks that cannot be written in values.schema.json (they compare values with each other).
+*/}}
+{{- define "kernel-farm.validate" -}}
+{{- $farm := .Values.farm }}
+{{- if le (float64 $farm.visibilityTimeout) (float64 $farm.compileHardTimeLimit) }}
+{{- fail (printf "farm.visibilityTimeout (%v) must exceed farm.compileHardTimeLimit (%v): otherwise a running compile is delivered to a second worker" $farm.visibilityTimeout $farm.compileHardTimeLimit) }}
+{{- end }}
+{{- if gt (float64 $farm.compileSoftTimeLimit) (float64 $farm.compileHardTimeLimit) }}
+{{- fail (printf "farm.compileSoftTimeLimit (%v) must not exceed farm.compileHardTimeLimit (%v)" $farm.compileSoftTimeLimit $farm.compileHardTimeLimit) }}
+{{- end }}
+{{- $seen := dict }}
+{{- range .Values.workers.pools }}
+{{- if hasKey $seen .name }}
+{{- fail (printf "workers.pools: the pool name %q is used twice" .name) }}
+{{- end }}
+{{- $_ := set $seen .name true }}
+{{- if and (eq (.type | default "cpu") "nvidia") (not .fingerprint) }}
+{{- fail (printf "workers.pools[%s]: an nvidia pool must name its fingerprint (farm devices on such a node): pyopencl's wheel also brings a PoCL CPU device, which a worker without --fingerprint may pick" .name) }}
+{{- end }}
+{{- if and (ne (.type | default "cpu") "nvidia") (hasKey . "gpus") }}
+{{- fail (printf "workers.pools[%s]: gpus is only for pools of type nvidia" .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A worker pool's grace period: given, or the hard time limit plus a minute. */}}
+{{- define "kernel-farm.workerGrace" -}}
+{{- $root := index . 0 }}{{- $pool := index . 1 }}
+{{- $hard := $root.Values.farm.compileHardTimeLimit | float64 | ceil | int }}
+{{- if hasKey $pool "terminationGracePeriodSeconds" }}
+{{- if le (int $pool.terminationGracePeriodSeconds) $hard }}
+{{- fail (printf "workers.pools[%s].terminationGracePeriodSeconds (%v) must exceed farm.compileHardTimeLimit (%v), so a stopping worker can finish its running compiles" $pool.name $pool.terminationGracePeriodSeconds $root.Values.farm.compileHardTimeLimit) }}
+{{- end }}
+{{- int $pool.terminationGracePeriodSeconds }}
+{{- else }}
+{{- add $hard 60 }}
+{{- end }}
+{{- end }}
