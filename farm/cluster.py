@@ -115,7 +115,8 @@ def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: Ar
             kernels=len(results), loaded=report.count(Outcome.LOADED),
             rekeyed=report.count(Outcome.REKEYED), compiled=report.count(Outcome.COMPILED),
             unsupported=len(report.unsupported), failed=len(report.failed),
-            parallelism=report.parallelism, wall_s=wall, work_s=report.work_s, label=label)
+            parallelism=report.parallelism, wall_s=wall, work_s=report.work_s, label=label,
+            seq=requested_by.batch if requested_by else None)
         report.batch_seq = rec.stamp.seq if rec is not None else None
     return report
 

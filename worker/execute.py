@@ -23,7 +23,7 @@ import time
 from farm.errors import CompileError, FarmError, KernelError, LoadError, VersionSkewError
 from farm.finalize import finalize
 from farm.load import load
-from farm.model import Artifact, Key, KernelFailure, Lowered, Outcome
+from farm.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
 from farm.records.model import RequestedBy
 from farm.rekey import RekeyAction, rekey_action

@@ -9,9 +9,11 @@ import typer
 from farm.cli import build as build_cmd
 from farm.cli import demo as demo_cmd
 from farm.cli import devices as devices_cmd
+from farm.cli import ingest as ingest_cmd
 from farm.cli import worker as worker_cmd
 from farm.cli.cluster import app as cluster_app
 from farm.cli.manifest import app as manifest_app
+from farm.cli.records import app as records_app
 from farm.errors import FarmError
 
 app = typer.Typer(help="kernel-farm: a compilation farm for OpenCL kernels.",
@@ -24,6 +26,8 @@ app.command("worker")(worker_cmd.worker)
 app.command("workers")(worker_cmd.workers)
 app.add_typer(manifest_app, name="manifest", help="Inspect model manifests.")
 app.add_typer(cluster_app, name="cluster", help="A local cluster on this machine.")
+app.command("ingest")(ingest_cmd.ingest)
+app.add_typer(records_app, name="records", help="Read sessions, records, builds and timelines.")
 
 
 def main() -> None:

@@ -11,7 +11,14 @@ Rules (ARCHITECTURE.md, "Records and sessions"):
 - After that, records are written as they come, in small batches: a batch is sent when
   it reaches ``flush_records`` records, when a compilation batch record closes a batch
   of work, or when the oldest unsent record is ``flush_interval_s`` old (checked as
-  records arrive). ``flush()`` and ``close()`` send everything.
+  records arrive). ``flush()`` and ``close()`` send everything. A recorder made with
+  ``autoflush=True`` also sends from a background thread every ``flush_interval_s``,
+  for processes that record a few kernels and then wait (a cluster worker): without it
+  their last records would reach the sink only with the next record or at exit.
+- A build that asks other processes to work for it takes a sequence number up front
+  (``reserve_seq()``) for its batch record, names it in what it sends, and writes its
+  batch record under it (``batch(..., seq=reserved)``), so that the workers' records and
+  the client's batch record share one (session, batch) and join without guessing.
 - Recording never fails a build: a sink that raises while records come in is logged,
   its records are kept and retried with the next send (sinks are idempotent by
   (session, seq)), bounded by ``max_held``. ``flush()`` and ``close()`` do raise, so
@@ -68,6 +75,7 @@ class Recorder:
         clock: Clock | None = None,
         flush_records: int = FLUSH_RECORDS,
         flush_interval_s: float = FLUSH_INTERVAL_S,
+        autoflush: bool = False,
     ) -> None:
         self._sink = sink
         self.config = config if config is not None else RecordsConfig()
@@ -85,6 +93,14 @@ class Recorder:
         self._dropped = 0
         self._failing = False
         self._closed = False
+        self._reserved: set[int] = set()
+        self._stop_flusher = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if autoflush and self.config.level is not RecordLevel.OFF:
+            self._flusher = threading.Thread(
+                target=self._flush_periodically, name=f"records-flush-{self._session.id}",
+                daemon=True)
+            self._flusher.start()
 
     # -- state --------------------------------------------------------------------------
 
@@ -174,19 +190,25 @@ class Recorder:
         failed: int = 0,
         parallelism: int = 1,
         label: str = "",
+        seq: int | None = None,
     ) -> CompilationBatchRecord | None:
         """Record a batch of kernels obtained together; None when nothing is recorded.
 
         A batch record also sends what is waiting: the end of a batch is when a person
-        may look at the records.
+        may look at the records. ``seq``: a number from ``reserve_seq()`` to write the
+        record under (each reserved number once); its offset is still "now", when the
+        batch ended. Anything else raises ``ValueError``.
         """
         if self.config.level is RecordLevel.OFF or self._closed:
             return None
         with self._lock:
             if self._closed:  # closed while this thread waited for the lock
                 return None
+            if seq is not None and seq not in self._reserved:
+                raise ValueError(f"records: seq {seq} was not reserved (or is used already)")
+            stamp = self._stamp() if seq is None else self._stamp_reserved(seq)
             record = CompilationBatchRecord(
-                stamp=self._stamp(),
+                stamp=stamp,
                 kernels=kernels,
                 loaded=loaded,
                 rekeyed=rekeyed,
@@ -206,6 +228,7 @@ class Recorder:
         that records made elsewhere on its behalf (workers) can name it up front."""
         with self._lock:
             self._seq += 1
+            self._reserved.add(self._seq)
             return self._seq
 
     def flush(self) -> None:
@@ -219,6 +242,9 @@ class Recorder:
         Idempotent. Raises when the last records cannot be written; the sink is closed
         all the same.
         """
+        self._stop_flusher.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join(timeout=max(1.0, 2 * self._flush_interval_ns / 1e9))
         with self._lock:
             if self._closed:
                 return
@@ -254,6 +280,26 @@ class Recorder:
         self._seq += 1
         offset_ns = max(0, self._clock.monotonic_ns() - self._start_ns)
         return Stamp(session=self._session.id, seq=self._seq, offset_s=offset_ns / 1e9)
+
+    def _stamp_reserved(self, seq: int) -> Stamp:
+        """The stamp of a record written under a reserved seq (offset: now)."""
+        self._reserved.discard(seq)
+        offset_ns = max(0, self._clock.monotonic_ns() - self._start_ns)
+        return Stamp(session=self._session.id, seq=seq, offset_s=offset_ns / 1e9)
+
+    def _flush_periodically(self) -> None:
+        """The autoflush thread: send what has waited ``flush_interval_s``, quietly."""
+        interval_s = max(0.01, self._flush_interval_ns / 1e9)
+        while not self._stop_flusher.wait(interval_s):
+            with self._lock:
+                if self._closed:
+                    return
+                if (
+                    self._pending
+                    and self._clock.monotonic_ns() - self._pending_since_ns
+                    >= self._flush_interval_ns
+                ):
+                    self._send(quiet=True)
 
     def _add(self, record: Record, *, send: bool = False) -> None:
         """Queue a record and decide whether to send now."""
@@ -293,7 +339,9 @@ class Recorder:
                 self._sink.write_session(self._session, keep_sessions=self.config.keep_sessions)
                 self._session_written = True
             if self._pending:
-                self._sink.write_records(list(self._pending))
+                # In seq order, as sinks expect: a batch record written under a reserved
+                # seq comes after records with higher numbers.
+                self._sink.write_records(sorted(self._pending, key=lambda r: r.stamp.seq))
                 self._pending.clear()
         except Exception as exc:  # any sink failure: the records are kept and retried
             if not quiet:

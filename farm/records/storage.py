@@ -321,9 +321,7 @@ class SessionStorage:
 
     def write_session(self, session: Session) -> None:
         """Insert a session; one already there (same id) is left as it is."""
-        values = session.model_dump(mode="python")
-        # SQLite keeps no zone: store every start in UTC so both backends read the same.
-        values["started_at"] = session.started_at.astimezone(dt.UTC)
+        values = _session_row(session)
         with self._transaction(write=True, doing="writing a session") as conn:
             conn.execute(self._insert_ignore(_SESSIONS_T).values(**values))
 
@@ -333,11 +331,31 @@ class SessionStorage:
         Returns how many were given (not how many were new: drivers do not all report
         that for a batch). One transaction, so a batch is durable entirely or not at all.
         """
-        rows = [_record_row(record) for record in records]
+        rows = _sorted_rows(records)
         if not rows:
             return 0
         with self._transaction(write=True, doing="writing records") as conn:
             conn.execute(self._insert_ignore(_RECORDS_T), rows)
+        return len(rows)
+
+    def write_batch(self, sessions: Iterable[Session], records: Iterable[Record]) -> int:
+        """Insert sessions and records in ONE transaction (the ingester's unit of work).
+
+        One commit for a whole batch read from the streams is what makes the ingester
+        fast, and what lets it acknowledge the batch once, after the commit. Rows go in
+        (session, seq) order so that two ingesters inserting overlapping batches into
+        PostgreSQL take their row locks in the same order and cannot deadlock. Existing
+        rows are left as they are; returns how many records were given.
+        """
+        session_rows = sorted((_session_row(s) for s in sessions), key=lambda r: r["id"])
+        rows = _sorted_rows(records)
+        if not rows and not session_rows:
+            return 0
+        with self._transaction(write=True, doing="writing a batch of records") as conn:
+            if session_rows:
+                conn.execute(self._insert_ignore(_SESSIONS_T), session_rows)
+            if rows:
+                conn.execute(self._insert_ignore(_RECORDS_T), rows)
         return len(rows)
 
     def prune(self, keep: int, protect: int | None = None) -> int:
@@ -347,11 +365,18 @@ class SessionStorage:
         kept; the rest are the newest others. Why protect and not just "newest": a long
         observing process writes its session only when it first changes something, so
         the session being kept may be older than others already stored. ``keep`` 0 acts
-        as 1. Records whose session row is not there (an ingester may store them first)
-        are left alone. Returns the number of sessions deleted.
+        as 1. Returns the number of sessions deleted.
+
+        Records whose session row is not there are left alone when they may belong to a
+        session still on its way (an ingester may store records before their session),
+        that is when they are newer than the oldest kept session. Those older than every
+        kept session belong to sessions pruned before their last records arrived (an
+        ingester catching up reads the short sessions stream far ahead of the records):
+        they go too, so late records never outlive their session for long.
         """
         keep = max(keep, 1)
         ids = _SESSIONS_T.c.id
+        deleted = 0
         with self._transaction(write=True, doing="pruning sessions") as conn:
             others_kept = keep
             if protect is not None:
@@ -360,23 +385,31 @@ class SessionStorage:
             others = select(ids).order_by(ids.desc())
             if protect is not None:
                 others = others.where(ids != protect)
-            doomed: ColumnElement[bool] = true()
+            doomed: ColumnElement[bool] | None = true()
             if others_kept > 0:
                 row = conn.execute(others.offset(others_kept - 1).limit(1)).first()
-                if row is None:
-                    return 0
-                doomed = ids < row[0]
-            if protect is not None:
-                doomed = doomed & (ids != protect)
-            conn.execute(
-                delete(_RECORDS_T).where(
-                    _RECORDS_T.c.session_id.in_(select(ids).where(doomed).scalar_subquery())
+                doomed = None if row is None else ids < row[0]
+            if doomed is not None:
+                if protect is not None:
+                    doomed = doomed & (ids != protect)
+                conn.execute(
+                    delete(_RECORDS_T).where(
+                        _RECORDS_T.c.session_id.in_(select(ids).where(doomed).scalar_subquery())
+                    )
                 )
-            )
-            deleted = conn.execute(delete(_SESSIONS_T).where(doomed)).rowcount
+                deleted = conn.execute(delete(_SESSIONS_T).where(doomed)).rowcount
+            oldest_kept = conn.execute(select(func.min(ids))).scalar()
+            if oldest_kept is not None:
+                conn.execute(delete(_RECORDS_T).where(_RECORDS_T.c.session_id < oldest_kept))
         if deleted:
             log.info("records storage %s: pruned %d session(s)", self.where, deleted)
         return int(deleted)
+
+    def oldest_session_id(self) -> int | None:
+        """The id of the oldest stored session (None when there is none)."""
+        with self._transaction(write=False, doing="reading sessions") as conn:
+            found = conn.execute(select(func.min(_SESSIONS_T.c.id))).scalar()
+        return None if found is None else int(found)
 
     # -- reads --------------------------------------------------------------------------
 
@@ -411,6 +444,55 @@ class SessionStorage:
         if requested_by_session is not None:
             condition = condition & (_RECORDS_T.c.requested_session == requested_by_session)
         return self._read_records(condition)
+
+    def sessions_by_id(self, session_ids: Iterable[int]) -> dict[int, Session]:
+        """The stored sessions among ``session_ids`` (absent ones are left out)."""
+        wanted = sorted(set(session_ids))
+        if not wanted:
+            return {}
+        query = select(_SESSIONS_T).where(_SESSIONS_T.c.id.in_(wanted))
+        with self._transaction(write=False, doing="reading sessions") as conn:
+            rows = conn.execute(query).mappings().all()
+        return {session.id: session for session in map(_session_from_row, rows)}
+
+    def build_records(self, session_id: int, batch: int | None = None) -> list[Record]:
+        """One build seen whole: the records of the session that asked for it, and every
+        record made on its behalf by other sessions (workers), by session then seq.
+
+        ``batch`` narrows the others' records to those that name that batch; the asking
+        session's own records all come (the caller picks its batch record among them).
+        """
+        asked: ColumnElement[bool] = _RECORDS_T.c.requested_session == session_id
+        if batch is not None:
+            asked = asked & (_RECORDS_T.c.requested_batch == batch)
+        return self._read_records((_RECORDS_T.c.session_id == session_id) | asked)
+
+    def session_counts(self, session_ids: Iterable[int]) -> dict[int, dict[str, int]]:
+        """Per session, counted in the database (``farm records sessions``): ``records``,
+        ``max_seq``, ``batches`` and one count per compilation outcome (``Compiled``...).
+
+        ``max_seq - records`` is how many sequence numbers have no stored record: records
+        still in flight, dropped over ``max_held``, or lost on the way (see RECORDS.md).
+        """
+        wanted = sorted(set(session_ids))
+        if not wanted:
+            return {}
+        sid = _RECORDS_T.c.session_id
+        what = func.coalesce(_RECORDS_T.c.outcome, _RECORDS_T.c.kind)
+        by_what = select(sid, what, func.count()).where(sid.in_(wanted)).group_by(sid, what)
+        totals = (select(sid, func.count(), func.max(_RECORDS_T.c.seq))
+                  .where(sid.in_(wanted)).group_by(sid))
+        with self._transaction(write=False, doing="counting records") as conn:
+            rows = conn.execute(by_what).all()
+            total_rows = conn.execute(totals).all()
+        counts: dict[int, dict[str, int]] = {
+            session_id: {"records": 0, "max_seq": 0, "batches": 0} for session_id in wanted}
+        for session_id, label, count in rows:
+            name = "batches" if label == CompilationBatchRecord.KIND else str(label)
+            counts[int(session_id)][name] = int(count)
+        for session_id, count, max_seq in total_rows:
+            counts[int(session_id)].update(records=int(count), max_seq=int(max_seq or 0))
+        return counts
 
     def count_records(self, session_id: int | None = None) -> int:
         """How many records are stored (of one session, or in all)."""
@@ -536,6 +618,19 @@ def _record_row(record: Record) -> dict[str, Any]:
     elif not isinstance(record, CompilationBatchRecord):
         raise TypeError(f"not a record: {type(record).__name__}")
     return row
+
+
+def _sorted_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
+    """Record rows in (session, seq) order: one lock order for every writer."""
+    return sorted((_record_row(r) for r in records), key=lambda r: (r["session_id"], r["seq"]))
+
+
+def _session_row(session: Session) -> dict[str, Any]:
+    """The columns of a session. SQLite keeps no zone: every start is stored in UTC so
+    both backends read the same."""
+    values = session.model_dump(mode="python")
+    values["started_at"] = session.started_at.astimezone(dt.UTC)
+    return values
 
 
 def _session_from_row(row: Any) -> Session:

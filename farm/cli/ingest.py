@@ -1,0 +1,93 @@
+"""``farm ingest``: run a records ingester (Redis streams -> session storage).
+
+Needs ``FARM_REDIS_URL``; writes into ``FARM_RECORDS_URL`` (PostgreSQL in a cluster).
+Runs until SIGTERM or SIGINT, then finishes the batch in hand (written and acknowledged)
+and exits 0; ``--drain`` exits instead once nothing is left to read. Several may run at
+once (one per node, or a Deployment with replicas): they share the work through the
+consumer group and never store a record twice. See ``farm.records.ingest``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from farm.cli.console import err, print_json
+from farm.errors import SettingsError
+from farm.records.ingest import BATCH, BLOCK_MS, CLAIM_IDLE_MS, Ingester, default_consumer_name
+from farm.records.storage import SessionStorage
+from farm.records.stream import connect
+from farm.settings import load_settings
+
+
+def ingest(
+    batch: Annotated[int, typer.Option(
+        "--batch", min=1, help="entries read per stream per round (one commit)")] = BATCH,
+    block_ms: Annotated[int, typer.Option(
+        "--block-ms", min=1, help="longest wait for new entries (and for a stop)")] = BLOCK_MS,
+    claim_idle_ms: Annotated[int, typer.Option(
+        "--claim-idle-ms", min=0, help="take over entries another ingester left pending "
+        "this long (a dead one's)")] = CLAIM_IDLE_MS,
+    name: Annotated[str | None, typer.Option(
+        help="consumer name (default host:pid); a restart under the same name re-reads "
+        "its own pending entries at once")] = None,
+    keep_sessions: Annotated[int | None, typer.Option(
+        "--keep-sessions", min=0, help="prune to N sessions for sessions that carry no "
+        "keep_sessions of their own (default FARM_KEEP_SESSIONS)")] = None,
+    drain: Annotated[bool, typer.Option(
+        help="exit once nothing is left to read, instead of waiting for more")] = False,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="print the final counts as JSON on stdout")] = False,
+    loglevel: Annotated[str, typer.Option(help="log level on stderr")] = "INFO",
+) -> None:
+    """Write the records streams into session storage until stopped (SIGTERM/SIGINT)."""
+    settings = load_settings()
+    if not settings.redis_url:
+        raise SettingsError("setting FARM_REDIS_URL: the ingester reads the records streams "
+                            "from Redis")
+    logging.basicConfig(level=loglevel.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger(__name__).info("%s: finishing the batch in hand, then stopping",
+                                         signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    consumer = name or default_consumer_name()
+    client = connect(settings.redis_url, socket_timeout_s=block_ms / 1000 + 10)
+    try:
+        with SessionStorage(settings.effective_records_url) as storage:
+            ingester = Ingester(
+                client, storage, consumer=consumer, batch=batch, block_ms=block_ms,
+                claim_idle_ms=claim_idle_ms,
+                keep_sessions=keep_sessions if keep_sessions is not None
+                else settings.keep_sessions)
+            err.print(f"ingester {consumer}: {settings.redis_url.split('@')[-1]} -> "
+                      f"{storage.where}", markup=False, soft_wrap=True)
+            stats = ingester.run(stop, drain=drain)
+    finally:
+        client.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if json_out:
+        print_json({"consumer": consumer, **stats.model_dump()})
+    err.print(f"ingester {consumer} stopped: {stats.records} record(s), {stats.sessions} "
+              f"session(s) in {stats.batches} batch(es); claimed {stats.claimed}, dead "
+              f"{stats.dead}, deferred {stats.deferred}, lost {stats.lost}, pruned "
+              f"{stats.pruned} (late records {stats.late}), failures {stats.failures}",
+              markup=False, soft_wrap=True)
+
+
+if __name__ == "__main__":
+    from farm.cli.records import run_standalone
+
+    _app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    _app.command()(ingest)
+    run_standalone(_app)

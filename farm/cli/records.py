@@ -1,0 +1,272 @@
+"""``farm records``: read the sessions and records of the environment's session storage.
+
+Every listing also as ``--json`` (stdout only; progress and errors go to stderr). The
+storage is ``FARM_RECORDS_URL`` (PostgreSQL in a cluster), else the environment's
+SQLite file. In a cluster, records reach storage through ``farm ingest``: a build's
+records show up here within a second or two of being made, while an ingester runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from farm.cli.console import out, print_json
+from farm.errors import FarmError, InputError
+from farm.records.model import CompilationBatchRecord, CompilationRecord, Record, Session
+from farm.records.query import BuildRef, Summary, load_builds, summarize, timeline
+from farm.records.storage import SessionStorage
+from farm.records.timeline import write_timeline
+from farm.settings import Settings, load_settings
+
+app = typer.Typer(help="Read what the farm did: sessions, records, builds, timelines.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
+
+
+@contextmanager
+def open_storage(settings: Settings | None = None) -> Iterator[SessionStorage]:
+    """The environment's session storage. An embedded environment with no records file
+    yet reads as empty (a read command creates no file)."""
+    settings = settings or load_settings()
+    path = settings.environment_dir / "records.sqlite"
+    if settings.records_url is None and not path.exists():
+        with SessionStorage("sqlite://") as empty:
+            empty.where = f"{path} (no records yet)"
+            yield empty
+        return
+    with SessionStorage(settings.effective_records_url) as storage:
+        yield storage
+
+
+def _when(session: Session) -> str:
+    """A session's start in local time, to the second: what a person reads."""
+    return session.started_at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _session_id(storage: SessionStorage, text: str) -> int:
+    """A session id, or ``latest`` (the newest stored session)."""
+    if text == "latest":
+        newest = storage.sessions(limit=1)
+        if not newest:
+            raise InputError(f"no session in {storage.where}")
+        return newest[0].id
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"session {text!r}: a session id (a number from `farm records "
+                         "sessions`) or `latest`") from None
+
+
+@app.command("sessions")
+def sessions(
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="newest N")] = 50,
+    json_out: JsonOpt = False,
+) -> None:
+    """List sessions, newest first: label, host, and what each changed."""
+    with open_storage() as storage:
+        found = storage.sessions(limit=limit)
+        counts = storage.session_counts(s.id for s in found)
+    rows = []
+    for session in found:
+        c = counts.get(session.id, {})
+        rows.append({
+            **session.model_dump(mode="json"),
+            "compiled": c.get("Compiled", 0), "rekeyed": c.get("Rekeyed", 0),
+            "loaded": c.get("Loaded", 0), "batches": c.get("batches", 0),
+            "records": c.get("records", 0),
+            "missing": max(0, c.get("max_seq", 0) - c.get("records", 0)),
+        })
+    if json_out:
+        print_json(rows)
+        return
+    table = Table(title=f"sessions (newest first) in {storage.where}")
+    table.add_column("id", no_wrap=True, min_width=19)  # people copy it: never cut
+    table.add_column("started", no_wrap=True)
+    for column in ("label", "host"):
+        table.add_column(column)
+    for column in ("pid", "compiled", "rekeyed", "loaded", "batches", "records"):
+        table.add_column(column, justify="right")
+    for session, row in zip(found, rows, strict=True):
+        table.add_row(str(session.id), _when(session), session.label, session.host,
+                      str(session.pid), str(row["compiled"]), str(row["rekeyed"]),
+                      str(row["loaded"]), str(row["batches"]), str(row["records"]))
+    out.print(table)
+    if not found:
+        out.print("no session stored yet (a session is written once it changes something)")
+
+
+def _record_json(record: Record) -> dict[str, Any]:
+    return {"kind": record.KIND, **record.model_dump(mode="json")}
+
+
+def _record_what(record: Record) -> str:
+    if isinstance(record, CompilationRecord):
+        asked = (f" for {record.requested_by.session}:{record.requested_by.batch}"
+                 if record.requested_by else "")
+        where = f" on {record.worker}" if record.worker else ""
+        return f"{record.outcome.value} {record.family} {record.key}{where}{asked}"
+    assert isinstance(record, CompilationBatchRecord)
+    return (f"batch {record.label!r}: {record.kernels} kernels, {record.loaded} loaded, "
+            f"{record.rekeyed} rekeyed, {record.compiled} compiled, {record.unsupported} "
+            f"unsupported, {record.failed} failed; wall {record.wall_s:.3f} s")
+
+
+@app.command("show")
+def show(
+    session: Annotated[str, typer.Argument(help="session id, or `latest`")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Show one session and its records, in order."""
+    with open_storage() as storage:
+        session_id = _session_id(storage, session)
+        found = storage.session(session_id)
+        records = storage.records(session_id)
+    if found is None and not records:
+        raise InputError(f"no session {session_id} in {storage.where}")
+    if json_out:
+        print_json({"session": found.model_dump(mode="json") if found else None,
+                    "records": [_record_json(r) for r in records]})
+        return
+    if found is not None:
+        out.print(f"session {found.id}: {found.label!r} on {found.host} (pid {found.pid}, "
+                  f"{found.os} {found.arch}), kernel-farm {found.farm_version}, started "
+                  f"{_when(found)}", markup=False)
+    else:
+        out.print(f"session {session_id}: records without a session row (not ingested yet, "
+                  "or pruned)", markup=False)
+    table = Table()
+    for column in ("seq", "offset s", "work s", "what"):
+        table.add_column(column, justify="left" if column == "what" else "right")
+    for record in records:
+        table.add_row(str(record.stamp.seq), f"{record.stamp.offset_s:.3f}",
+                      f"{record.work_s:.3f}", _record_what(record))
+    out.print(table)
+
+
+def _print_summary(found: Summary) -> None:
+    o = found.outcomes
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0%}"
+
+    totals = Table(title=f"summary of {found.scope}: {len(found.builds)} build(s), "
+                   f"{found.sessions} session(s)")
+    for column in ("kernels", "loaded", "rekeyed", "compiled", "unsupported", "failed",
+                   "store hits", "reused", "work", "wall", "work/wall"):
+        totals.add_column(column, justify="right")
+    ratio = "-" if found.work_over_wall is None else f"{found.work_over_wall:.2f}x"
+    totals.add_row(str(found.kernels), str(o.loaded), str(o.rekeyed), str(o.compiled),
+                   str(o.unsupported), str(o.failed), pct(found.store_hit_rate),
+                   pct(found.compiler_avoided_rate), f"{found.work_s:.2f} s",
+                   f"{found.wall_s:.2f} s", ratio)
+    out.print(totals)
+    for title, groups in (("by family", found.by_family), ("by worker", found.by_worker)):
+        table = Table(title=title)
+        for column in ("name", "kernels", "loaded", "rekeyed", "compiled", "work", "slowest"):
+            table.add_column(column, justify="left" if column == "name" else "right")
+        for g in groups:
+            table.add_row(g.name, str(g.kernels), str(g.loaded), str(g.rekeyed),
+                          str(g.compiled), f"{g.work_s:.3f} s", f"{g.slowest_s:.3f} s")
+        out.print(table)
+    slow = Table(title="slowest kernels")
+    for column in ("work", "outcome", "family", "key", "worker", "build"):
+        slow.add_column(column, justify="right" if column == "work" else "left")
+    for line in found.slowest:
+        slow.add_row(f"{line.work_s:.3f} s", line.outcome.value, line.family, line.key,
+                     line.worker, line.build)
+    out.print(slow)
+    if found.unattributed:
+        out.print(f"{found.unattributed} kernel(s) have no compilation record (found in the "
+                  "store by the client itself, or failed): counted in the totals only")
+
+
+@app.command("summary")
+def summary(
+    build: Annotated[str | None, typer.Option(
+        "--build", help="SESSION[:BATCH]: one build, seen across every worker")] = None,
+    top: Annotated[int, typer.Option(min=0, help="slowest kernels to list")] = 10,
+    json_out: JsonOpt = False,
+) -> None:
+    """Outcomes, store hit rate, work vs wall, slowest kernels, by family and worker.
+
+    Every kernel is counted once per build, whichever workers recorded it.
+    """
+    ref = BuildRef.parse(build) if build else None
+    with open_storage() as storage:
+        builds = load_builds(storage, ref)
+    found = summarize(builds, scope=f"build {ref}" if ref else "all builds", top=top)
+    if json_out:
+        print_json(found.model_dump(mode="json"))
+        return
+    _print_summary(found)
+
+
+@app.command("timeline")
+def timeline_cmd(
+    build: Annotated[str, typer.Argument(help="SESSION[:BATCH] of the build")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="file to write: .html or .svg",
+                                         dir_okay=False)],
+    json_out: JsonOpt = False,
+) -> None:
+    """Draw a build: one lane per worker, a bar per kernel, stragglers outlined."""
+    ref = BuildRef.parse(build)
+    with open_storage() as storage:
+        data = timeline(storage, ref)
+    written = write_timeline(data, output)
+    stragglers = sum(bar.straggler for bar in data.bars)
+    if json_out:
+        print_json({"file": str(written), "build": data.build, "lanes": data.lanes,
+                    "bars": len(data.bars), "stragglers": stragglers, "wall_s": data.wall_s,
+                    "missing_sessions": data.missing_sessions})
+        return
+    out.print(f"wrote {written}: {len(data.bars)} kernel(s) on {len(data.lanes)} lane(s), "
+              f"{stragglers} straggler(s), wall {data.wall_s:.2f} s", markup=False)
+
+
+@app.command("prune")
+def prune(
+    keep: Annotated[int, typer.Option("--keep", min=0, help="sessions to keep (0 acts as 1)")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Delete the oldest sessions beyond KEEP, with all their records."""
+    with open_storage() as storage:
+        deleted = storage.prune(keep)
+        left = storage.count_sessions()
+    if json_out:
+        print_json({"deleted": deleted, "kept": left})
+        return
+    out.print(f"pruned {deleted} session(s); {left} kept")
+
+
+def run_standalone(typer_app: typer.Typer) -> None:
+    """Run a sub-app as a program of its own (``python -m farm.cli.records``), with the
+    ``farm`` command's error handling: a FarmError is one line and an exit status."""
+    try:
+        typer_app(standalone_mode=False)
+    except FarmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors are ClickException; others are bugs
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    run_standalone(app)

@@ -1,0 +1,470 @@
+"""The ingester: records streams -> session storage, each record exactly once.
+
+Guarantees, and what gives each one:
+
+- **Nothing lost while it is in the streams.** Ingesters read through one consumer group
+  (``farm.keys.RECORDS_GROUP``); an entry a consumer has read stays *pending* (Redis
+  keeps it, under that consumer) until acknowledged, and the ingester acknowledges only
+  after the storage transaction that holds it has committed. An ingester that dies (even
+  SIGKILL) between reading and acknowledging leaves its entries pending; any other
+  ingester claims them once they have been idle ``claim_idle_ms`` (``XAUTOCLAIM``) and
+  writes them. A restarted ingester with the same name also re-reads its own pending
+  entries first.
+- **Nothing twice.** Storage is keyed by (session, seq) and inserts skip rows already
+  there, so an entry written twice (claimed from a slow ingester that was alive after
+  all, sent twice by a producer that retried) is stored once. That is why several
+  ingesters may run at once: they share the group's entries, and the rare overlap is
+  harmless. Rows are inserted in (session, seq) order, so two PostgreSQL transactions
+  over overlapping batches cannot deadlock.
+- **Bounded by the cap.** The streams are capped (``farm.records.stream.STREAM_MAXLEN``,
+  approximate trimming). An ingester more than the cap behind loses the oldest entries
+  it has not read; it reports that (``lost``, and a log line) rather than pretending.
+- **Stops cleanly.** ``run()`` returns at the first check of ``stop`` after the batch
+  in hand is written and acknowledged; a blocking read waits at most ``block_ms``.
+- **keep_sessions.** A session entry carries its producer's ``keep_sessions`` (the
+  ingester's own applies to sessions that carry none). After a batch is committed, the
+  ingester prunes storage protecting the batch's last session (in stream order, so the
+  session that changed something last), as the embedded recorder does when it writes
+  that session; with one ``keep_sessions`` for the cluster that is the same outcome as
+  pruning once per session. Records of a pruned session that arrive after its prune (an
+  ingester catching up reads the short sessions stream far ahead of the records) are
+  dropped: after a prune, records of sessions older than every kept session are not
+  written, and the next prune deletes any another ingester wrote.
+
+Entries that do not validate go to ``farm:records:dead`` (with the reason) and are
+acknowledged, so one bad entry neither blocks the stream nor is retried for ever.
+Entries of a newer format (a record kind or envelope version this version does not
+know) are left pending instead: a newer ingester claims and writes them after an
+upgrade (upgrade the ingesters first, then the producers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from farm.errors import StoreError
+from farm.keys import (
+    RECORDS_DEAD_STREAM,
+    RECORDS_GROUP,
+    RECORDS_SESSIONS_STREAM,
+    records_stream_for,
+)
+from farm.records.model import RECORD_KINDS, Record
+from farm.records.storage import SessionStorage
+from farm.records.stream import (
+    STREAM_MAXLEN,
+    EntryError,
+    SessionEntry,
+    decode_record,
+    decode_session,
+)
+
+log = logging.getLogger(__name__)
+
+BATCH = 500
+"""Entries read per stream per round: large enough that one commit carries hundreds of
+records (a PostgreSQL commit costs about a millisecond, a row a few microseconds), small
+enough that a batch is written in well under a second."""
+
+BLOCK_MS = 1000
+"""Longest wait for new entries in one read; also the longest a stop request waits."""
+
+CLAIM_IDLE_MS = 60_000
+"""How long an entry must have been pending, unacknowledged, before another ingester
+takes it over. Longer than any healthy write of a batch (so a slow but live ingester is
+rarely overtaken, which would only cost a duplicate write), short enough that a dead
+one's records are late by a minute, not lost."""
+
+CHECK_INTERVAL_S = 30.0
+"""How often the ingester looks at how far behind it is, and forgets dead consumers."""
+
+DEAD_CONSUMER_IDLE_MS = 3_600_000
+"""A consumer with nothing pending and idle this long is an ingester that is gone; it
+is removed from the group so that the group's listing stays readable."""
+
+RETRY_MAX_S = 5.0
+"""Longest pause between attempts when storage or Redis fails."""
+
+
+def default_consumer_name() -> str:
+    """``host:pid``: unique per running ingester, and says where it runs."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def record_streams() -> list[str]:
+    """Every stream an ingester of this version reads: sessions first, then each kind."""
+    kinds = sorted({records_stream_for(kind) for kind in RECORD_KINDS})
+    return [RECORDS_SESSIONS_STREAM, *kinds]
+
+
+class IngestStats(BaseModel):
+    """What an ingester did; logged, and printed by ``farm ingest`` when it stops."""
+
+    batches: int = 0
+    sessions: int = 0
+    records: int = 0
+    claimed: int = 0
+    dead: int = 0
+    deferred: int = 0
+    lost: int = 0
+    pruned: int = 0
+    late: int = 0
+    failures: int = 0
+
+
+@dataclass
+class _Entry:
+    stream: str
+    id: str
+    fields: dict[Any, Any] | None  # None: trimmed away while pending
+    decoded: SessionEntry | Record | None = None
+    error: EntryError | None = None
+
+
+@dataclass
+class _Batch:
+    entries: list[_Entry] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _id_tuple(entry_id: str) -> tuple[int, int]:
+    """A stream id ``ms-seq`` as a comparable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class Ingester:
+    """One consumer of the records group, writing into one ``SessionStorage``.
+
+    ``client`` is a ``redis.Redis`` (bytes responses). ``step()`` does one round (claim,
+    or own backlog, or new entries) and returns how many entries it handled; ``run()``
+    loops until ``stop`` is set.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        storage: SessionStorage,
+        *,
+        consumer: str | None = None,
+        batch: int = BATCH,
+        block_ms: int = BLOCK_MS,
+        claim_idle_ms: int = CLAIM_IDLE_MS,
+        keep_sessions: int | None = None,
+        check_interval_s: float = CHECK_INTERVAL_S,
+        maxlen: int = STREAM_MAXLEN,
+    ) -> None:
+        if batch < 1 or block_ms < 0 or claim_idle_ms < 0:
+            raise ValueError("batch must be >= 1, block_ms and claim_idle_ms >= 0")
+        self.client = client
+        self.storage = storage
+        self.consumer = consumer or default_consumer_name()
+        self.batch = batch
+        self.block_ms = block_ms
+        self.claim_idle_ms = claim_idle_ms
+        self.keep_sessions = keep_sessions
+        self.check_interval_s = check_interval_s
+        self.maxlen = maxlen
+        self.streams = record_streams()
+        self.stats = IngestStats()
+        self._backlog_cursor: str | None = "0"  # own pending entries to re-read first
+        self._next_claim = 0.0
+        self._next_check = 0.0
+        self._deferred_logged: set[str] = set()
+        self._horizon: int | None = None  # after a prune: the oldest session kept
+        self._stop = threading.Event()
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def ensure_groups(self) -> None:
+        """Create the consumer group on every stream (and the streams), from the start:
+        entries sent before the first ingester ever ran are read too."""
+        import redis
+
+        for stream in self.streams:
+            try:
+                self.client.xgroup_create(stream, RECORDS_GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None, *, drain: bool = False) -> IngestStats:
+        """Ingest until ``stop`` is set (or, with ``drain``, until nothing is left to read
+        now). Failures of Redis or storage are logged and retried, never raised."""
+        import redis
+
+        stop = stop if stop is not None else self._stop
+        delay = 0.1
+        groups_ok = False
+        while not stop.is_set():
+            try:
+                if not groups_ok:
+                    self.ensure_groups()
+                    groups_ok = True
+                handled = self.step()
+                delay = 0.1
+            except redis.ResponseError as exc:
+                if "NOGROUP" in str(exc):  # streams deleted (or Redis lost them): recreate
+                    log.warning("ingester %s: %s; creating the group again", self.consumer, exc)
+                    groups_ok = False
+                    continue
+                log.error("ingester %s: Redis refused a command: %s", self.consumer, exc)
+                self.stats.failures += 1
+                stop.wait(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
+                continue
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("ingester %s: Redis unreachable (%s); retrying", self.consumer, exc)
+                self.stats.failures += 1
+                self._backlog_cursor = "0"
+                stop.wait(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
+                continue
+            except StoreError as exc:
+                log.warning("ingester %s: %s; retrying the batch", self.consumer, exc)
+                self.stats.failures += 1
+                self._backlog_cursor = "0"
+                stop.wait(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
+                continue
+            if drain and handled == 0 and self._backlog_cursor is None:
+                break
+        return self.stats
+
+    def stop(self) -> None:
+        """Ask ``run()`` (without an event of its own) to return."""
+        self._stop.set()
+
+    def step(self) -> int:
+        """One round: claim idle entries of others when due, else re-read own pending
+        entries, else read new ones (blocking up to ``block_ms``). Returns entries handled.
+
+        Raises Redis errors and ``StoreError``; nothing is acknowledged then, so the
+        entries stay pending and are read again.
+        """
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + self.check_interval_s
+            self.check()
+        if now >= self._next_claim:
+            claimed, more = self._claim()
+            if not more:
+                self._next_claim = now + max(0.05, self.claim_idle_ms / 2000)
+            if claimed:
+                return self._handle(claimed)
+        if self._backlog_cursor is not None:
+            entries = self._read(self._backlog_cursor, block=False)
+            if entries:
+                self._backlog_cursor = max((e.id for e in entries), key=_id_tuple)
+                return self._handle(entries)
+            self._backlog_cursor = None
+        return self._handle(self._read(">", block=True))
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _read(self, after: str, *, block: bool) -> list[_Entry]:
+        """Entries of every stream: ``>`` new ones, or own pending ones after an id."""
+        reply = self.client.xreadgroup(
+            RECORDS_GROUP, self.consumer, dict.fromkeys(self.streams, after),
+            count=self.batch, block=self.block_ms if block else None)
+        return list(self._entries(reply))
+
+    @staticmethod
+    def _entries(reply: Any) -> Iterable[_Entry]:
+        """Flatten XREADGROUP's reply: RESP2 ``[[stream, messages], ...]``, or redis-py's
+        RESP3 ``{stream: [messages]}``."""
+        if not reply:
+            return
+        if isinstance(reply, dict):
+            pairs = [(stream, value[0] if value else []) for stream, value in reply.items()]
+        else:
+            pairs = [(stream, messages) for stream, messages in reply]
+        for stream, messages in pairs:
+            for entry_id, fields in messages:
+                yield _Entry(_text(stream), _text(entry_id), fields or None)
+
+    def _claim(self) -> tuple[list[_Entry], bool]:
+        """Take over entries idle longer than ``claim_idle_ms`` under any consumer (a dead
+        ingester's). Returns them, and whether there may be more to claim."""
+        claimed: list[_Entry] = []
+        more = False
+        for stream in self.streams:
+            start = "0-0"
+            while len(claimed) < self.batch:
+                reply = self.client.xautoclaim(stream, RECORDS_GROUP, self.consumer,
+                                               self.claim_idle_ms, start_id=start,
+                                               count=self.batch - len(claimed))
+                cursor, messages = _text(reply[0]), reply[1]
+                deleted = reply[2] if len(reply) > 2 else []
+                if deleted:
+                    self.stats.lost += len(deleted)
+                    log.error(
+                        "ingester %s: %d pending entr(ies) of %s were trimmed before they "
+                        "were written (the ingesters fell more than the cap behind): lost",
+                        self.consumer, len(deleted), stream)
+                for entry_id, fields in messages:
+                    claimed.append(_Entry(stream, _text(entry_id), fields or None))
+                if cursor == "0-0":
+                    break
+                start = cursor
+            else:
+                more = True
+        if claimed:
+            self.stats.claimed += len(claimed)
+            log.info("ingester %s: claimed %d entr(ies) left pending by another ingester",
+                     self.consumer, len(claimed))
+        return claimed, more
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _handle(self, entries: list[_Entry]) -> int:
+        """Decode, write in one transaction, prune, then acknowledge."""
+        if not entries:
+            return 0
+        sessions: list[SessionEntry] = []
+        records: list[Record] = []
+        ack: dict[str, list[str]] = {}
+        dead: list[_Entry] = []
+        for entry in entries:
+            if entry.fields is None:  # trimmed while pending: nothing left to write
+                self.stats.lost += 1
+                log.error("ingester %s: entry %s of %s was trimmed before it was written: "
+                          "lost", self.consumer, entry.id, entry.stream)
+                ack.setdefault(entry.stream, []).append(entry.id)
+                continue
+            try:
+                if entry.stream == RECORDS_SESSIONS_STREAM:
+                    decoded_session = decode_session(entry.fields)
+                    sessions.append(decoded_session)
+                else:
+                    records.append(decode_record(entry.fields))
+            except EntryError as exc:
+                if exc.retry_later:
+                    self._defer(entry, exc)
+                    continue
+                entry.error = exc
+                dead.append(entry)
+            ack.setdefault(entry.stream, []).append(entry.id)
+
+        if self._horizon is not None:
+            arriving = {s.session.id for s in sessions}
+            kept = [r for r in records
+                    if r.stamp.session >= self._horizon or r.stamp.session in arriving]
+            self.stats.late += len(records) - len(kept)
+            records = kept
+        self.storage.write_batch([s.session for s in sessions], records)
+        self._prune(sessions)
+        pipe = self.client.pipeline(transaction=False)
+        for entry in dead:
+            fields = {_text(k): _text(v) for k, v in (entry.fields or {}).items()}
+            fields.update({"dead:stream": entry.stream, "dead:id": entry.id,
+                           "dead:error": str(entry.error)})
+            pipe.xadd(RECORDS_DEAD_STREAM, fields, maxlen=self.maxlen, approximate=True)
+        for stream, ids in ack.items():
+            pipe.xack(stream, RECORDS_GROUP, *ids)
+        pipe.execute()
+        for entry in dead:
+            log.error("ingester %s: entry %s of %s set aside in %s: %s", self.consumer,
+                      entry.id, entry.stream, RECORDS_DEAD_STREAM, entry.error)
+        self.stats.batches += 1
+        self.stats.sessions += len(sessions)
+        self.stats.records += len(records)
+        self.stats.dead += len(dead)
+        return len(entries)
+
+    def _prune(self, sessions: list[SessionEntry]) -> None:
+        """Apply keep_sessions for the batch's last session that has one; a failure is
+        logged (the records are committed; the next session prunes again)."""
+        for entry in reversed(sessions):
+            keep = entry.keep_sessions if entry.keep_sessions is not None else self.keep_sessions
+            if keep is None:
+                continue
+            try:
+                self.stats.pruned += self.storage.prune(keep, protect=entry.session.id)
+                self._horizon = self.storage.oldest_session_id()
+            except StoreError as exc:
+                log.warning("ingester %s: pruning to %d session(s) failed: %s",
+                            self.consumer, keep, exc)
+            return
+
+    def _defer(self, entry: _Entry, exc: EntryError) -> None:
+        """Leave an entry of a newer format pending for a newer ingester."""
+        self.stats.deferred += 1
+        reason = str(exc)
+        if reason not in self._deferred_logged:
+            self._deferred_logged.add(reason)
+            log.warning("ingester %s: leaving entries pending for a newer ingester: %s",
+                        self.consumer, reason)
+
+    # -- looking after the group ----------------------------------------------------------
+
+    def check(self) -> None:
+        """Warn when the group is far behind or past the cap; forget dead consumers.
+
+        Advisory: a Redis error here is logged and the round goes on (the read that
+        follows reports Redis being down properly)."""
+        import redis
+
+        for stream in self.streams:
+            try:
+                groups = self.client.xinfo_groups(stream)
+                info = self.client.xinfo_stream(stream)
+            except redis.RedisError as exc:
+                log.debug("ingester %s: cannot inspect %s: %s", self.consumer, stream, exc)
+                continue
+            group = next((g for g in groups if _text(g.get("name")) == RECORDS_GROUP), None)
+            if group is None:
+                continue
+            lag = group.get("lag")
+            if isinstance(lag, int) and lag > self.maxlen // 2:
+                log.warning("ingester %s: %s is %d entries behind (cap %d): add ingesters "
+                            "before the cap trims unread records", self.consumer, stream,
+                            lag, self.maxlen)
+            first = info.get("first-entry")
+            last_delivered = _text(group.get("last-delivered-id", "0-0"))
+            if first and last_delivered != "0-0" and \
+                    _id_tuple(_text(first[0])) > _id_tuple(last_delivered):
+                log.error("ingester %s: %s was trimmed past the last entry the ingesters "
+                          "read (%s): unread records are being lost", self.consumer, stream,
+                          last_delivered)
+            try:
+                self._forget_dead_consumers(stream)
+            except redis.RedisError as exc:
+                log.debug("ingester %s: cannot tidy consumers of %s: %s", self.consumer,
+                          stream, exc)
+
+    def _forget_dead_consumers(self, stream: str) -> None:
+        for consumer in self.client.xinfo_consumers(stream, RECORDS_GROUP):
+            name = _text(consumer.get("name"))
+            if name == self.consumer or consumer.get("pending", 0):
+                continue
+            if int(consumer.get("idle", 0)) > DEAD_CONSUMER_IDLE_MS:
+                self.client.xgroup_delconsumer(stream, RECORDS_GROUP, name)
+
+
+__all__ = [
+    "BATCH",
+    "BLOCK_MS",
+    "CLAIM_IDLE_MS",
+    "IngestStats",
+    "Ingester",
+    "default_consumer_name",
+    "record_streams",
+]

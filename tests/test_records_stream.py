@@ -1,0 +1,397 @@
+"""The Redis-stream records transport: what a producer puts in the streams, and when.
+
+Unit tests (choice of transport, the envelope, the recorder's reserved batch seq and
+autoflush) run without services; the rest use the session's real Redis, each test in a
+flushed database of this module's own. Helpers shared by ``test_ingest.py`` and
+``test_records_cli.py`` live here: starting ``farm ingest`` as a separate process, a
+fresh PostgreSQL database, reading the streams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+from cluster_helpers import next_redis_db
+
+from farm.errors import SettingsError
+from farm.keys import RECORDS_GROUP, RECORDS_SESSIONS_STREAM, records_stream_for
+from farm.model import Outcome
+from farm.records import (
+    CompilationBatchRecord,
+    CompilationRecord,
+    Record,
+    Recorder,
+    RecordsConfig,
+    RequestedBy,
+    Session,
+    SessionStorage,
+    StorageSink,
+)
+from farm.records.ingest import record_streams
+from farm.records.open import open_recorder, records_transport
+from farm.records.stream import (
+    EntryError,
+    RedisStreamSink,
+    decode_record,
+    decode_session,
+    encode_record,
+    encode_session,
+)
+from farm.settings import Settings
+
+KEY = "0123456789abcdef.fedcba9876543210"
+COMPILATION_STREAM = records_stream_for(CompilationRecord.KIND)
+BATCH_STREAM = records_stream_for(CompilationBatchRecord.KIND)
+
+
+# -- helpers shared with test_ingest.py and test_records_cli.py --------------------------
+
+
+def farm_argv(command: str, *args: str) -> list[str]:
+    """``python -m farm COMMAND ...`` once the ``farm`` command mounts COMMAND; until then
+    the module's own entry point (``python -m farm.cli.COMMAND``), same code and options."""
+    from farm.cli.main import app
+
+    mounted = {c.name for c in app.registered_commands}
+    mounted |= {g.name for g in app.registered_groups}
+    if command in mounted:
+        return [sys.executable, "-m", "farm", command, *args]
+    return [sys.executable, "-m", f"farm.cli.{command}", *args]
+
+
+def service_env(redis_url: str, records_url: str, home: Path, **extra: str) -> dict[str, str]:
+    """Environment of a farm process using these Redis and records storage."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update({"FARM_REDIS_URL": redis_url, "FARM_RECORDS_URL": records_url,
+                "FARM_HOME": str(home)})
+    env.update(extra)
+    return env
+
+
+class IngesterProcess:
+    """A ``farm ingest`` running as a separate process, its stderr in a file."""
+
+    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
+        self.log = log
+        self._stdout = log.with_suffix(".json")
+        with open(log, "wb") as err, open(self._stdout, "wb") as out:
+            self.process = subprocess.Popen(
+                farm_argv("ingest", "--json", *args), env=env, stdout=out, stderr=err,
+                stdin=subprocess.DEVNULL)
+
+    @property
+    def consumer(self) -> str:
+        """The consumer name it uses (host:pid unless --name was given)."""
+        import socket
+
+        return f"{socket.gethostname()}:{self.process.pid}"
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_started(self, timeout: float = 30.0) -> None:
+        """Until it has opened storage and is about to read."""
+        deadline = time.monotonic() + timeout
+        while " -> " not in self.text():
+            assert self.process.poll() is None, f"ingester exited:\n{self.text()}"
+            assert time.monotonic() < deadline, f"ingester not started:\n{self.text()}"
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait for it to exit by itself (``--drain``); its final counts."""
+        code = self.process.wait(timeout=timeout)
+        assert code == 0, f"ingester exit {code}:\n{self.text()}"
+        return dict(json.loads(self._stdout.read_text()))
+
+    def terminate(self, timeout: float = 30.0) -> dict[str, Any]:
+        """SIGTERM, then its final counts; it must stop cleanly (exit 0)."""
+        self.process.terminate()
+        return self.finish(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up of any kind."""
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+    def ensure_gone(self) -> None:
+        if self.process.poll() is None:
+            self.kill()
+
+
+def drain(env: dict[str, str], log: Path, *args: str) -> dict[str, Any]:
+    """Run ``farm ingest --drain`` to the end; its final counts."""
+    return IngesterProcess(env, log, "--drain", "--block-ms", "100", *args).finish()
+
+
+@contextlib.contextmanager
+def fresh_pg_database(postgres_server: Any) -> Iterator[str]:
+    """A new, empty database on the session's PostgreSQL server; its URL; dropped after."""
+    admin_url = sa.make_url(postgres_server.url)
+    name = f"records_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+def module_redis_url(redis_server: Any) -> str:
+    """A Redis database of this test module's own on the session's server."""
+    return str(redis_server.url).rsplit("/", 1)[0] + f"/{next_redis_db()}"
+
+
+def entries(client: Any, stream: str) -> list[tuple[str, dict[str, str]]]:
+    """Every entry of a stream, as text."""
+    return [(i.decode(), {k.decode(): v.decode() for k, v in fields.items()})
+            for i, fields in client.xrange(stream)]
+
+
+def pending_total(client: Any) -> int:
+    """Entries read by some ingester and not acknowledged, over every records stream."""
+    total = 0
+    for stream in record_streams():
+        if client.exists(stream):
+            with contextlib.suppress(redis.ResponseError):  # no group yet
+                total += int(client.xpending(stream, RECORDS_GROUP)["pending"])
+    return total
+
+
+def seqs(records: Sequence[Record]) -> list[int]:
+    return [r.stamp.seq for r in records]
+
+
+# -- fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_server: Any) -> str:
+    return module_redis_url(redis_server)
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Any]:
+    """A client on this module's database, flushed before each test."""
+    conn = redis.Redis.from_url(redis_url)
+    conn.flushdb()
+    yield conn
+    conn.close()
+
+
+def _compile(recorder: Recorder, outcome: Outcome = Outcome.COMPILED, **extra: Any) -> None:
+    assert recorder.compilation(family="axpy", key=KEY, outcome=outcome, work_s=0.05,
+                                **extra) is not None
+
+
+# -- choosing the transport (no services) -----------------------------------------------
+
+
+def test_the_transport_follows_the_settings(tmp_path: Path) -> None:
+    embedded = Settings(home=tmp_path, redis_url=None)
+    assert records_transport(embedded) == "storage"
+    recorder = open_recorder(embedded, "embedded")
+    assert isinstance(recorder._sink, StorageSink)
+    recorder.close()
+
+    cluster = Settings(home=tmp_path, redis_url="redis://127.0.0.1:1/0")
+    assert records_transport(cluster) == "stream"
+    recorder = open_recorder(cluster, "worker")
+    assert isinstance(recorder._sink, RedisStreamSink)
+    assert recorder._flusher is not None  # a cluster process sends idle records by itself
+    recorder.close()  # nothing changed: nothing is sent, so no Redis is needed
+
+    forced = Settings(home=tmp_path, redis_url="redis://127.0.0.1:1/0",
+                      records_transport="storage")
+    assert records_transport(forced) == "storage"
+    with pytest.raises(SettingsError, match="FARM_REDIS_URL"):
+        records_transport(Settings(home=tmp_path, redis_url=None, records_transport="stream"))
+
+
+def test_entries_round_trip_and_refusals() -> None:
+    session = Session.start("round trip")
+    back = decode_session(encode_session(session, 3))
+    assert back.session == session and back.keep_sessions == 3
+    assert decode_session(encode_session(session, None)).keep_sessions is None
+
+    recorder = Recorder(StorageSink(SessionStorage("sqlite://")), label="x")
+    _compile(recorder, requested_by=RequestedBy(session=7, batch=2))
+    recorder.flush()
+    (record,) = recorder._sink.storage.records(recorder.session.id)  # type: ignore[attr-defined]
+    fields = {k.encode(): v.encode() for k, v in encode_record(record).items()}  # as Redis gives
+    assert decode_record(fields) == record
+
+    with pytest.raises(EntryError) as bad:
+        decode_record({**encode_record(record), "record": '{"stamp": {}}'})
+    assert not bad.value.retry_later  # malformed: set aside, never retried
+    with pytest.raises(EntryError) as newer_kind:
+        decode_record({**encode_record(record), "kind": "records/v2/compilation"})
+    assert newer_kind.value.retry_later  # a newer ingester can read it
+    with pytest.raises(EntryError) as newer_envelope:
+        decode_session({**encode_session(session, None), "v": "2"})
+    assert newer_envelope.value.retry_later
+    recorder.close()
+
+
+# -- recorder additions the cluster relies on (no services) ------------------------------
+
+
+def test_a_batch_record_takes_its_reserved_seq_and_records_reach_the_sink_in_order() -> None:
+    storage = SessionStorage("sqlite://")
+    recorder = Recorder(StorageSink(storage), label="client")
+    reserved = recorder.reserve_seq()
+    _compile(recorder)  # seq 2, sent at once (the first change)
+    _compile(recorder, Outcome.LOADED)  # seq 3, held
+    batch = recorder.batch(kernels=2, compiled=1, loaded=1, wall_s=0.2, seq=reserved)
+    assert batch is not None and batch.stamp.seq == reserved == 1
+    assert batch.stamp.offset_s > 0  # stamped when the batch ended, not when reserved
+    with pytest.raises(ValueError, match="not reserved"):
+        recorder.batch(kernels=0, wall_s=0.0, seq=reserved)  # each reserved seq once
+    with pytest.raises(ValueError, match="not reserved"):
+        recorder.batch(kernels=0, wall_s=0.0, seq=3)
+    recorder.close()
+    assert seqs(storage.records(recorder.session.id)) == [1, 2, 3]
+
+
+class ListSink:
+    """Keeps what it is given, for counting."""
+
+    def __init__(self) -> None:
+        self.sessions: list[Session] = []
+        self.records: list[Record] = []
+
+    def write_session(self, session: Session, *, keep_sessions: int | None = None) -> None:
+        self.sessions.append(session)
+
+    def write_records(self, records: Sequence[Record]) -> None:
+        self.records.extend(records)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("autoflush", [True, False])
+def test_autoflush_sends_records_of_an_idle_process(autoflush: bool) -> None:
+    sink = ListSink()
+    recorder = Recorder(sink, label="worker", flush_interval_s=0.05, autoflush=autoflush)
+    _compile(recorder)  # the first change goes at once
+    _compile(recorder)  # then records wait for the next send
+    assert len(sink.records) == 1
+    time.sleep(0.4)  # the worker is idle: no record comes to trigger a send
+    assert len(sink.records) == (2 if autoflush else 1)
+    recorder.close()
+    assert len(sink.records) == 2
+
+
+# -- the sink against a real Redis ---------------------------------------------------------
+
+@pytest.mark.integration
+def test_an_observe_only_session_never_reaches_the_streams_nor_storage(
+    client: Any, redis_url: str, tmp_path: Path
+) -> None:
+    recorder = Recorder(RedisStreamSink.open(redis_url), label="loader")
+    for _ in range(5):
+        _compile(recorder, Outcome.LOADED)
+    recorder.batch(kernels=5, loaded=5, wall_s=0.01)  # a batch that only loaded observes too
+    recorder.close()
+    assert not recorder.written
+    assert client.keys("farm:records:*") == []
+
+    url = f"sqlite:///{tmp_path / 'records.sqlite'}"
+    counts = drain(service_env(redis_url, url, tmp_path), tmp_path / "ingest.log")
+    assert counts["records"] == counts["sessions"] == 0
+    with SessionStorage(url) as storage:
+        assert storage.count_sessions() == storage.count_records() == 0
+
+
+@pytest.mark.integration
+def test_a_changing_session_goes_first_then_its_held_records_in_order(
+    client: Any, redis_url: str, tmp_path: Path
+) -> None:
+    calls: list[str] = []
+
+    class Spy(RedisStreamSink):
+        def write_session(self, session: Session, *, keep_sessions: int | None = None) -> None:
+            calls.append("session")
+            super().write_session(session, keep_sessions=keep_sessions)
+
+        def write_records(self, records: Sequence[Record]) -> None:
+            calls.append(f"records {len(records)}")
+            super().write_records(records)
+
+    sink = Spy(redis.Redis.from_url(redis_url), owns=True)
+    recorder = Recorder(sink, RecordsConfig(keep_sessions=4), label="build tiny")
+    for _ in range(3):
+        _compile(recorder, Outcome.LOADED)  # held: nothing in Redis yet
+    assert client.keys("farm:records:*") == []
+    _compile(recorder)  # the first change: session, then the held loads and it
+    recorder.batch(kernels=4, loaded=3, compiled=1, wall_s=0.3)
+    recorder.close()
+
+    (session_entry,) = entries(client, RECORDS_SESSIONS_STREAM)
+    decoded = decode_session(session_entry[1])
+    assert decoded.session.id == recorder.session.id and decoded.keep_sessions == 4
+    compiled = entries(client, COMPILATION_STREAM)
+    assert [decode_record(f).stamp.seq for _, f in compiled] == [1, 2, 3, 4]
+    assert [decode_record(f).outcome for _, f in compiled] == [Outcome.LOADED] * 3 + [  # type: ignore[union-attr]
+        Outcome.COMPILED]
+    (batch_entry,) = entries(client, BATCH_STREAM)
+    assert decode_record(batch_entry[1]).stamp.seq == 5
+
+    # The session went to Redis first, then the held records with the change, together.
+    assert calls == ["session", "records 4", "records 1"]
+
+    def entry_id(text: str) -> tuple[int, int]:
+        ms, seq = text.split("-")
+        return int(ms), int(seq)
+
+    # Ids of different streams count separately: within one millisecond they may be equal.
+    assert entry_id(session_entry[0]) <= min(entry_id(i) for i, _ in compiled)
+
+    url = f"sqlite:///{tmp_path / 'records.sqlite'}"
+    counts = drain(service_env(redis_url, url, tmp_path), tmp_path / "ingest.log")
+    assert (counts["sessions"], counts["records"]) == (1, 5)
+    with SessionStorage(url) as storage:
+        assert [s.id for s in storage.sessions()] == [recorder.session.id]
+        assert seqs(storage.records(recorder.session.id)) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.integration
+def test_the_cap_trims_approximately(client: Any, redis_url: str) -> None:
+    sink = RedisStreamSink.open(redis_url, maxlen=100)
+    recorder = Recorder(sink, label="many", flush_records=50)
+    for _ in range(1000):
+        _compile(recorder)
+    recorder.close()
+    length = client.xlen(COMPILATION_STREAM)
+    node = int(client.config_get("stream-node-max-entries")["stream-node-max-entries"])
+    # At least the cap is kept; whole nodes go, so up to about a node more stays.
+    assert 100 <= length <= 100 + 2 * node, length
+    assert length < 1000
+    newest = entries(client, COMPILATION_STREAM)
+    assert decode_record(newest[-1][1]).stamp.seq == 1000  # the oldest go, never the newest
+    assert [decode_record(f).stamp.seq for _, f in newest] == list(range(1001 - length, 1001))
+
+
+def test_a_producer_without_redis_keeps_its_records_and_does_not_fail() -> None:
+    recorder = Recorder(RedisStreamSink.open("redis://127.0.0.1:1/0"), label="offline")
+    _compile(recorder)  # the sink raises inside: recording goes on, the record is kept
+    _compile(recorder)
+    assert recorder.held == 2 and not recorder.written
+    with pytest.raises(redis.ConnectionError):
+        recorder.close()  # the end of a build reports what could not be written
