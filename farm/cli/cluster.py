@@ -1,4 +1,9 @@
-"""``farm cluster up``: Redis, MinIO and N workers on this machine, in one command."""
+"""``farm cluster up``: Redis, MinIO, N workers and a records ingester on this machine.
+
+Records of every process go through the Redis streams to the ingester, which writes them
+to a SQLite file in the cluster's temporary folder (``FARM_RECORDS_URL`` in the printed
+settings), so ``farm records`` works against the cluster too.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +41,9 @@ def up(
         signal.signal(sig, lambda *_: stop.set())
     with tempfile.TemporaryDirectory(prefix="farm-cluster-") as tmp, \
             local_cluster(Path(tmp)) as cluster:
+        records_url = f"sqlite:///{Path(tmp) / 'records.sqlite'}"
+        cluster.extra_env["FARM_RECORDS_URL"] = records_url
+        cluster.start_ingester(records_url)
         for _ in range(workers):
             cluster.start_worker(concurrency=concurrency)
         cluster.wait_ready()

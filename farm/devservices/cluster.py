@@ -55,6 +55,7 @@ class LocalCluster:
     workdir: Path
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: list[WorkerProcess] = field(default_factory=list)
+    ingesters: list[WorkerProcess] = field(default_factory=list)
 
     def env(self, home: Path | None = None, **extra: str) -> dict[str, str]:
         """Environment for a farm process of this cluster (client or worker)."""
@@ -89,6 +90,19 @@ class LocalCluster:
         self.workers.append(worker)
         return worker
 
+    def start_ingester(self, records_url: str) -> WorkerProcess:
+        """A ``farm ingest`` moving the streams' records into ``records_url``."""
+        log = self.workdir / f"ingester-{len(self.ingesters)}.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "farm", "ingest"],
+                env=self.env(self.workdir / "ingester", FARM_RECORDS_URL=records_url),
+                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        ingester = WorkerProcess(process=proc, log=log, home=self.workdir / "ingester")
+        self.ingesters.append(ingester)
+        return ingester
+
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Wait until every started worker has all its pool processes up."""
         deadline = time.monotonic() + timeout
@@ -108,7 +122,7 @@ class LocalCluster:
                 time.sleep(0.1)
 
     def stop_workers(self) -> None:
-        for w in self.workers:
+        for w in self.workers + self.ingesters:
             if w.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(w.process.pid, signal.SIGTERM)
@@ -117,6 +131,7 @@ class LocalCluster:
                 except subprocess.TimeoutExpired:
                     w.kill_all()
         self.workers.clear()
+        self.ingesters.clear()
 
 
 @contextlib.contextmanager
