@@ -260,7 +260,7 @@ class Batch:
             program = load(self.ctx, self.cl_device, art.binary)
         except LoadError:
             return False
-        action = rekey_action(found, res.key)
+        action = rekey_action(found, art.meta.family, res.key, res.artifact.kernel.family)
         self._put(res, art)
         if action is RekeyAction.MOVE:
             self.store.delete(self.ns, found)

@@ -1,10 +1,11 @@
 """The rekey rule: when a key misses but its source is stored under another key.
 
 The artifact is reused without running the compiler and kept under the new key too.
-When the other key is the same kernel of an earlier build (same id hash, another build
-id) it is *moved*: the old key can never be served again, since its family's code
-changed, so keeping it would only leak space. Otherwise (another kernel whose source
-happens to be identical) it is *copied*: the other key is still valid.
+When the other key is of an earlier build of the same family (same family, another
+build id) it is *moved*: that key can never be served again, since its family's code
+changed, so keeping it would only leak space. Otherwise (a kernel of the current build,
+or of another family, whose source happens to be identical) it is *copied*: the other
+key is still valid.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ class RekeyAction(StrEnum):
     MOVE = "move"
 
 
-def rekey_action(found: Key, wanted: Key) -> RekeyAction:
-    """How to reuse the artifact stored under ``found`` for ``wanted``."""
-    if found.id_hash == wanted.id_hash and found.build_id != wanted.build_id:
+def rekey_action(found: Key, found_family: str, wanted: Key,
+                 wanted_family: str) -> RekeyAction:
+    """How to reuse the artifact of ``found_family`` stored under ``found`` for ``wanted``."""
+    if found_family == wanted_family and found.build_id != wanted.build_id:
         return RekeyAction.MOVE
     return RekeyAction.COPY

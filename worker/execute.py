@@ -77,7 +77,7 @@ def _resolve(req: KernelRequest, key: Key, state: WorkerState) -> tuple[Outcome,
     lowered = family.lower_id(req.artifact, state.device)
     source_hash = lowered.source_hash
     while True:
-        if _rekey(key, source_hash, state):
+        if _rekey(key, req.artifact.kernel.family, source_hash, state):
             return Outcome.REKEYED, lowered
         lease = state.leases.try_acquire(state.ns, source_hash)
         if lease is None:
@@ -88,7 +88,7 @@ def _resolve(req: KernelRequest, key: Key, state: WorkerState) -> tuple[Outcome,
         with lease:
             if _load_stored(key, state):
                 return Outcome.LOADED, None
-            if _rekey(key, source_hash, state):
+            if _rekey(key, req.artifact.kernel.family, source_hash, state):
                 return Outcome.REKEYED, lowered
             _compile(req, key, lowered, state)
             return Outcome.COMPILED, lowered
@@ -105,7 +105,7 @@ def _load_stored(key: Key, state: WorkerState) -> bool:
     return True
 
 
-def _rekey(key: Key, source_hash: str, state: WorkerState) -> bool:
+def _rekey(key: Key, family: str, source_hash: str, state: WorkerState) -> bool:
     found = state.store.find_source(state.ns, source_hash)
     if found is None or found == key:
         return False
@@ -116,7 +116,8 @@ def _rekey(key: Key, source_hash: str, state: WorkerState) -> bool:
         load(state.ctx, state.cl_device, art.binary)
     except LoadError:
         return False
-    state.store.rekey(state.ns, found, key, move=rekey_action(found, key) is RekeyAction.MOVE)
+    action = rekey_action(found, art.meta.family, key, family)
+    state.store.rekey(state.ns, found, key, move=action is RekeyAction.MOVE)
     return True
 
 

@@ -21,7 +21,7 @@ from farm.settings import Settings, load_settings
 def build(
     manifest: Annotated[str, typer.Argument(help="manifest file, or tiny/medium/large")],
     workers: Annotated[int | None, typer.Option(
-        "--workers", "-w", help="local compile processes (0: in this process)")] = None,
+        "--workers", "-w", min=0, help="local compile processes (0: in this process)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
     strict: Annotated[bool, typer.Option(
         help="count kernels the device cannot run as failures")] = False,

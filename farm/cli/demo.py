@@ -23,7 +23,7 @@ from farm.settings import load_settings
 
 def demo(
     manifest: Annotated[str, typer.Argument(help="manifest file or built-in name")] = "tiny",
-    workers: Annotated[int | None, typer.Option("--workers", "-w")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", "-w", min=0)] = None,
     fresh: Annotated[bool, typer.Option(
         help="use a new temporary environment, so the build really compiles")] = False,
     json_out: Annotated[bool, typer.Option("--json")] = False,
