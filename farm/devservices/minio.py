@@ -12,19 +12,12 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
-from farm.devservices.ports import (
-    LOOPBACK,
-    ServiceError,
-    free_port,
-    stop_process,
-    wait_until,
-)
+from farm.devservices.ports import LOOPBACK, ServiceError, free_port
+from farm.devservices.server import LocalServer
 
 MINIO_MODULE = "github.com/minio/minio@latest"
 START_TIMEOUT_S = 60.0
@@ -101,46 +94,26 @@ def minio_ready(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-class MinioServer:
+class MinioServer(LocalServer):
     """One single-drive MinIO server in its own temporary folder, on a free loopback port.
 
     The root credentials are random for every start and reach the server only through
     its environment; they are never written to a log or shown by repr(). The web console
     is switched off, and its address is pinned to loopback anyway so that nothing ever
-    listens on another interface.
+    listens on another interface. The folder holds the objects (under `data/`) and the log.
     """
+
+    slug = "minio"
+    label = "MinIO"
+    log_name = "minio.log"
+    start_timeout = START_TIMEOUT_S
+    poll_interval = 0.1
 
     def __init__(self, workdir: Path | None = None) -> None:
         """`workdir` is where the server's temporary folder is made (system temp if None)."""
-        self.workdir = workdir
-        self._directory: Path | None = None
-        self._port: int | None = None
+        super().__init__(workdir)
         self._access_key: str | None = None
         self._secret_key: str | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-
-    def __repr__(self) -> str:
-        state = f"endpoint={self.endpoint}" if self.running else "stopped"
-        return f"MinioServer({state})"
-
-    @property
-    def running(self) -> bool:
-        """Whether the server process we started is still alive."""
-        return self._process is not None and self._process.poll() is None
-
-    @property
-    def port(self) -> int:
-        """The loopback port of the S3 API."""
-        if self._port is None:
-            raise ServiceError("MinioServer is not started")
-        return self._port
-
-    @property
-    def directory(self) -> Path:
-        """The server's temporary folder (data under `data/`, log); gone after stop()."""
-        if self._directory is None:
-            raise ServiceError("MinioServer is not started")
-        return self._directory
 
     @property
     def endpoint(self) -> str:
@@ -155,35 +128,26 @@ class MinioServer:
     @property
     def access_key(self) -> str:
         """The root user, random per start."""
-        if self._access_key is None:
-            raise ServiceError("MinioServer is not started")
-        return self._access_key
+        return self._require(self._access_key)
 
     @property
     def secret_key(self) -> str:
         """The root password, random per start."""
-        if self._secret_key is None:
-            raise ServiceError("MinioServer is not started")
-        return self._secret_key
+        return self._require(self._secret_key)
 
-    @property
-    def log_path(self) -> Path:
-        """The server's combined stdout and stderr."""
-        return self.directory / "minio.log"
+    def stop(self) -> None:
+        """Stop the server (SIGTERM), remove its folder with all objects, forget the keys."""
+        super().stop()
+        self._access_key = None
+        self._secret_key = None
 
-    def start(self) -> MinioServer:
-        """Find or build MinIO, start it and return once its readiness check answers 200."""
-        if self._process is not None:
-            raise ServiceError("MinioServer is already started")
-        binary = ensure_minio()
-        base = self.workdir
-        if base is not None:
-            base.mkdir(parents=True, exist_ok=True)
-        self._directory = Path(tempfile.mkdtemp(prefix="farm-minio-", dir=base))
-        self._port = free_port()
-        console_port = free_port()
+    def _install(self) -> Path:
+        return ensure_minio()
+
+    def _launch(self, installed: Path) -> None:
         self._access_key = "farm-" + secrets.token_hex(6)
         self._secret_key = secrets.token_urlsafe(24)
+        # Only the settings given here: a developer's own MINIO_* must not leak in.
         env = {key: value for key, value in os.environ.items() if not key.startswith("MINIO_")}
         env.update(
             MINIO_ROOT_USER=self._access_key,
@@ -192,58 +156,18 @@ class MinioServer:
             MINIO_UPDATE="off",
         )
         command = [
-            str(binary),
-            "server", str(self._directory / "data"),
-            "--address", f"{LOOPBACK}:{self._port}",
-            "--console-address", f"{LOOPBACK}:{console_port}",
-            "--certs-dir", str(self._directory / "certs"),
+            str(installed),
+            "server", str(self.directory / "data"),
+            "--address", f"{LOOPBACK}:{self.port}",
+            "--console-address", f"{LOOPBACK}:{free_port()}",
+            "--certs-dir", str(self.directory / "certs"),
             "--quiet",
             "--anonymous",
         ]  # fmt: skip
-        try:
-            with self.log_path.open("wb") as log:
-                self._process = subprocess.Popen(
-                    command,
-                    env=env,
-                    cwd=self._directory,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            port = self._port
-            wait_until(
-                lambda: minio_ready(port),
-                what=f"MinIO on {LOOPBACK}:{port}",
-                timeout=START_TIMEOUT_S,
-                process=self._process,
-                log=self.log_path,
-                interval=0.1,
-            )
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        self._spawn(command, env=env)
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM) and remove its folder with all objects. Idempotent."""
-        if self._process is not None:
-            stop_process(self._process)
-            self._process = None
-        if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
-        self._port = None
-        self._access_key = None
-        self._secret_key = None
+    def _ready(self, port: int) -> bool:
+        return minio_ready(port)
 
-    def __enter__(self) -> MinioServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def _describe(self) -> str:
+        return f"endpoint={self.endpoint}"

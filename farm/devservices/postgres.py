@@ -13,22 +13,19 @@ import glob
 import os
 import pwd
 import re
-import shutil
 import signal
 import subprocess
-import tempfile
 from pathlib import Path
-from types import TracebackType
 
 from farm.devservices.ports import (
     LOOPBACK,
     ServiceError,
     apt_install,
-    free_port,
     log_tail,
     port_answers,
     wait_until,
 )
+from farm.devservices.server import LocalServer
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -78,13 +75,22 @@ def postgres_answers(port: int, dbname: str = "postgres", timeout: int = 2) -> b
         return False
 
 
-class PostgresServer:
+class PostgresServer(LocalServer):
     """One PostgreSQL cluster in its own temporary folder, with a `farm` database.
 
     `initdb` makes `farm` the superuser, so the URL needs no password and tests may
-    create and drop whatever they like. pg_ctl daemonizes the server, so `stop()` uses
-    pg_ctl too, and falls back to killing the postmaster by the pid it recorded.
+    create and drop whatever they like. pg_ctl daemonizes the server, so there is no
+    process handle: `running` means "started and not stopped since", and `stop()` uses
+    pg_ctl too (fast shutdown), falling back to killing the postmaster by the pid it
+    recorded. `start()` runs initdb and pg_ctl start, waits for `select 1` and creates the
+    `farm` database. The folder holds the data (under `pg/`), the unix socket and the logs.
     """
+
+    slug = "postgres"
+    label = "PostgreSQL"
+    log_name = "pg.log"
+    start_timeout = START_TIMEOUT_S
+    poll_interval = 0.1
 
     def __init__(self, workdir: Path | None = None) -> None:
         """`workdir` is where the cluster's temporary folder is made (system temp if None).
@@ -92,34 +98,14 @@ class PostgresServer:
         When we are root, the `postgres` user must be able to reach that folder; the
         system temp folder always works, a private one (e.g. pytest's) does not.
         """
-        self.workdir = workdir
-        self._directory: Path | None = None
-        self._port: int | None = None
+        super().__init__(workdir)
         self._bin_dir: Path | None = None
         self._started = False
-
-    def __repr__(self) -> str:
-        state = f"port={self._port}" if self._started else "stopped"
-        return f"PostgresServer({state})"
 
     @property
     def running(self) -> bool:
         """Whether the cluster was started and not stopped since."""
         return self._started
-
-    @property
-    def port(self) -> int:
-        """The loopback TCP port the server listens on."""
-        if self._port is None:
-            raise ServiceError("PostgresServer is not started")
-        return self._port
-
-    @property
-    def directory(self) -> Path:
-        """The cluster's temporary folder (data under `pg/`, socket, logs); gone after stop()."""
-        if self._directory is None:
-            raise ServiceError("PostgresServer is not started")
-        return self._directory
 
     @property
     def url(self) -> str:
@@ -132,61 +118,44 @@ class PostgresServer:
         return f"postgresql://{USER}@{LOOPBACK}:{self.port}/{DATABASE}"
 
     @property
-    def log_path(self) -> Path:
-        """The server's log file."""
-        return self.directory / "pg.log"
-
-    @property
     def _data(self) -> Path:
         return self.directory / "pg"
 
-    def start(self) -> PostgresServer:
-        """Install if needed, initdb, start, wait for `select 1`, create database `farm`."""
-        if self._started or self._directory is not None:
-            raise ServiceError("PostgresServer is already started")
-        self._bin_dir = ensure_postgres()
-        base = self.workdir
-        if base is not None:
-            base.mkdir(parents=True, exist_ok=True)
-        self._directory = Path(tempfile.mkdtemp(prefix="farm-postgres-", dir=base))
-        try:
-            self._prepare_folder()
-            self._port = free_port()
-            self._run(
-                "initdb",
-                "-D", str(self._data),
-                "-A", "trust",
-                "-U", USER,
-                "-E", "UTF8",
-                "--locale=C",
-                "--no-sync",
-            )  # fmt: skip
-            options = f"-p {self._port} -k {self._directory} -c listen_addresses={LOOPBACK}"
-            self._started = True
-            self._run(
-                "pg_ctl",
-                "-D", str(self._data),
-                "-l", str(self.log_path),
-                "-o", options,
-                "-w", "-t", str(int(START_TIMEOUT_S)),
-                "start",
-            )  # fmt: skip
-            port = self._port
-            wait_until(
-                lambda: postgres_answers(port),
-                what=f"PostgreSQL on {LOOPBACK}:{port}",
-                timeout=START_TIMEOUT_S,
-                log=self.log_path,
-                interval=0.1,
-            )
-            self._create_database()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def _install(self) -> Path:
+        return ensure_postgres()
 
-    def stop(self) -> None:
-        """Stop the server (fast shutdown) and remove its folder. Idempotent."""
+    def _launch(self, installed: Path) -> None:
+        self._bin_dir = installed
+        self._prepare_folder()
+        self._run(
+            "initdb",
+            "-D", str(self._data),
+            "-A", "trust",
+            "-U", USER,
+            "-E", "UTF8",
+            "--locale=C",
+            "--no-sync",
+        )  # fmt: skip
+        options = f"-p {self.port} -k {self.directory} -c listen_addresses={LOOPBACK}"
+        # Set before pg_ctl start: a start that fails half way may leave a server behind.
+        self._started = True
+        self._run(
+            "pg_ctl",
+            "-D", str(self._data),
+            "-l", str(self.log_path),
+            "-o", options,
+            "-w", "-t", str(int(START_TIMEOUT_S)),
+            "start",
+        )  # fmt: skip
+
+    def _ready(self, port: int) -> bool:
+        return postgres_answers(port)
+
+    def _after_ready(self) -> None:
+        self._create_database()
+
+    def _shut_down(self) -> None:
+        """pg_ctl stop (fast), SIGKILL if that fails, then wait until the port is free."""
         if self._started and self._directory is not None:
             try:
                 self._run("pg_ctl", "-D", str(self._data), "-m", "fast", "-w",
@@ -202,21 +171,6 @@ class PostgresServer:
                         timeout=STOP_TIMEOUT_S,
                     )
         self._started = False
-        if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
-        self._port = None
-
-    def __enter__(self) -> PostgresServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _as_root(self) -> bool:
         return os.geteuid() == 0

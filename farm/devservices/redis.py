@@ -9,19 +9,10 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
-import tempfile
 from pathlib import Path
-from types import TracebackType
 
-from farm.devservices.ports import (
-    LOOPBACK,
-    ServiceError,
-    apt_install,
-    free_port,
-    stop_process,
-    wait_until,
-)
+from farm.devservices.ports import LOOPBACK, ServiceError, apt_install
+from farm.devservices.server import LocalServer
 
 START_TIMEOUT_S = 20.0
 
@@ -51,113 +42,42 @@ def redis_ping(port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-class RedisServer:
+class RedisServer(LocalServer):
     """One Redis server in its own temporary folder, append-only file on, on a free port.
 
     Runs in the foreground (not daemonized) so that we hold its process handle and
-    `stop()` can be sure it is gone; it starts in a new session so that a Ctrl-C in the
-    terminal reaches our code, which stops it, rather than killing it under us.
+    `stop()` can be sure it is gone (SIGTERM is a clean shutdown for Redis); it starts in
+    a new session so that a Ctrl-C in the terminal reaches our code, which stops it,
+    rather than killing it under us. The folder holds its data, append-only file and log.
     """
 
-    def __init__(self, workdir: Path | None = None) -> None:
-        """`workdir` is where the server's temporary folder is made (system temp if None)."""
-        self.workdir = workdir
-        self._directory: Path | None = None
-        self._port: int | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-
-    def __repr__(self) -> str:
-        state = f"port={self._port}" if self.running else "stopped"
-        return f"RedisServer({state})"
-
-    @property
-    def running(self) -> bool:
-        """Whether the server process we started is still alive."""
-        return self._process is not None and self._process.poll() is None
-
-    @property
-    def port(self) -> int:
-        """The loopback port the server listens on."""
-        if self._port is None:
-            raise ServiceError("RedisServer is not started")
-        return self._port
-
-    @property
-    def directory(self) -> Path:
-        """The server's temporary folder (data, append-only file, log); gone after stop()."""
-        if self._directory is None:
-            raise ServiceError("RedisServer is not started")
-        return self._directory
+    slug = "redis"
+    label = "redis-server"
+    log_name = "redis.log"
+    start_timeout = START_TIMEOUT_S
 
     @property
     def url(self) -> str:
         """Connection URL for redis-py, Celery and the farm's settings (database 0)."""
         return f"redis://{LOOPBACK}:{self.port}/0"
 
-    @property
-    def log_path(self) -> Path:
-        """The server's log file."""
-        return self.directory / "redis.log"
+    def _install(self) -> Path:
+        return ensure_redis()
 
-    def start(self) -> RedisServer:
-        """Install if needed, start the server and return once it answers PING."""
-        if self._process is not None:
-            raise ServiceError("RedisServer is already started")
-        binary = ensure_redis()
-        base = self.workdir
-        if base is not None:
-            base.mkdir(parents=True, exist_ok=True)
-        self._directory = Path(tempfile.mkdtemp(prefix="farm-redis-", dir=base))
-        self._port = free_port()
+    def _launch(self, installed: Path) -> None:
         command = [
-            str(binary),
-            "--port", str(self._port),
+            str(installed),
+            "--port", str(self.port),
             "--bind", LOOPBACK,
             "--protected-mode", "yes",
-            "--dir", str(self._directory),
+            "--dir", str(self.directory),
             "--appendonly", "yes",
             "--save", "",
             "--daemonize", "no",
             "--logfile", str(self.log_path),
         ]  # fmt: skip
-        try:
-            self._process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            port = self._port
-            wait_until(
-                lambda: redis_ping(port),
-                what=f"redis-server on {LOOPBACK}:{port}",
-                timeout=START_TIMEOUT_S,
-                process=self._process,
-                log=self.log_path,
-            )
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        # Redis writes its own log file (--logfile), so its output is not captured.
+        self._spawn(command, capture_output=False)
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, a clean shutdown) and remove its folder. Idempotent."""
-        if self._process is not None:
-            stop_process(self._process)
-            self._process = None
-        if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
-        self._port = None
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def _ready(self, port: int) -> bool:
+        return redis_ping(port)
