@@ -9,7 +9,14 @@ and nothing per kernel is serialized behind it:
    kernel (its leader) is sent to the compiler, the others reuse its artifact;
 3. while the compiler works, load the hits (verifying digests; a corrupt or refused
    hit becomes a miss that is compiled again, which repairs the store);
-4. load each compiled binary as it arrives and store it only after the load succeeded.
+4. store each compiled binary as it arrives, only after a load succeeded.
+
+Where loads happen: with ``keep_programs`` (a loader, ``farm warm``) every kernel is
+loaded here, in order, because the caller wants the programs in its own context. Without
+it (``farm build``, whose job is to fill the store) a hit is read and its digest
+verified but not loaded, and a compiled binary is validated by a load in the process
+that compiled it. On NVIDIA a load is a PTX JIT of tens of milliseconds: loading every
+kernel in this one thread would serialize the whole build behind it.
 
 A kernel that fails is reported with its error and build log and nothing of it is
 stored; the others go on. The batch's work is the sum of its kernels' work; its wall
@@ -170,8 +177,10 @@ class Batch:
             t = time.perf_counter()
             assert res.key is not None
             art = self.store.get(self.ns, res.key)
-            program = None
-            if art is not None:
+            program: Any = None
+            if art is not None and not self.keep_programs:
+                program = True  # digest verified; loading it here would only be thrown away
+            elif art is not None:
                 try:
                     program = load(self.ctx, self.cl_device, art.binary)
                 except LoadError as exc:
@@ -256,10 +265,12 @@ class Batch:
         art = self.store.get(self.ns, found)
         if art is None:
             return False
-        try:
-            program = load(self.ctx, self.cl_device, art.binary)
-        except LoadError:
-            return False
+        program: Any = None
+        if self.keep_programs:
+            try:
+                program = load(self.ctx, self.cl_device, art.binary)
+            except LoadError:
+                return False
         action = rekey_action(found, art.meta.family, res.key, res.artifact.kernel.family)
         self._put(res, art)
         if action is RekeyAction.MOVE:
@@ -274,16 +285,19 @@ class Batch:
         if not built.ok:
             for p in group:
                 p.result.work_s += built.work_s if p is leader else 0.0
-                self._fail(p.result, "compile", built.error, notify, built.build_log)
+                self._fail(p.result, built.error_kind, built.error, notify, built.build_log)
             return
         t = time.perf_counter()
         assert leader.lowered is not None
-        try:
-            program = load(self.ctx, self.cl_device, built.binary, leader.lowered.kernel_names)
-        except LoadError as exc:
-            for p in group:
-                self._fail(p.result, "load", str(exc), notify, built.build_log)
-            return
+        program: Any = None
+        if self.keep_programs or not built.validated:
+            try:
+                program = load(self.ctx, self.cl_device, built.binary,
+                               leader.lowered.kernel_names)
+            except LoadError as exc:
+                for p in group:
+                    self._fail(p.result, "load", str(exc), notify, built.build_log)
+                return
         art = Artifact.create(leader.result.key or Key(id_hash="0" * 8, build_id="0" * 8),
                               leader.family, built.binary, leader.lowered.source_hash,
                               build_log=built.build_log, host=built.host, worker=built.worker,

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from farm.device import DeviceInfo, open_device
-from farm.finalize import FinalizeResult, finalize
+from farm.finalize import FinalizeResult, finalize_and_validate
 from farm.model import Lowered
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 
 class Compiler(Protocol):
-    """Runs ``finalize`` somewhere; ``parallelism`` is how many compile at once."""
+    """Runs ``finalize`` somewhere and validates the binary by loading it there;
+    ``parallelism`` is how many compile at once."""
 
     parallelism: int
 
@@ -47,7 +48,7 @@ class InlineCompiler:
         self.submitted += 1
         fut: Future[FinalizeResult] = Future()
         try:
-            fut.set_result(finalize(self._ctx, self._device, lowered))
+            fut.set_result(finalize_and_validate(self._ctx, self._device, lowered))
         except Exception as exc:  # pragma: no cover - finalize returns errors as values
             fut.set_exception(exc)
         return fut
@@ -70,7 +71,8 @@ def _pool_init(device_json: str, env: dict[str, str]) -> None:
 def _pool_finalize(lowered_json: str) -> str:
     assert _POOL_DEVICE is not None, "pool process was not initialised"
     ctx, dev = _POOL_DEVICE
-    return finalize(ctx, dev, Lowered.model_validate_json(lowered_json)).model_dump_json()
+    lowered = Lowered.model_validate_json(lowered_json)
+    return finalize_and_validate(ctx, dev, lowered).model_dump_json()
 
 
 class ProcessPoolCompiler:

@@ -31,6 +31,10 @@ class FinalizeResult(BaseModel):
     build_log: str = ""
     work_s: float = 0.0
     error: str = ""
+    #: which step failed: the compiler, or the validating load of its binary
+    error_kind: str = "compile"
+    #: the binary was loaded on a device of the fingerprint where it was made
+    validated: bool = False
     host: str = ""
     worker: str = ""
 
@@ -73,6 +77,30 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered) -> FinalizeRe
     work = time.perf_counter() - start
     return FinalizeResult(binary=bytes(binaries[0]), build_log=_build_log(program, device),
                           work_s=work, host=socket.gethostname(), worker=worker_name())
+
+
+def finalize_and_validate(ctx: cl.Context, device: cl.Device,
+                          lowered: Lowered) -> FinalizeResult:
+    """Compile, then load the binary where it was made, so nothing unloadable is stored.
+
+    Validating in the compiling process keeps loads parallel: on NVIDIA a load from a
+    binary is a PTX JIT of tens of milliseconds, which would serialize a build if every
+    load happened in the requesting process.
+    """
+    from farm.errors import LoadError
+    from farm.load import load
+
+    built = finalize(ctx, device, lowered)
+    if not built.ok:
+        return built
+    start = time.perf_counter()
+    try:
+        load(ctx, device, built.binary, lowered.kernel_names)
+    except LoadError as exc:
+        return built.model_copy(update={"error": str(exc), "error_kind": "load",
+                                        "binary": b""})
+    return built.model_copy(update={"validated": True,
+                                    "work_s": built.work_s + time.perf_counter() - start})
 
 
 def _build_log(program: cl.Program, device: cl.Device) -> str:

@@ -202,7 +202,7 @@ def test_second_build_never_calls_the_platform_compiler(
         raise AssertionError("finalize was called")
 
     monkeypatch.setattr(farm.finalize, "finalize", no_finalize)
-    monkeypatch.setattr(farm.compiler, "finalize", no_finalize)
+    monkeypatch.setattr(farm.compiler, "finalize_and_validate", no_finalize)
     source_builds: list[str] = []
     real_build = cl.Program.build
 
@@ -250,8 +250,10 @@ def test_corrupted_artifact_is_detected_recompiled_and_repaired(
         return real_load(ctx, dev, binary, *names)
 
     monkeypatch.setattr(farm.batch, "load", spy_load)
+    # keep_programs: every kernel is loaded in this process (the loader's path), so the
+    # spy sees every binary that reaches the device.
     with local_farm(settings_for(built_copy), label="test corrupt", workers=0) as f:
-        report = f.batch().run(expand_tiny(f.registry))
+        report = f.batch(keep_programs=True).run(expand_tiny(f.registry))
         corrupt_seen = f.store.stats.corrupt
     by_id = {r.key.id_hash: r for r in report.results if r.key}
     assert by_id[id_hash].outcome is Outcome.COMPILED

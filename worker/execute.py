@@ -21,7 +21,7 @@ import socket
 import time
 
 from farm.errors import CompileError, FarmError, KernelError, LoadError, VersionSkewError
-from farm.finalize import finalize
+from farm.finalize import finalize_and_validate
 from farm.load import load
 from farm.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
@@ -122,11 +122,11 @@ def _rekey(key: Key, family: str, source_hash: str, state: WorkerState) -> bool:
 
 
 def _compile(req: KernelRequest, key: Key, lowered: Lowered, state: WorkerState) -> None:
-    built = finalize(state.ctx, state.cl_device, lowered)
+    # Validated on this device before storing: a refused binary is never stored.
+    built = finalize_and_validate(state.ctx, state.cl_device, lowered)
     if not built.ok:
-        raise CompileError(built.error, build_log=built.build_log)
-    # Validate on this device before storing: a refused binary is never stored.
-    load(state.ctx, state.cl_device, built.binary, lowered.kernel_names)
+        error = LoadError if built.error_kind == "load" else CompileError
+        raise error(built.error, build_log=built.build_log)
     art = Artifact.create(key, req.artifact.kernel.family, built.binary, lowered.source_hash,
                           build_log=built.build_log, host=built.host, worker=state.name,
                           work_s=built.work_s)
