@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from farm.batch import BatchReport, KernelResult
-from farm.errors import ClusterError, FarmError
+from farm.device import DeviceInfo
+from farm.errors import ClusterError, FarmError, UnsupportedFeature
 from farm.families import Registry
 from farm.keys import Namespace, queue_name
 from farm.model import ArtifactId, KernelFailure, Key, Outcome
@@ -44,8 +45,13 @@ def check_served(client: Any, fingerprint: str) -> list[WorkerInfo]:
 def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: ArtifactStore,
                   fingerprint: str, artifacts: list[ArtifactId], recorder: Recorder | None,
                   label: str = "", progress: Progress | None = None, verify: bool = False,
-                  timeout_s: float = 3600.0) -> BatchReport:
-    """Obtain ``artifacts`` for ``fingerprint`` through the workers."""
+                  device: DeviceInfo | None = None, timeout_s: float = 3600.0) -> BatchReport:
+    """Obtain ``artifacts`` for ``fingerprint`` through the workers.
+
+    ``device`` (the target's limits, published by its workers) lets the client count
+    kernels that device cannot run as unsupported without sending them: they are never
+    stored, so otherwise every build would send them again.
+    """
     start = time.perf_counter()
     notify = progress or (lambda r: None)
     ns = Namespace.for_fingerprint(fingerprint)
@@ -69,14 +75,16 @@ def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: Ar
             res.outcome = Outcome.LOADED
             res.work_s = time.perf_counter() - t
             notify(res)
+        elif device is not None and _unsupported(res, registry, device):
+            res.work_s = time.perf_counter() - t
+            notify(res)
         else:
             misses.append((res, req))
 
     requested_by = None
     if recorder is not None:
         requested_by = RequestedBy(session=recorder.session.id, batch=recorder.reserve_seq())
-    pending: dict[Any, list[KernelResult]] = {}
-    tasks_sent = 0
+    pending: dict[str, list[KernelResult]] = {}
     size = settings.chunk_size
     for i in range(0, len(misses), size):
         chunk = misses[i:i + size]
@@ -84,25 +92,21 @@ def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: Ar
                                  requested_by=requested_by)
         async_result = app.send_task(TASK_NAME, args=[payload.model_dump(mode="json")],
                                      queue=queue_name(fingerprint))
-        pending[async_result] = [res for res, _ in chunk]
-        tasks_sent += 1
+        pending[async_result.id] = [res for res, _ in chunk]
+    tasks_sent = len(pending)
 
-    deadline = time.monotonic() + timeout_s
-    while pending:
-        if time.monotonic() > deadline:
-            for chunk_results in pending.values():
-                for res in chunk_results:
-                    res.failure = KernelFailure(kind="error", message="no reply from the "
-                                                f"workers within {timeout_s:.0f} s")
-                    notify(res)
-            break
-        done = [ar for ar in pending if ar.ready()]
-        if not done:
-            time.sleep(0.02)
-            continue
-        for ar in done:
-            chunk_results = pending.pop(ar)
-            _apply_reply(ar, chunk_results, notify)
+    # One MGET per interval for all pending results, not one round trip per task.
+    try:
+        for task_id, meta in app.backend.get_many(set(pending), timeout=timeout_s,
+                                                  interval=0.05):
+            _apply_reply(meta, pending.pop(task_id), notify)
+            app.backend.forget(task_id)
+    except TimeoutError:
+        for chunk_results in pending.values():
+            for res in chunk_results:
+                res.failure = KernelFailure(kind="error", message="no reply from the "
+                                            f"workers within {timeout_s:.0f} s")
+                notify(res)
 
     wall = time.perf_counter() - start
     report = BatchReport(results=results, wall_s=wall,
@@ -121,17 +125,29 @@ def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: Ar
     return report
 
 
-def _apply_reply(ar: Any, chunk: list[KernelResult], notify: Progress) -> None:
+def _unsupported(res: KernelResult, registry: Registry, device: DeviceInfo) -> bool:
+    """Lower for the target's limits; True (and the failure set) when it cannot run."""
     try:
-        reply = CompileReply.model_validate(ar.get(propagate=True, disable_sync_subtasks=False))
-    except Exception as exc:  # the task failed as a whole (time limit, ...)
-        message = f"task failed on the worker: {type(exc).__name__}: {exc}"
+        registry.get(res.artifact.kernel.family).lower_id(res.artifact, device)
+    except UnsupportedFeature as exc:
+        res.failure = KernelFailure(kind="unsupported", message=str(exc))
+        return True
+    except FarmError:
+        return False  # the worker reports it, with its own device's view
+    return False
+
+
+def _apply_reply(meta: dict[str, Any], chunk: list[KernelResult], notify: Progress) -> None:
+    if meta.get("status") != "SUCCESS":
+        exc = meta.get("result") or {}
+        what = (f"{exc.get('exc_type', 'error')}: {exc.get('exc_message', '')}"
+                if isinstance(exc, dict) else str(exc))
         for res in chunk:
-            res.failure = KernelFailure(kind="error", message=message)
+            res.failure = KernelFailure(kind="error",
+                                        message=f"task failed on the worker: {what}")
             notify(res)
         return
-    finally:
-        ar.forget()
+    reply = CompileReply.model_validate(meta["result"])
     by_id = {r.id_hash: r for r in reply.results}
     for res in chunk:
         got = by_id.get(res.artifact.id_hash)

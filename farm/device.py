@@ -6,7 +6,7 @@ whose device version names the LLVM target CPU) the target. It reads as a slug a
 made unique by a hash of those fields, e.g. ``pocl-pthread-intel-r-xeon-r-processor-1a2b3c4d5e6f``.
 
 OpenCL state never crosses a fork: :func:`discover_devices` asks a short-lived child
-process (``python -m farm.device``) so that the calling process, which may later fork a
+interpreter (``farm.device._main``) so that the calling process, which may later fork a
 worker pool, never initialises a driver. :func:`probe_devices` is the in-process probe
 for processes that will hold a context anyway.
 """
@@ -133,7 +133,8 @@ _DEVICES = TypeAdapter(list[DeviceInfo])
 def discover_devices(timeout_s: float = 120.0) -> list[DeviceInfo]:
     """List devices from a child process, leaving this process free of OpenCL state."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "farm.device"], capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", "from farm.device import _main; _main()"],
+                              capture_output=True,
                               text=True, timeout=timeout_s, env=os.environ.copy(), check=False)
     except subprocess.TimeoutExpired as exc:
         raise DeviceError(f"device discovery did not answer within {timeout_s:.0f} s") from exc

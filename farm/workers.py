@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from farm.device import DeviceInfo
 from farm.keys import WORKERS_PATTERN, workers_key
 
 HEARTBEAT_S = 3.0
@@ -30,6 +31,8 @@ class WorkerInfo(BaseModel):
     version: str
     queues: list[str]
     heartbeat: float = 0.0
+    #: the device's limits, so a client can tell unsupported kernels without asking
+    device: DeviceInfo | None = None
 
     @property
     def field(self) -> str:

@@ -1,0 +1,37 @@
+"""The local loader: kernels onto this machine's device from memory, the store tiers
+(the environment's SQLite file, then MinIO) or, on a miss, a compile here or on the farm.
+
+An application needs :class:`KernelLoader` (and perhaps :func:`warm`)::
+
+    with KernelLoader() as loader:
+        add = loader.kernel("elementwise_binary", {"op": "add"})
+        add(loader.queue, (n,), None, x_buf, y_buf, out_buf, np.uint32(n))
+
+``docs/LOADER.md`` has the whole example and the rules (tiers, threads, records).
+"""
+
+from loader.kernel_loader import (
+    ArtifactMissing,
+    KernelLoader,
+    LoadedProgram,
+    LoaderStats,
+    OnMiss,
+    Tier,
+    UnknownKernelName,
+)
+from loader.warm import Phase, WarmItem, WarmProgress, WarmReport, warm
+
+__all__ = [
+    "ArtifactMissing",
+    "KernelLoader",
+    "LoadedProgram",
+    "LoaderStats",
+    "OnMiss",
+    "Phase",
+    "Tier",
+    "UnknownKernelName",
+    "WarmItem",
+    "WarmProgress",
+    "WarmReport",
+    "warm",
+]

@@ -240,3 +240,18 @@ def test_worker_killed_mid_build_loses_nothing(redis_server: Any, minio_server: 
         assert sorted(stored, key=str) == sorted(set(stored), key=str)  # exactly once each
         assert set(_keys(manifest)) <= set(stored)
         assert len(stored) == 12
+
+
+def test_kernels_the_target_cannot_run_are_never_sent(cluster: LocalCluster,
+                                                      tmp_path: Path) -> None:
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(write_manifest(tmp_path / "base.toml", salt=17, count=1).read_text()
+                        + '\n[[kernels]]\nfamily = "matmul"\n'
+                        'params = { m = 64, n = 64, k = 64, tile_m = 128, tile_n = 128 }\n')
+    first = build_json(cluster.env(tmp_path / "c1"), str(manifest))
+    assert first["summary"]["unsupported"] == 1 and first["summary"]["compiled"] == 1
+    assert first["summary"]["tasks_sent"] == 1  # the runnable kernel only
+    assert "16384" in first["unsupported"][0]["message"]
+    second = build_json(cluster.env(tmp_path / "c2"), str(manifest))
+    assert second["summary"]["tasks_sent"] == 0
+    assert second["summary"]["loaded"] == 1 and second["summary"]["unsupported"] == 1

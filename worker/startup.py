@@ -71,7 +71,7 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     client: Any = redis.Redis.from_url(settings.redis_url or "")
     info = WorkerInfo(host=socket.gethostname(), pid=os.getpid(), fingerprint=fp,
                       device_name=devices[0].device_name, processes=concurrency,
-                      version=__version__, queues=queue_list)
+                      version=__version__, queues=queue_list, device=devices[0])
     beat = Heartbeat(client, info)
     beat.start()
     try:

@@ -88,7 +88,7 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     fp = fingerprint or local_fp or ""
     client: Any = redis.Redis.from_url(settings.redis_url or "")
     try:
-        check_served(client, fp)
+        served_by = check_served(client, fp)
     except ClusterError as exc:
         if not fallback_local:
             raise
@@ -107,7 +107,9 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
         with _progress(len(artifacts), quiet) as tick:
             report = cluster_build(settings, app=app, registry=registry, store=store,
                                    fingerprint=fp, artifacts=artifacts, recorder=recorder,
-                                   label=label, progress=tick, verify=verify)
+                                   label=label, progress=tick, verify=verify,
+                                   device=next((w.device for w in served_by if w.device),
+                                               None))
     finally:
         recorder.close()
         store.close()

@@ -10,7 +10,9 @@ from farm.cli import build as build_cmd
 from farm.cli import demo as demo_cmd
 from farm.cli import devices as devices_cmd
 from farm.cli import ingest as ingest_cmd
+from farm.cli import warm as warm_cmd
 from farm.cli import worker as worker_cmd
+from farm.cli.bundle import app as bundle_app
 from farm.cli.cluster import app as cluster_app
 from farm.cli.manifest import app as manifest_app
 from farm.cli.records import app as records_app
@@ -27,6 +29,8 @@ app.command("workers")(worker_cmd.workers)
 app.add_typer(manifest_app, name="manifest", help="Inspect model manifests.")
 app.add_typer(cluster_app, name="cluster", help="A local cluster on this machine.")
 app.command("ingest")(ingest_cmd.ingest)
+app.command("warm")(warm_cmd.warm)
+app.add_typer(bundle_app, name="bundle", help="Export, import and inspect artifact bundles.")
 app.add_typer(records_app, name="records", help="Read sessions, records, builds and timelines.")
 
 

@@ -1,0 +1,168 @@
+"""``farm bundle export|import|show``: move a store's artifacts as one file.
+
+A bundle is untrusted input: every refusal is one line and exit status 2 (a
+:class:`~farm.errors.BundleError`), and a refused bundle leaves the store unchanged.
+See :mod:`farm.bundle` for the format and the rules.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from farm.bundle import (
+    DEFAULT_MAX_BYTES,
+    export_bundle,
+    import_bundle,
+    parse_namespace,
+    read_bundle,
+    reason,
+)
+from farm.cli.console import err, out, print_json
+from farm.errors import InputError
+from farm.keys import Namespace
+from farm.settings import load_settings
+
+app = typer.Typer(help="Move artifacts between stores as one file (offline machines).",
+                  no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+
+MaxSize = Annotated[int, typer.Option(
+    "--max-size", help="largest bundle accepted, in bytes (it is held in memory while "
+    "it is verified)", min=1)]
+
+
+def _namespace(text: str) -> Namespace:
+    """A full namespace (``opencl/v1/<fingerprint>``) or a bare fingerprint."""
+    try:
+        return parse_namespace(text) if "/" in text else Namespace.for_fingerprint(text)
+    except ValueError as exc:
+        raise InputError(f"--namespace {text}: {reason(exc)}") from None
+
+
+def _this_device_namespace(device: str | None) -> Namespace:
+    """The namespace of this machine's device, found without initialising OpenCL here."""
+    from farm.device import discover_devices, select_device
+
+    settings = load_settings()
+    chosen = select_device(discover_devices(), device or settings.device)
+    return Namespace.for_fingerprint(chosen.fingerprint)
+
+
+@app.command("export")
+def export(
+    out_file: Annotated[Path, typer.Argument(metavar="OUT", help="bundle file to write")],
+    namespace: Annotated[list[str] | None, typer.Option(
+        "--namespace", "-n", help="namespace or fingerprint to export (repeatable); "
+        "default: this machine's device")] = None,
+    all_namespaces: Annotated[bool, typer.Option("--all", help="every namespace")] = False,
+    device: Annotated[str | None, typer.Option(
+        help="pick this machine's device (when no --namespace/--all)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace OUT if it exists")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
+) -> None:
+    """Export artifacts of the current environment's store to one bundle file."""
+    from farm.store import open_store
+
+    if namespace and all_namespaces:
+        raise InputError("give --namespace or --all, not both")
+    chosen: list[Namespace] | None
+    if all_namespaces:
+        chosen = None
+    elif namespace:
+        chosen = [_namespace(n) for n in namespace]
+    else:
+        chosen = [_this_device_namespace(device)]
+    store = open_store(load_settings())
+    try:
+        report = export_bundle(store, chosen, out_file, overwrite=force)
+    finally:
+        store.close()
+    if json_out:
+        print_json(report.summary())
+        return
+    table = Table(title=f"exported {out_file} ({report.file_bytes} bytes)")
+    for col in ("namespace", "artifacts", "bytes"):
+        table.add_column(col, justify="left" if col == "namespace" else "right")
+    for ns in report.manifest.namespaces:
+        table.add_row(ns.namespace, str(ns.artifacts), str(ns.bytes))
+    out.print(table)
+    for name in report.unreadable:
+        err.print(f"[yellow]left out[/yellow] {name}: fails its digest in the store",
+                  highlight=False)
+
+
+@app.command("import")
+def import_(
+    bundle: Annotated[Path, typer.Argument(metavar="FILE", help="bundle file to import")],
+    max_size: MaxSize = DEFAULT_MAX_BYTES,
+    json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
+) -> None:
+    """Verify a bundle in full, then import it into the current environment's store."""
+    from farm.store import open_store
+
+    store = open_store(load_settings())
+    try:
+        report = import_bundle(bundle, store, max_bytes=max_size)
+    finally:
+        store.close()
+    summary = report.summary()
+    if json_out:
+        print_json(summary)
+        return
+    table = Table(title=f"imported {bundle}")
+    for col in ("namespace", "imported", "skipped", "refused"):
+        table.add_column(col, justify="left" if col == "namespace" else "right")
+    namespaces = summary["namespaces"]
+    assert isinstance(namespaces, dict)
+    for ns, counts in namespaces.items():
+        table.add_row(ns, str(counts["imported"]), str(counts["skipped"]),
+                      str(counts["refused"]))
+    table.add_row("total", str(report.imported), str(report.skipped), str(report.refused))
+    out.print(table)
+    if report.refused:
+        out.print(f"{report.refused} artifact(s) refused: the store holds another value "
+                  "under the key (first writer wins; a local artifact is never replaced)")
+
+
+@app.command("show")
+def show(
+    bundle: Annotated[Path, typer.Argument(metavar="FILE", help="bundle file")],
+    max_size: MaxSize = DEFAULT_MAX_BYTES,
+    json_out: Annotated[bool, typer.Option("--json", help="manifest summary as JSON")] = False,
+) -> None:
+    """List what a bundle holds (verifying it in full) without importing it."""
+    read = read_bundle(bundle, max_bytes=max_size)
+    m = read.manifest
+    families = Counter((a.namespace, a.meta.family) for a in m.artifacts)
+    if json_out:
+        print_json({
+            "bundle": str(bundle), "bytes": read.file_bytes, "verified": True,
+            "format": m.format, "version": m.version, "farm_version": m.farm_version,
+            "created_at": m.created_at.isoformat(), "created_by": m.created_by,
+            "total_bytes": m.total_bytes,
+            "namespaces": [n.model_dump() for n in m.namespaces],
+            "artifacts": [{"namespace": a.namespace, "key": str(a.key),
+                           "family": a.meta.family, "size": a.size, "digest": a.digest,
+                           "origin": a.meta.origin, "created_at": a.meta.created_at}
+                          for a in m.artifacts],
+        })
+        return
+    out.print(f"{bundle}: {m.format} v{m.version}, farm {m.farm_version}, created "
+              f"{m.created_at:%Y-%m-%d %H:%M:%S %Z} on {m.created_by or '?'}; "
+              f"{len(m.artifacts)} artifact(s), {m.total_bytes} bytes, every digest verified",
+              markup=False, highlight=False)
+    sizes: Counter[tuple[str, str]] = Counter()
+    for a in m.artifacts:
+        sizes[(a.namespace, a.meta.family)] += a.size
+    table = Table(title="namespace opencl/v1/<fingerprint>")
+    for col in ("fingerprint", "family", "artifacts", "bytes"):
+        table.add_column(col, justify="left" if col in ("fingerprint", "family") else "right")
+    for (ns, family), count in sorted(families.items()):
+        table.add_row(parse_namespace(ns).fingerprint, family, str(count),
+                      str(sizes[(ns, family)]))
+    out.print(table)

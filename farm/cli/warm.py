@@ -1,0 +1,104 @@
+"""``farm warm MANIFEST``: every kernel of a manifest onto this machine's device now.
+
+Fetches what the store tiers hold (local SQLite, then MinIO when configured) on threads,
+loads each on the device, compiles or requests what is missing (``--on-miss``), and
+prints where each kernel came from and what each phase took. What it fetched from MinIO
+or compiled stays in the local tier, so the application's own loader later loads
+without network or compiler.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from farm.cli.console import err, out, print_json
+from farm.errors import SettingsError
+from farm.settings import load_settings
+
+
+def warm(
+    manifest: Annotated[str, typer.Argument(help="manifest file, or tiny/medium/large")],
+    json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
+    on_miss: Annotated[str, typer.Option(
+        help="what no store tier holds: compile (here), farm (the cluster's workers), "
+             "fail")] = "compile",
+    threads: Annotated[int | None, typer.Option(
+        help="fetch threads (default 16, 4 when every kernel is in the local tier)",
+        min=1, max=256)] = None,
+    strict: Annotated[bool, typer.Option(
+        help="count kernels the device cannot run as failures")] = False,
+    device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
+) -> None:
+    """Warm a manifest: fetch, load and (if missing) compile every kernel."""
+    from loader import KernelLoader, WarmItem
+    from loader.kernel_loader import OnMiss
+
+    if on_miss not in ("compile", "farm", "fail"):
+        raise SettingsError(f"--on-miss must be compile, farm or fail, not {on_miss!r}")
+    mode: OnMiss = on_miss  # type: ignore[assignment]
+    settings = load_settings(**({"device": device} if device else {}))
+    with KernelLoader(settings, on_miss=mode, label=f"warm {manifest}") as loader, \
+            Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                     MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
+                     TimeElapsedColumn(), console=err, disable=json_out,
+                     transient=True) as bar:
+        task = bar.add_task("warming", total=None, last="")
+
+        def tick(item: WarmItem) -> None:
+            what = item.source or (item.failure.kind if item.failure else "")
+            bar.update(task, advance=1, last=f"{what} {item.label}"[:60])
+
+        from loader.warm import artifacts_of
+
+        artifacts, label = artifacts_of(manifest, loader)
+        bar.update(task, total=len(artifacts))
+        report = loader.warm(artifacts, progress=tick, threads=threads, label=label)
+    summary = report.summary()
+    failed = report.failed + (report.unsupported if strict else [])
+    if json_out:
+        print_json({"summary": summary,
+                    "unsupported": [_item_json(i) for i in report.unsupported],
+                    "failures": [_item_json(i) for i in report.failed]})
+    else:
+        _print_summary(summary)
+        for item in report.unsupported[:20]:
+            out.print(f"[yellow]unsupported[/yellow] {item.label}: ", end="")
+            out.print(item.failure.message if item.failure else "", markup=False)
+        for item in report.failed:
+            assert item.failure is not None
+            out.print(f"[red]FAILED[/red] {item.label} ({item.failure.kind}): ", end="")
+            out.print(item.failure.message, markup=False)
+            for line in item.failure.build_log.splitlines()[:40]:
+                out.print(f"    | {line}", markup=False)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _print_summary(s: dict[str, object]) -> None:
+    table = Table(title=f"farm warm {s['manifest']} on {s['fingerprint']}")
+    cols = ("kernels", "memory", "local", "remote", "compiled", "rekeyed", "farm",
+            "unsupported", "failed", "wall", "per kernel")
+    for col in cols:
+        table.add_column(col, justify="right")
+    table.add_row(*(str(s[c]) for c in cols[:-2]), f"{s['wall_s']:.3f} s",
+                  f"{s['per_kernel_ms']:.2f} ms")
+    out.print(table)
+    phases = Table(title="phases (wall: first start to last end; work: summed over kernels)")
+    for col in ("phase", "kernels", "wall", "work"):
+        phases.add_column(col, justify="right")
+    assert isinstance(s["phases"], dict)
+    for name, p in s["phases"].items():
+        phases.add_row(name, str(p["kernels"]), f"{p['wall_s']:.3f} s", f"{p['work_s']:.3f} s")
+    out.print(phases)
+
+
+def _item_json(item: object) -> dict[str, object]:
+    from loader import WarmItem
+
+    assert isinstance(item, WarmItem) and item.failure is not None
+    return {"kernel": item.artifact.kernel.model_dump(mode="json"), "label": item.label,
+            "key": str(item.key) if item.key else None, **item.failure.model_dump()}

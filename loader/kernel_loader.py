@@ -1,0 +1,603 @@
+"""``KernelLoader``: what an application uses to get a ready ``pyopencl.Kernel``.
+
+One loader holds one OpenCL context on one device and serves kernels from, in order:
+
+1. **memory**: programs this loader already loaded, in a
+   :class:`~farm.environment.GenerationCache` keyed by (generation, key). It keeps the
+   *program*, not the artifact's bytes: a loaded program is all a kernel needs, and the
+   binary would only double the memory. A generation bump (environment switch) empties
+   it, so nothing loaded from the old environment's store is served afterwards;
+2. **the store tiers**, front to back (:func:`farm.store.open_store`: the environment's
+   SQLite file, then MinIO when ``FARM_MINIO_ENDPOINT`` is set). Every tier verifies the
+   digest; a binary the device refuses is a miss. A hit in a later tier is copied into
+   the earlier ones *after* it loaded, so the next process on this machine needs no
+   network, and a binary this device refused is never copied;
+3. **a full miss**: ``on_miss="compile"`` (default) runs the farm's batch here (lower,
+   rekey or compile, load, store after the load), ``on_miss="farm"`` asks the cluster's
+   workers (:func:`farm.cluster.cluster_build`) and then loads what they stored, and
+   ``on_miss="fail"`` raises :class:`ArtifactMissing`.
+
+Every trip that is not a memory hit is recorded (a Loaded, Compiled or Rekeyed
+compilation record); a trip that fails records nothing and raises a
+:class:`~farm.errors.FarmError` subclass (a :class:`~farm.errors.KernelError` with the
+build log for a kernel that cannot be obtained).
+
+**Threads.** A loader may be shared by threads. A kernel asked for by several threads at
+once is fetched and loaded once: the first thread's trip is an in-flight future the
+others wait on. :meth:`KernelLoader.kernel` returns a *fresh* ``pyopencl.Kernel`` made
+from the cached program on every call, because a kernel object's arguments are state
+(``set_args`` from two threads on one object races, the only OpenCL call that is not
+thread-safe). Creating one is not free: pyopencl makes (or looks up) the argument-setting
+code of every ``Kernel`` object, about 0.2 ms on the 2-core PoCL machine, so keep the
+kernel you got for a hot loop on one thread rather than asking again per launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from pydantic import BaseModel
+
+from farm.batch import Batch, BatchReport
+from farm.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
+from farm.device import DeviceInfo, open_device, probe_devices, select_device
+from farm.environment import GenerationCache, generation
+from farm.errors import (
+    CompileError,
+    FarmError,
+    InputError,
+    KernelError,
+    LoadError,
+    ParameterError,
+    SettingsError,
+    UnsupportedFeature,
+    VersionSkewError,
+)
+from farm.families import Registry
+from farm.keys import Namespace
+from farm.manifest import Manifest
+from farm.model import Artifact, ArtifactId, KernelFailure, Key, LaunchSettings, Outcome, Variant
+from farm.records import Recorder
+from farm.records.open import open_recorder
+from farm.settings import Settings, load_settings
+from farm.store import ArtifactStore, MemoryStore, SQLiteStore, TieredStore, open_store
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+    from loader.warm import WarmProgress, WarmReport
+
+log = logging.getLogger(__name__)
+
+OnMiss = Literal["compile", "farm", "fail"]
+TierName = Literal["local", "remote"]
+
+#: what filling a front tier may raise; the load that was served still stands
+_FILL_FAILURES = (FarmError, OSError, sqlite3.Error)
+
+
+def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes) -> tuple[Any, tuple[str, ...]]:
+    """(program, its kernels' names) from a binary; :class:`LoadError` when refused.
+
+    :func:`farm.load.load` lists a program's kernels by making every ``Kernel`` object
+    (``all_kernels()``), and pyopencl generates (or, with its cache on, looks up on disk)
+    the argument-setting code of each one: 1 to 4 ms a program on the 2-core PoCL
+    machine, more than the load itself (about 1.3 ms). The loader only needs the names,
+    which ``CL_PROGRAM_KERNEL_NAMES`` gives in a microsecond; kernels are made when an
+    application asks for one.
+    """
+    import pyopencl as cl
+
+    try:
+        program = cl.Program(ctx, [device], [binary]).build()
+        names = str(program.get_info(cl.program_info.KERNEL_NAMES))
+    except cl.Error as exc:
+        raise LoadError(f"the device refused the binary: {str(exc).splitlines()[0]}") from None
+    kernel_names = tuple(n for n in names.split(";") if n)
+    if not kernel_names:
+        raise LoadError("the binary holds no kernel")
+    return program, kernel_names
+
+
+class ArtifactMissing(KernelError):
+    """No store tier holds the kernel and the loader was told not to compile it."""
+
+    kind = "missing"
+
+
+class UnknownKernelName(InputError):
+    """The program has no kernel of the name asked for."""
+
+
+_FAILURE_ERRORS: dict[str, type[KernelError]] = {
+    "unsupported": UnsupportedFeature,
+    "compile": CompileError,
+    "load": LoadError,
+    "version-skew": VersionSkewError,
+    "missing": ArtifactMissing,
+}
+
+
+def failure_error(label: str, failure: KernelFailure) -> FarmError:
+    """The exception a failed kernel raises from the loader, build log included."""
+    if failure.kind == "validation":
+        return ParameterError(f"{label}: {failure.message}")
+    cls = _FAILURE_ERRORS.get(failure.kind, KernelError)
+    return cls(f"{label}: {failure.message}", build_log=failure.build_log)
+
+
+@dataclass
+class LoaderStats:
+    """Counters of what a loader did, for summaries and tests. Thread-safe increments.
+
+    ``memory`` counts memory hits, ``joined`` waits on another thread's trip, ``local``
+    and ``remote`` store hits loaded, ``compiled``/``rekeyed`` full misses obtained here,
+    ``farm`` full misses obtained through the workers, ``loads`` programs this loader
+    created from store binaries, ``failures`` trips that raised.
+    """
+
+    memory: int = 0
+    joined: int = 0
+    local: int = 0
+    remote: int = 0
+    compiled: int = 0
+    rekeyed: int = 0
+    farm: int = 0
+    loads: int = 0
+    compiler_invocations: int = 0
+    failures: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def bump(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self)
+                    if not f.name.startswith("_")}
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One store tier as the loader walks it: a name for summaries, and the store."""
+
+    name: TierName
+    store: ArtifactStore
+
+
+@dataclass(frozen=True)
+class LoadedProgram:
+    """What the memory cache keeps for a key: the program and its kernels' names."""
+
+    program: Any  # pyopencl.Program
+    kernel_names: tuple[str, ...]
+    family: str
+    key: Key
+
+
+def tiers_of(store: ArtifactStore) -> list[Tier]:
+    """The tiers of ``store`` front to back, each named ``local`` or ``remote``.
+
+    In a :class:`~farm.store.TieredStore` the last tier is the shared truth (MinIO in a
+    cluster) and is named remote, the ones in front of it local. A plain store is one
+    tier: local when it lives on this machine (SQLite file, memory), else remote.
+    """
+    if isinstance(store, TieredStore) and len(store.tiers) > 1:
+        return [Tier("local", s) for s in store.tiers[:-1]] + [Tier("remote", store.tiers[-1])]
+    single = store.tiers[0] if isinstance(store, TieredStore) else store
+    return [Tier("local" if isinstance(single, SQLiteStore | MemoryStore) else "remote",
+                 single)]
+
+
+class _CompilationsOnly:
+    """Forwards a batch's per-kernel records and drops its batch record.
+
+    A single ``kernel()`` miss is one kernel, not a batch worth a record of its own, and
+    ``warm`` records one batch for the whole manifest itself.
+    """
+
+    def __init__(self, inner: Recorder) -> None:
+        self._inner = inner
+
+    def compilation(self, **kwargs: Any) -> Any:
+        return self._inner.compilation(**kwargs)
+
+    def batch(self, **kwargs: Any) -> None:
+        return None
+
+
+class KernelLoader:
+    """Kernels on one OpenCL device, from memory, the store tiers, or a compile.
+
+    ``settings`` default to the ``FARM_*`` environment. ``device`` picks the device by
+    fingerprint, fingerprint prefix or name substring (default: ``settings.device``, else
+    the first device), or is a :class:`~farm.device.DeviceInfo`. ``store``, ``registry``,
+    ``recorder`` and ``compiler`` replace what the settings would open (the loader then
+    does not close them). Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, settings: Settings | None = None, *,
+                 device: str | DeviceInfo | None = None, on_miss: OnMiss = "compile",
+                 store: ArtifactStore | None = None, registry: Registry | None = None,
+                 recorder: Recorder | None = None, compiler: Compiler | None = None,
+                 label: str = "loader") -> None:
+        import pyopencl as cl
+
+        if on_miss not in ("compile", "farm", "fail"):
+            raise SettingsError(f"on_miss must be 'compile', 'farm' or 'fail', not {on_miss!r}")
+        self.settings = settings if settings is not None else load_settings()
+        if on_miss == "farm" and not self.settings.redis_url:
+            raise SettingsError("on_miss='farm' needs the cluster: set FARM_REDIS_URL")
+        self.on_miss: OnMiss = on_miss
+        self.label = label
+        self.stats = LoaderStats()
+        self._owned = contextlib.ExitStack()
+        self._lock = threading.Lock()
+        self._inflight: dict[tuple[int, Key], Future[LoadedProgram]] = {}
+        self._cache: GenerationCache[tuple[int, Key], LoadedProgram] = GenerationCache()
+        self._compiler = compiler
+        self._owns_compiler = False
+        self._celery: Any = None
+        self._closed = False
+        try:
+            self.registry = registry if registry is not None else \
+                Registry.load(self.settings.family_modules)
+            self._device = device if isinstance(device, DeviceInfo) else \
+                select_device(probe_devices(), device or self.settings.device)
+            self._ctx, self._cl_device = open_device(self._device)
+            self._queue = cl.CommandQueue(self._ctx, self._cl_device)
+            self.namespace = Namespace.for_fingerprint(self._device.fingerprint)
+            if store is None:
+                store = open_store(self.settings)
+                self._owned.callback(store.close)
+            self.store = store
+            self.tiers = tiers_of(store)
+            if recorder is None:
+                recorder = open_recorder(self.settings, label)
+                self._owned.callback(recorder.close)
+            self.recorder = recorder
+        except BaseException:
+            self._owned.close()
+            raise
+
+    # -- what an application uses ------------------------------------------------------
+    @property
+    def context(self) -> cl.Context:
+        """The loader's OpenCL context: make buffers in it."""
+        return self._ctx
+
+    @property
+    def queue(self) -> cl.CommandQueue:
+        """An in-order command queue on the device, made with the context."""
+        return self._queue
+
+    @property
+    def device(self) -> DeviceInfo:
+        """The device, with its fingerprint and limits."""
+        return self._device
+
+    @property
+    def cl_device(self) -> cl.Device:
+        """The pyopencl device object."""
+        return self._cl_device
+
+    def artifact_id(self, family: str, params: Mapping[str, Any] | BaseModel | None = None,
+                    *, launch: LaunchSettings | None = None,
+                    variant: Variant | None = None) -> ArtifactId:
+        """The artifact id of a family's kernel (validates the parameters)."""
+        raw = params.model_dump(mode="json") if isinstance(params, BaseModel) else params
+        return self.registry.get(family).artifact_id(raw or {}, launch, variant)
+
+    def program(self, family: str, params: Mapping[str, Any] | BaseModel | None = None, *,
+                launch: LaunchSettings | None = None,
+                variant: Variant | None = None) -> cl.Program:
+        """The loaded program of a family's kernel (shared; do not rebuild it)."""
+        return self.program_for(self.artifact_id(family, params, launch=launch,
+                                                 variant=variant))
+
+    def kernel(self, family: str, params: Mapping[str, Any] | BaseModel | None = None, *,
+               name: str | None = None, launch: LaunchSettings | None = None,
+               variant: Variant | None = None) -> cl.Kernel:
+        """A fresh ``pyopencl.Kernel`` of a family's kernel, ready to launch.
+
+        ``name`` picks a kernel of a program that has several (default: its first).
+        Raises a :class:`~farm.errors.KernelError` (with the build log) when the kernel
+        cannot be obtained, :class:`ArtifactMissing` with ``on_miss="fail"``.
+        """
+        return self.kernel_for(self.artifact_id(family, params, launch=launch,
+                                                variant=variant), name=name)
+
+    def program_for(self, artifact: ArtifactId) -> cl.Program:
+        """The loaded program of an artifact id."""
+        return self._obtain(artifact).program
+
+    def kernel_for(self, artifact: ArtifactId, *, name: str | None = None) -> cl.Kernel:
+        """A fresh kernel of an artifact id (see :meth:`kernel`)."""
+        import pyopencl as cl
+
+        entry = self._obtain(artifact)
+        if name is None:
+            if not entry.kernel_names:
+                raise UnknownKernelName(f"{artifact.kernel.label()}: the program has no "
+                                        "kernels")
+            name = entry.kernel_names[0]
+        elif name not in entry.kernel_names:
+            raise UnknownKernelName(f"{artifact.kernel.label()}: no kernel named {name!r}; "
+                                    f"the program has {', '.join(entry.kernel_names)}")
+        return cl.Kernel(entry.program, name)
+
+    def warm(self, manifest: Manifest | str | Path | Iterable[ArtifactId], *,
+             progress: WarmProgress | None = None, threads: int | None = None,
+             label: str | None = None) -> WarmReport:
+        """Obtain every kernel of a manifest now (see :func:`loader.warm`)."""
+        from loader.warm import warm_loader
+
+        return warm_loader(self, manifest, progress=progress, threads=threads, label=label)
+
+    def cached(self, artifact: ArtifactId) -> bool:
+        """Whether the artifact's program is in memory now (no trip needed)."""
+        key = self.key_of(artifact)
+        return self._cache.get((generation(), key)) is not None
+
+    def close(self) -> None:
+        """Close what the loader opened (store, recorder, compile processes). Idempotent.
+
+        Programs and kernels already handed out stay usable while the application holds
+        them; the context lives as long as they do.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._compiler is not None and self._owns_compiler:
+                self._compiler.close()
+        finally:
+            self._owned.close()
+
+    def __enter__(self) -> KernelLoader:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"KernelLoader(device={self._device.fingerprint}, on_miss={self.on_miss}, "
+                f"store={self.store.location})")
+
+    # -- one trip ------------------------------------------------------------------------
+    def key_of(self, artifact: ArtifactId) -> Key:
+        """The store key of an artifact id under this farm's code (its build id)."""
+        family = self.registry.get(artifact.kernel.family)
+        return Key(id_hash=artifact.id_hash, build_id=family.build_id)
+
+    def _obtain(self, artifact: ArtifactId) -> LoadedProgram:
+        """Memory, else a trip; concurrent asks for one key share one trip."""
+        key = self.key_of(artifact)
+        ck = (generation(), key)
+        hit = self._cache.get(ck)
+        if hit is not None:
+            self.stats.bump("memory")
+            return hit
+        with self._lock:
+            hit = self._cache.get(ck)
+            fut = self._inflight.get(ck)
+            leader = hit is None and fut is None
+            if leader:
+                fut = self._inflight[ck] = Future()
+        if hit is not None:
+            self.stats.bump("memory")
+            return hit
+        assert fut is not None
+        if not leader:
+            self.stats.bump("joined")
+            return fut.result()
+        try:
+            entry = self._trip(artifact, key)
+        except BaseException as exc:
+            self.stats.bump("failures")
+            fut.set_exception(exc)
+            raise
+        else:
+            self._cache.put(ck, entry)
+            fut.set_result(entry)
+            return entry
+        finally:
+            with self._lock:
+                self._inflight.pop(ck, None)
+
+    def _trip(self, artifact: ArtifactId, key: Key) -> LoadedProgram:
+        start = time.perf_counter()
+        found = self.fetch_and_load(artifact, key)
+        if found is not None:
+            entry, tier = found
+            self.stats.bump(tier.name)
+            self.record_loaded(entry, time.perf_counter() - start)
+            return entry
+        label = artifact.kernel.label()
+        if self.on_miss == "fail":
+            raise ArtifactMissing(f"{label}: no store tier holds key {key} for "
+                                  f"{self.namespace} (on_miss='fail')")
+        if self.on_miss == "farm":
+            report = self.farm_batch([artifact])
+        else:
+            report = self.compile_batch([artifact])
+        res = report.results[0]
+        if res.failure is not None:
+            raise failure_error(label, res.failure)
+        if self.on_miss == "farm":
+            got = self.fetch_and_load(artifact, key)
+            if got is None:
+                raise KernelError(f"{label}: the farm reported {res.outcome} but no store "
+                                  "tier serves it to this device")
+            self.stats.bump("farm")
+            self.record_loaded(got[0], time.perf_counter() - start)
+            return got[0]
+        assert res.program is not None and res.outcome is not None
+        self.stats.bump("compiled" if res.outcome is Outcome.COMPILED else
+                        "rekeyed" if res.outcome is Outcome.REKEYED else "local")
+        return self.entry_of(res.program, artifact.kernel.family, key)
+
+    # -- pieces shared with warm -----------------------------------------------------------
+    def entry_of(self, program: Any, family: str, key: Key) -> LoadedProgram:
+        import pyopencl as cl
+
+        names = str(program.get_info(cl.program_info.KERNEL_NAMES))
+        return LoadedProgram(program=program, family=family, key=key,
+                             kernel_names=tuple(n for n in names.split(";") if n))
+
+    def fetch_and_load(self, artifact: ArtifactId, key: Key, first_tier: int = 0,
+                       timings: dict[str, float] | None = None
+                       ) -> tuple[LoadedProgram, Tier] | None:
+        """Walk the tiers from ``first_tier``: get (verified), load, then copy into the
+        tiers in front. ``None`` when no tier holds a binary this device accepts.
+
+        ``timings`` (when given) receives ``fetch_s`` and ``load_s``.
+        """
+        fetch_s = load_s = 0.0
+        try:
+            for i in range(first_tier, len(self.tiers)):
+                tier = self.tiers[i]
+                t = time.perf_counter()
+                art = tier.store.get(self.namespace, key)
+                fetch_s += time.perf_counter() - t
+                if art is None:
+                    continue
+                if not art.verify() or art.meta.key != key:  # a store that did not verify
+                    log.warning("loader: %s tier returned %s failing its digest; a miss",
+                                tier.name, key)
+                    continue
+                t = time.perf_counter()
+                try:
+                    program, names = load_binary(self._ctx, self._cl_device, art.binary)
+                except LoadError as exc:
+                    load_s += time.perf_counter() - t
+                    log.warning("loader: %s refused by the device (%s); a miss", key, exc)
+                    continue
+                load_s += time.perf_counter() - t
+                self.stats.bump("loads")
+                self._fill_front(i, art)
+                entry = LoadedProgram(program=program, kernel_names=names,
+                                      family=artifact.kernel.family, key=key)
+                return entry, tier
+            return None
+        finally:
+            if timings is not None:
+                timings["fetch_s"] = fetch_s
+                timings["load_s"] = load_s
+
+    def _fill_front(self, index: int, art: Artifact) -> None:
+        """Copy a hit of tier ``index`` into the tiers in front of it (after its load)."""
+        for front in self.tiers[:index]:
+            try:
+                front.store.put(self.namespace, art)
+            except _FILL_FAILURES as exc:
+                log.warning("loader: could not copy %s into %s (%s)", art.meta.key,
+                            front.store.location, exc)
+
+    def record_loaded(self, entry: LoadedProgram, work_s: float) -> None:
+        self.recorder.compilation(family=entry.family, key=entry.key, outcome=Outcome.LOADED,
+                                  work_s=work_s)
+
+    def compile_batch(self, artifacts: list[ArtifactId], progress: Any = None,
+                      label: str = "") -> BatchReport:
+        """Full misses through the farm's batch (lower, rekey or compile, load, store
+        after load) on this loader's context, keeping the programs."""
+        batch = Batch(registry=self.registry, device=self._device, ctx=self._ctx,
+                      cl_device=self._cl_device, store=self.store,
+                      compiler=self._compiler_for(len(artifacts)),
+                      recorder=cast(Recorder, _CompilationsOnly(self.recorder)),
+                      keep_programs=True, label=label or self.label)
+        report = batch.run(artifacts, progress=progress)
+        self.stats.bump("compiler_invocations", report.compiler_invocations)
+        return report
+
+    def farm_batch(self, artifacts: list[ArtifactId], progress: Any = None,
+                   label: str = "") -> BatchReport:
+        """Full misses through the cluster's workers; they store, the caller loads.
+
+        Fails fast with a :class:`~farm.errors.ClusterError` when no live worker serves
+        this device's fingerprint (rather than waiting on a queue nobody reads). The
+        workers record how they obtained each kernel; this process records its loads.
+        """
+        import redis
+
+        from farm.cluster import check_served, cluster_build
+
+        if self._celery is None:
+            from worker.app import make_app
+
+            self._celery = make_app(self.settings)
+        client: Any = redis.Redis.from_url(self.settings.redis_url or "")
+        try:
+            check_served(client, self._device.fingerprint)
+        finally:
+            client.close()
+        report = cluster_build(self.settings, app=self._celery, registry=self.registry,
+                               store=self.store, fingerprint=self._device.fingerprint,
+                               artifacts=artifacts, recorder=None, label=label or self.label,
+                               progress=progress)
+        self.stats.bump("compiler_invocations", report.compiler_invocations)
+        return report
+
+    def _compiler_for(self, misses: int) -> Compiler:
+        """The injected compiler, else compile processes for many misses (made once,
+        kept), and the calling thread for one (a pool's start-up would cost more)."""
+        if self._compiler is not None:
+            return self._compiler
+        workers = self.settings.workers
+        if misses > 1 and workers > 1:
+            with self._lock:
+                if self._compiler is None:
+                    pool = ProcessPoolCompiler(self._device, workers)
+                    self._compiler = pool
+                    self._owns_compiler = True
+                return self._compiler
+        return InlineCompiler(self._ctx, self._cl_device)
+
+    # -- the in-flight table, for warm -------------------------------------------------------
+    def cache_key(self, key: Key) -> tuple[int, Key]:
+        return (generation(), key)
+
+    def memory_get(self, ck: tuple[int, Key]) -> LoadedProgram | None:
+        return self._cache.get(ck)
+
+    def claim(self, cks: Iterable[tuple[int, Key]]
+              ) -> tuple[dict[tuple[int, Key], Future[LoadedProgram]],
+                         dict[tuple[int, Key], Future[LoadedProgram]]]:
+        """Register in-flight futures for the keys nobody is fetching; return (claimed,
+        joined): the futures this caller must settle, and others' to wait on."""
+        claimed: dict[tuple[int, Key], Future[LoadedProgram]] = {}
+        joined: dict[tuple[int, Key], Future[LoadedProgram]] = {}
+        with self._lock:
+            for ck in cks:
+                fut = self._inflight.get(ck)
+                if fut is not None:
+                    joined[ck] = fut
+                else:
+                    fut = Future()
+                    self._inflight[ck] = fut
+                    claimed[ck] = fut
+        return claimed, joined
+
+    def settle(self, ck: tuple[int, Key], fut: Future[LoadedProgram],
+               entry: LoadedProgram | None, error: BaseException | None) -> None:
+        """Finish a claimed trip: cache the entry (or pass the error on), release."""
+        if entry is not None:
+            self._cache.put(ck, entry)
+            fut.set_result(entry)
+        else:
+            fut.set_exception(error or KernelError("not obtained"))
+        with self._lock:
+            self._inflight.pop(ck, None)
