@@ -132,7 +132,7 @@ class Batch:
     def __init__(self, *, registry: Registry, device: DeviceInfo, ctx: cl.Context,
                  cl_device: cl.Device, store: ArtifactStore, compiler: Compiler,
                  recorder: Recorder | None = None, keep_programs: bool = False,
-                 label: str = "") -> None:
+                 label: str = "", record_batch: bool = True) -> None:
         self.registry = registry
         self.device = device
         self.ctx = ctx
@@ -143,6 +143,8 @@ class Batch:
         self.recorder = recorder
         self.keep_programs = keep_programs
         self.label = label
+        #: False when the caller records one batch of its own (a loader's warm)
+        self.record_batch = record_batch
 
     # -- entry point ---------------------------------------------------------------------
     def run(self, artifacts: Iterable[ArtifactId],
@@ -202,7 +204,7 @@ class Batch:
         report = BatchReport(results=results, wall_s=wall,
                              parallelism=self.compiler.parallelism,
                              compiler_invocations=invocations)
-        if self.recorder is not None:
+        if self.recorder is not None and self.record_batch:
             rec = self.recorder.batch(
                 kernels=len(results), loaded=report.count(Outcome.LOADED),
                 rekeyed=report.count(Outcome.REKEYED), compiled=report.count(Outcome.COMPILED),

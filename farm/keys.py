@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from farm.model import Key
 
@@ -60,8 +60,8 @@ class Namespace(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    backend: str = BACKEND
-    format: str = STORE_FORMAT
+    backend: str = Field(default=BACKEND, pattern=r"^[a-z0-9]{1,32}$")
+    format: str = Field(default=STORE_FORMAT, pattern=r"^v[0-9]{1,6}$")
     fingerprint: str
 
     @field_validator("fingerprint")

@@ -44,7 +44,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
@@ -65,6 +65,7 @@ from farm.errors import (
 )
 from farm.families import Registry
 from farm.keys import Namespace
+from farm.load import load_with_names
 from farm.manifest import Manifest
 from farm.model import Artifact, ArtifactId, KernelFailure, Key, LaunchSettings, Outcome, Variant
 from farm.records import Recorder
@@ -89,24 +90,9 @@ _FILL_FAILURES = (FarmError, OSError, sqlite3.Error)
 def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes) -> tuple[Any, tuple[str, ...]]:
     """(program, its kernels' names) from a binary; :class:`LoadError` when refused.
 
-    :func:`farm.load.load` lists a program's kernels by making every ``Kernel`` object
-    (``all_kernels()``), and pyopencl generates (or, with its cache on, looks up on disk)
-    the argument-setting code of each one: 1 to 4 ms a program on the 2-core PoCL
-    machine, more than the load itself (about 1.3 ms). The loader only needs the names,
-    which ``CL_PROGRAM_KERNEL_NAMES`` gives in a microsecond; kernels are made when an
-    application asks for one.
+    The one seam through which the loader puts a binary on the device (tests count it).
     """
-    import pyopencl as cl
-
-    try:
-        program = cl.Program(ctx, [device], [binary]).build()
-        names = str(program.get_info(cl.program_info.KERNEL_NAMES))
-    except cl.Error as exc:
-        raise LoadError(f"the device refused the binary: {str(exc).splitlines()[0]}") from None
-    kernel_names = tuple(n for n in names.split(";") if n)
-    if not kernel_names:
-        raise LoadError("the binary holds no kernel")
-    return program, kernel_names
+    return load_with_names(ctx, device, binary)
 
 
 class ArtifactMissing(KernelError):
@@ -198,23 +184,6 @@ def tiers_of(store: ArtifactStore) -> list[Tier]:
     single = store.tiers[0] if isinstance(store, TieredStore) else store
     return [Tier("local" if isinstance(single, SQLiteStore | MemoryStore) else "remote",
                  single)]
-
-
-class _CompilationsOnly:
-    """Forwards a batch's per-kernel records and drops its batch record.
-
-    A single ``kernel()`` miss is one kernel, not a batch worth a record of its own, and
-    ``warm`` records one batch for the whole manifest itself.
-    """
-
-    def __init__(self, inner: Recorder) -> None:
-        self._inner = inner
-
-    def compilation(self, **kwargs: Any) -> Any:
-        return self._inner.compilation(**kwargs)
-
-    def batch(self, **kwargs: Any) -> None:
-        return None
 
 
 class KernelLoader:
@@ -517,7 +486,7 @@ class KernelLoader:
         batch = Batch(registry=self.registry, device=self._device, ctx=self._ctx,
                       cl_device=self._cl_device, store=self.store,
                       compiler=self._compiler_for(len(artifacts)),
-                      recorder=cast(Recorder, _CompilationsOnly(self.recorder)),
+                      recorder=self.recorder, record_batch=False,
                       keep_programs=True, label=label or self.label)
         report = batch.run(artifacts, progress=progress)
         self.stats.bump("compiler_invocations", report.compiler_invocations)
