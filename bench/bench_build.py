@@ -39,18 +39,19 @@ from pathlib import Path
 from typing import Any
 
 CACHES_OFF = {"PYOPENCL_NO_CACHE": "1", "POCL_KERNEL_CACHE": "0", "CUDA_CACHE_DISABLE": "1"}
-FARM = Path(sys.executable).with_name("farm")
+FARM = [sys.executable, "-m", "farm"]
 
 
 def child_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FARM_") or k == "FARM_DEVICE"}
     env.update(CACHES_OFF, FARM_HOME=str(home))
     return env
 
 
 def farm_build(manifest: str, workers: int, home: Path) -> dict[str, Any]:
     start = time.perf_counter()
-    proc = subprocess.run([str(FARM), "build", manifest, "--workers", str(workers), "--json"],
+    proc = subprocess.run([*FARM, "build", manifest, "--workers", str(workers), "--json"],
                           env=child_env(home), capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
