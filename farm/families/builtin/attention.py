@@ -20,15 +20,12 @@ from farm.device import DeviceInfo
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
-    SIZEOF,
     DType,
     GroupSize,
     acc_type,
-    fixed_local_size,
     literal,
-    pragmas,
-    reqd_wg,
-    tolerance,
+    lower_row_kernel,
+    row_example,
     tree_reduce,
 )
 from farm.model import LaunchSettings, Lowered
@@ -63,29 +60,12 @@ class Attention(KernelFamily[AttentionParams]):
 
     def lower(self, params: AttentionParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:
-        self.check_dtype(device, params.dtype)
-        g = params.group_size
-        local = fixed_local_size(self.name, launch, (g,))
-        self.check_work_group(device, local)
-        acc = acc_type(params.dtype)
-        self.check_local_mem(device, (params.head_dim + 2 * g) * SIZEOF[acc])
-        d = params.head_dim
-        kv_len = "row + 1u" if params.causal else "tokens"
-        source = (
-            f"{pragmas(params.dtype)}"
-            f"#define T {params.dtype}\n#define ACC {acc}\n"
-            f"#define D {d}u\n#define G {g}u\n#define PER {-(-d // g)}u\n"
-            f"#define SCALE {literal(1.0 / math.sqrt(d), acc)}\n"
-            f"{reqd_wg(local)}__kernel void attention(\n"
-            "    __global const T *restrict q, __global const T *restrict k,\n"
-            "    __global const T *restrict v, __global T *restrict out, const uint tokens)\n"
-            "{\n"
+        d, g = params.head_dim, params.group_size
+        kv_len = "(uint)row + 1u" if params.causal else "tokens"
+        body = (
             "    __local ACC qs[D];\n"
             "    __local ACC ps[G];\n"
-            "    __local ACC red[G];\n"
-            "    const uint lid = get_local_id(0);\n"
-            "    const uint row = get_group_id(0);\n"
-            "    for (uint d = lid; d < D; d += G) qs[d] = (ACC)q[(size_t)row * D + d] * SCALE;\n"
+            "    for (uint d = lid; d < D; d += G) qs[d] = (ACC)q[row * D + d] * SCALE;\n"
             "    barrier(CLK_LOCAL_MEM_FENCE);\n"
             f"    const uint kv_len = {kv_len};\n"
             "    ACC m = (ACC)(-INFINITY);   /* running maximum of the scores */\n"
@@ -100,11 +80,11 @@ class Attention(KernelFamily[AttentionParams]):
             "            __global const T *kj = k + (size_t)j * D;\n"
             "            for (uint d = 0; d < D; ++d) s += qs[d] * (ACC)kj[d];\n"
             "        }\n"
-            f"{tree_reduce('red', 's', 'block_max', 'fmax({a}, {b})', g, 'ACC', '        ')}"
+            f"{tree_reduce('s', 'block_max', 'fmax({a}, {b})', '        ')}"
             "        const ACC m_new = fmax(m, block_max);\n"
             "        const ACC p = j < kv_len ? exp(s - m_new) : (ACC)0;\n"
             "        ps[lid] = p;\n"
-            f"{tree_reduce('red', 'p', 'block_sum', '{a} + {b}', g, 'ACC', '        ')}"
+            f"{tree_reduce('p', 'block_sum', '{a} + {b}', '        ')}"
             "        const ACC corr = exp(m - m_new);   /* 0 on the first block */\n"
             "        l = l * corr + block_sum;\n"
             "        const uint len = min(G, kv_len - j0);\n"
@@ -122,11 +102,17 @@ class Attention(KernelFamily[AttentionParams]):
             "    }\n"
             "    for (uint t = 0; t < PER; ++t) {\n"
             "        const uint d = lid + t * G;\n"
-            "        if (d < D) out[(size_t)row * D + d] = (T)(o[t] / l);\n"
+            "        if (d < D) out[row * D + d] = (T)(o[t] / l);\n"
             "    }\n"
-            "}\n"
         )
-        return Lowered(source=source, kernel_names=("attention",))
+        return lower_row_kernel(
+            self, params, launch, device, kernel="attention",
+            args=("__global const T *restrict q", "__global const T *restrict k",
+                  "__global const T *restrict v", "__global T *restrict out",
+                  "const uint tokens"),
+            defines={"D": f"{d}u", "PER": f"{-(-d // g)}u",
+                     "SCALE": literal(1.0 / math.sqrt(d), acc_type(params.dtype))},
+            body=body, extra_local=d + g)  # qs and ps
 
     def example(self, params: AttentionParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:
@@ -136,8 +122,5 @@ class Attention(KernelFamily[AttentionParams]):
         q, k, v = (rng.normal(0.0, 1.0, shape).astype(dtype) for _ in range(3))
         out = np.zeros(shape, dtype=dtype)
         want = attention_reference(q, k, v, params.causal)
-        rtol, atol = tolerance(params.dtype)
-        g = params.group_size
-        return Example(kernel_name="attention", args=[q, k, v, out, np.uint32(tokens)],
-                       global_size=(tokens * g,), local_size=(g,), expected={3: want},
-                       rtol=rtol, atol=atol)
+        return row_example("attention", params, tokens, [q, k, v, out, np.uint32(tokens)],
+                           {3: want})

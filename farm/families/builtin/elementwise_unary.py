@@ -18,13 +18,12 @@ from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
     DType,
+    Width,
     acc_type,
     convert,
+    elementwise_example,
     literal,
-    pragmas,
-    reqd_wg,
-    round_up,
-    tolerance,
+    lower_elementwise,
     vec,
 )
 from farm.model import LaunchSettings, Lowered
@@ -63,7 +62,7 @@ class UnaryParams(Params):
 
     op: Op
     dtype: DType = "float"
-    width: Literal[1, 2, 4, 8, 16] = 1
+    width: Width = 1
 
 
 class ElementwiseUnary(KernelFamily[UnaryParams]):
@@ -75,27 +74,16 @@ class ElementwiseUnary(KernelFamily[UnaryParams]):
 
     def lower(self, params: UnaryParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:
-        self.check_dtype(device, params.dtype)
-        if launch.local_size:
-            self.check_work_group(device, launch.local_size)
         t = vec(params.dtype, params.width)
         s = acc_type(params.dtype)
         a_t = vec(s, params.width)
-        kernel = f"unary_{params.op}"
-        source = (
-            f"{pragmas(params.dtype)}"
-            f"#define S {s}\n"
-            f"#define SQRT1_2 {literal(math.sqrt(0.5), s)}\n"
-            f"{reqd_wg(launch.local_size)}__kernel void {kernel}(\n"
-            f"    __global const {t} *restrict x, __global {t} *restrict out, const uint n)\n"
-            "{\n"
-            "    const size_t i = get_global_id(0);\n"
-            "    if (i >= n) return;\n"
-            f"    const {a_t} a = {convert(a_t, t, 'x[i]')};\n"
-            f"    out[i] = {convert(t, a_t, _EXPR[params.op])};\n"
-            "}\n"
-        )
-        return Lowered(source=source, kernel_names=(kernel,))
+        return lower_elementwise(
+            self, params.dtype, launch, device, kernel=f"unary_{params.op}",
+            args=(f"__global const {t} *restrict x", f"__global {t} *restrict out",
+                  "const uint n"),
+            count="n", defines={"S": s, "SQRT1_2": literal(math.sqrt(0.5), s)},
+            body=(f"    const {a_t} a = {convert(a_t, t, 'x[i]')};\n"
+                  f"    out[i] = {convert(t, a_t, _EXPR[params.op])};\n"))
 
     def example(self, params: UnaryParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:
@@ -105,9 +93,5 @@ class ElementwiseUnary(KernelFamily[UnaryParams]):
         x = rng.uniform(lo, 3.0, n * params.width).astype(dtype)
         out = np.zeros_like(x)
         want = _NUMPY[params.op](x.astype(np.float64))
-        rtol, atol = tolerance(params.dtype)
-        local = launch.local_size
-        global_n = n if not local else round_up(n, local[0])
-        return Example(kernel_name=f"unary_{params.op}", args=[x, out, np.uint32(n)],
-                       global_size=(global_n,), local_size=local, expected={1: want},
-                       rtol=rtol, atol=atol)
+        return elementwise_example(f"unary_{params.op}", params.dtype, n, launch,
+                                   [x, out, np.uint32(n)], {1: want})

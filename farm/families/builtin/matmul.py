@@ -25,11 +25,10 @@ from farm.families.builtin.common import (
     DType,
     Tile,
     acc_type,
-    fixed_local_size,
-    pragmas,
-    reqd_wg,
+    check_fixed_group,
+    checked_example,
+    kernel_source,
     round_up,
-    tolerance,
 )
 from farm.model import LaunchSettings, Lowered
 
@@ -80,23 +79,9 @@ class Matmul(KernelFamily[MatmulParams]):
 
     def lower(self, params: MatmulParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:
-        self.check_dtype(device, params.dtype)
-        local = fixed_local_size(self.name, launch, params.local_size)
-        self.check_work_group(device, local)
-        self.check_local_mem(device, params.local_bytes)
         p = params
-        source = (
-            f"{pragmas(p.dtype)}"
-            f"#define T {p.dtype}\n#define ACC {acc_type(p.dtype)}\n"
-            f"#define M {p.m}\n#define N {p.n}\n#define K {p.k}\n"
-            f"#define TM {p.tile_m}\n#define TN {p.tile_n}\n#define TK {p.tile_k}\n"
-            f"#define WPTM {p.wpt_m}\n#define WPTN {p.wpt_n}\n"
-            "#define RTM (TM / WPTM)\n#define RTN (TN / WPTN)\n"
-            "#define THREADS (RTM * RTN)\n"
-            f"{reqd_wg(local)}__kernel void matmul(\n"
-            "    __global const T *restrict a, __global const T *restrict b,\n"
-            "    __global T *restrict c)\n"
-            "{\n"
+        local = check_fixed_group(self, p.dtype, launch, device, p.local_size, p.local_bytes)
+        body = (
             "    __local T at[TM][TK];\n"
             "    __local T bt[TK][TN];\n"
             "    const int lm = get_local_id(0);\n"
@@ -136,8 +121,15 @@ class Matmul(KernelFamily[MatmulParams]):
             "            if (r < M && q < N) c[(size_t)r * N + q] = (T)acc[wm][wn];\n"
             "        }\n"
             "    }\n"
-            "}\n"
         )
+        defines = {"T": p.dtype, "ACC": acc_type(p.dtype), "M": p.m, "N": p.n, "K": p.k,
+                   "TM": p.tile_m, "TN": p.tile_n, "TK": p.tile_k,
+                   "WPTM": p.wpt_m, "WPTN": p.wpt_n, "RTM": "(TM / WPTM)",
+                   "RTN": "(TN / WPTN)", "THREADS": "(RTM * RTN)"}
+        source = kernel_source(p.dtype, "matmul", ("__global const T *restrict a",
+                                                   "__global const T *restrict b",
+                                                   "__global T *restrict c"),
+                               body, defines=defines, local_size=local)
         return Lowered(source=source, kernel_names=("matmul",))
 
     def example(self, params: MatmulParams, launch: LaunchSettings,
@@ -147,10 +139,8 @@ class Matmul(KernelFamily[MatmulParams]):
         b = rng.uniform(-1.0, 1.0, (params.k, params.n)).astype(dtype)
         c = np.zeros((params.m, params.n), dtype=dtype)
         want = a.astype(np.float64) @ b.astype(np.float64)
-        rtol, atol = tolerance(params.dtype)
-        atol *= max(1.0, float(np.sqrt(params.k)))  # rounding grows with the terms
-        rtm, rtn = params.local_size
         global_size = (round_up(params.m, params.tile_m) // params.wpt_m,
                        round_up(params.n, params.tile_n) // params.wpt_n)
-        return Example(kernel_name="matmul", args=[a, b, c], global_size=global_size,
-                       local_size=(rtm, rtn), expected={2: want}, rtol=rtol, atol=atol)
+        # rounding grows with the number of terms
+        return checked_example("matmul", params.dtype, [a, b, c], {2: want}, global_size,
+                               params.local_size, atol_scale=max(1.0, float(np.sqrt(params.k))))

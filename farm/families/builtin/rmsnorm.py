@@ -14,15 +14,13 @@ from farm.device import DeviceInfo
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
-    SIZEOF,
     DType,
     GroupSize,
+    RowLength,
     acc_type,
-    fixed_local_size,
     literal,
-    pragmas,
-    reqd_wg,
-    tolerance,
+    lower_row_kernel,
+    row_example,
     tree_reduce,
 )
 from farm.model import LaunchSettings, Lowered
@@ -31,7 +29,7 @@ from farm.model import LaunchSettings, Lowered
 class RmsnormParams(Params):
     """``hidden`` and ``eps`` are compile-time; ``rows`` is the launch's."""
 
-    hidden: int = Field(ge=1, le=1 << 20)
+    hidden: RowLength
     group_size: GroupSize = 64
     eps: float = Field(default=1e-6, gt=0.0, le=1.0, allow_inf_nan=False)
     dtype: DType = "float"
@@ -46,24 +44,7 @@ class Rmsnorm(KernelFamily[RmsnormParams]):
 
     def lower(self, params: RmsnormParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:
-        self.check_dtype(device, params.dtype)
-        g = params.group_size
-        local = fixed_local_size(self.name, launch, (g,))
-        self.check_work_group(device, local)
-        acc = acc_type(params.dtype)
-        self.check_local_mem(device, g * SIZEOF[acc])
-        source = (
-            f"{pragmas(params.dtype)}"
-            f"#define T {params.dtype}\n#define ACC {acc}\n"
-            f"#define HIDDEN {params.hidden}u\n#define G {g}u\n"
-            f"#define EPS {literal(params.eps, acc)}\n"
-            f"{reqd_wg(local)}__kernel void rmsnorm(\n"
-            "    __global const T *restrict x, __global const T *restrict weight,\n"
-            "    __global T *restrict out)\n"
-            "{\n"
-            "    __local ACC red[G];\n"
-            "    const uint lid = get_local_id(0);\n"
-            "    const size_t row = get_group_id(0);\n"
+        body = (
             "    __global const T *xr = x + row * HIDDEN;\n"
             "    __global T *outr = out + row * HIDDEN;\n"
             "    ACC ss = (ACC)0;\n"
@@ -71,13 +52,18 @@ class Rmsnorm(KernelFamily[RmsnormParams]):
             "        const ACC v = (ACC)xr[c];\n"
             "        ss += v * v;\n"
             "    }\n"
-            f"{tree_reduce('red', 'ss', 'total', '{a} + {b}', g, 'ACC')}"
+            f"{tree_reduce('ss', 'total', '{a} + {b}')}"
             "    const ACC inv = rsqrt(total / (ACC)HIDDEN + EPS);\n"
             "    for (uint c = lid; c < HIDDEN; c += G)\n"
             "        outr[c] = (T)((ACC)xr[c] * inv * (ACC)weight[c]);\n"
-            "}\n"
         )
-        return Lowered(source=source, kernel_names=("rmsnorm",))
+        return lower_row_kernel(self, params, launch, device, kernel="rmsnorm",
+                                args=("__global const T *restrict x",
+                                      "__global const T *restrict weight",
+                                      "__global T *restrict out"),
+                                defines={"HIDDEN": f"{params.hidden}u",
+                                         "EPS": literal(params.eps, acc_type(params.dtype))},
+                                body=body)
 
     def example(self, params: RmsnormParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:
@@ -89,8 +75,4 @@ class Rmsnorm(KernelFamily[RmsnormParams]):
         x64 = x.astype(np.float64)
         rms = np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + params.eps)
         want = x64 / rms * weight.astype(np.float64)
-        rtol, atol = tolerance(params.dtype)
-        g = params.group_size
-        return Example(kernel_name="rmsnorm", args=[x, weight, out],
-                       global_size=(rows * g,), local_size=(g,), expected={2: want},
-                       rtol=rtol, atol=atol)
+        return row_example("rmsnorm", params, rows, [x, weight, out], {2: want})

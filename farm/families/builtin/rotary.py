@@ -20,11 +20,9 @@ from farm.families.builtin.common import (
     NUMPY,
     DType,
     acc_type,
+    elementwise_example,
     literal,
-    pragmas,
-    reqd_wg,
-    round_up,
-    tolerance,
+    lower_elementwise,
 )
 from farm.model import LaunchSettings, Lowered
 
@@ -69,35 +67,27 @@ class Rotary(KernelFamily[RotaryParams]):
 
     def lower(self, params: RotaryParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:
-        self.check_dtype(device, params.dtype)
-        if launch.local_size:
-            self.check_work_group(device, launch.local_size)
         acc = acc_type(params.dtype)
         table = ",\n    ".join(
             ", ".join(literal(v, acc) for v in row)
             for row in np.array_split(params.inv_freq(), max(1, params.head_dim // 16)))
-        source = (
-            f"{pragmas(params.dtype)}"
-            f"#define T {params.dtype}\n#define ACC {acc}\n"
-            f"#define HALF {params.head_dim // 2}u\n#define HEADS {params.heads}u\n"
-            f"__constant ACC INV_FREQ[HALF] = {{\n    {table}\n}};\n"
-            f"{reqd_wg(launch.local_size)}__kernel void rotary(\n"
-            "    __global const T *x, __global T *out, const uint tokens)\n"
-            "{\n"
-            "    const size_t gid = get_global_id(0);\n"
-            "    if (gid >= (size_t)tokens * HEADS * HALF) return;\n"
-            "    const uint i = gid % HALF;\n"
-            "    const size_t row = gid / HALF;          /* token * HEADS + head */\n"
-            "    const uint pos = (uint)(row / HEADS);\n"
-            "    const size_t base = row * (2 * HALF) + i;\n"
-            "    ACC c;\n"
-            "    const ACC s = sincos((ACC)pos * INV_FREQ[i], &c);\n"
-            "    const ACC x1 = (ACC)x[base], x2 = (ACC)x[base + HALF];\n"
-            "    out[base] = (T)(x1 * c - x2 * s);\n"
-            "    out[base + HALF] = (T)(x2 * c + x1 * s);\n"
-            "}\n"
-        )
-        return Lowered(source=source, kernel_names=("rotary",))
+        return lower_elementwise(
+            self, params.dtype, launch, device, kernel="rotary",
+            args=("__global const T *x", "__global T *out", "const uint tokens"),
+            count="(size_t)tokens * HEADS * HALF",
+            defines={"T": params.dtype, "ACC": acc, "HALF": f"{params.head_dim // 2}u",
+                     "HEADS": f"{params.heads}u"},
+            prelude=f"__constant ACC INV_FREQ[HALF] = {{\n    {table}\n}};\n",
+            body=(
+                "    const uint p = i % HALF;                /* the pair */\n"
+                "    const size_t row = i / HALF;            /* token * HEADS + head */\n"
+                "    const uint pos = (uint)(row / HEADS);\n"
+                "    const size_t base = row * (2 * HALF) + p;\n"
+                "    ACC c;\n"
+                "    const ACC s = sincos((ACC)pos * INV_FREQ[p], &c);\n"
+                "    const ACC x1 = (ACC)x[base], x2 = (ACC)x[base + HALF];\n"
+                "    out[base] = (T)(x1 * c - x2 * s);\n"
+                "    out[base + HALF] = (T)(x2 * c + x1 * s);\n"))
 
     def example(self, params: RotaryParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:
@@ -106,10 +96,6 @@ class Rotary(KernelFamily[RotaryParams]):
         x = rng.uniform(-1.0, 1.0, (tokens, params.heads, params.head_dim)).astype(dtype)
         out = np.zeros_like(x)
         want = rope_reference(x, params)
-        rtol, atol = tolerance(params.dtype)
         pairs = tokens * params.heads * params.head_dim // 2
-        local = launch.local_size
-        global_n = pairs if not local else round_up(pairs, local[0])
-        return Example(kernel_name="rotary", args=[x, out, np.uint32(tokens)],
-                       global_size=(global_n,), local_size=local, expected={1: want},
-                       rtol=rtol, atol=atol)
+        return elementwise_example("rotary", params.dtype, pairs, launch,
+                                   [x, out, np.uint32(tokens)], {1: want})

@@ -8,20 +8,16 @@ work-group with a tree in ``__local`` memory. Arithmetic is in float for half in
 from __future__ import annotations
 
 import numpy as np
-from pydantic import Field
 
 from farm.device import DeviceInfo
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
-    SIZEOF,
     DType,
     GroupSize,
-    acc_type,
-    fixed_local_size,
-    pragmas,
-    reqd_wg,
-    tolerance,
+    RowLength,
+    lower_row_kernel,
+    row_example,
     tree_reduce,
 )
 from farm.model import LaunchSettings, Lowered
@@ -30,7 +26,7 @@ from farm.model import LaunchSettings, Lowered
 class SoftmaxParams(Params):
     """``cols`` is compile-time; ``rows`` is the number of work-groups launched."""
 
-    cols: int = Field(ge=1, le=1 << 20)
+    cols: RowLength
     group_size: GroupSize = 64
     dtype: DType = "float"
 
@@ -44,36 +40,23 @@ class Softmax(KernelFamily[SoftmaxParams]):
 
     def lower(self, params: SoftmaxParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:
-        self.check_dtype(device, params.dtype)
-        g = params.group_size
-        local = fixed_local_size(self.name, launch, (g,))
-        self.check_work_group(device, local)
-        acc = acc_type(params.dtype)
-        self.check_local_mem(device, g * SIZEOF[acc])
-        source = (
-            f"{pragmas(params.dtype)}"
-            f"#define T {params.dtype}\n#define ACC {acc}\n"
-            f"#define COLS {params.cols}u\n#define G {g}u\n"
-            f"{reqd_wg(local)}__kernel void softmax(\n"
-            "    __global const T *restrict x, __global T *restrict out)\n"
-            "{\n"
-            "    __local ACC red[G];\n"
-            "    const uint lid = get_local_id(0);\n"
-            "    const size_t row = get_group_id(0);\n"
+        body = (
             "    __global const T *xr = x + row * COLS;\n"
             "    __global T *outr = out + row * COLS;\n"
             "    ACC m = (ACC)(-INFINITY);\n"
             "    for (uint c = lid; c < COLS; c += G) m = fmax(m, (ACC)xr[c]);\n"
-            f"{tree_reduce('red', 'm', 'row_max', 'fmax({a}, {b})', g, 'ACC')}"
+            f"{tree_reduce('m', 'row_max', 'fmax({a}, {b})')}"
             "    ACC s = (ACC)0;\n"
             "    for (uint c = lid; c < COLS; c += G) s += exp((ACC)xr[c] - row_max);\n"
-            f"{tree_reduce('red', 's', 'row_sum', '{a} + {b}', g, 'ACC')}"
+            f"{tree_reduce('s', 'row_sum', '{a} + {b}')}"
             "    const ACC inv = (ACC)1 / row_sum;\n"
             "    for (uint c = lid; c < COLS; c += G)\n"
             "        outr[c] = (T)(exp((ACC)xr[c] - row_max) * inv);\n"
-            "}\n"
         )
-        return Lowered(source=source, kernel_names=("softmax",))
+        return lower_row_kernel(self, params, launch, device, kernel="softmax",
+                                args=("__global const T *restrict x",
+                                      "__global T *restrict out"),
+                                defines={"COLS": f"{params.cols}u"}, body=body)
 
     def example(self, params: SoftmaxParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:
@@ -85,7 +68,4 @@ class Softmax(KernelFamily[SoftmaxParams]):
         x64 = x.astype(np.float64)
         e = np.exp(x64 - x64.max(axis=1, keepdims=True))
         want = e / e.sum(axis=1, keepdims=True)
-        rtol, atol = tolerance(params.dtype)
-        g = params.group_size
-        return Example(kernel_name="softmax", args=[x, out], global_size=(rows * g,),
-                       local_size=(g,), expected={1: want}, rtol=rtol, atol=atol)
+        return row_example("softmax", params, rows, [x, out], {1: want})

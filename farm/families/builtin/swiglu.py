@@ -12,19 +12,18 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import ValidationInfo, field_validator
 
 from farm.device import DeviceInfo
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
     DType,
+    RowLength,
     acc_type,
     convert,
-    pragmas,
-    reqd_wg,
-    round_up,
-    tolerance,
+    elementwise_example,
+    lower_elementwise,
     vec,
 )
 from farm.model import LaunchSettings, Lowered
@@ -33,7 +32,7 @@ from farm.model import LaunchSettings, Lowered
 class SwigluParams(Params):
     """``hidden`` is compile-time (where ``up`` starts in a row); ``rows`` is not."""
 
-    hidden: int = Field(ge=1, le=1 << 20)
+    hidden: RowLength
     dtype: DType = "float"
     width: Literal[1, 2, 4] = 1
 
@@ -55,28 +54,19 @@ class Swiglu(KernelFamily[SwigluParams]):
 
     def lower(self, params: SwigluParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:
-        self.check_dtype(device, params.dtype)
-        if launch.local_size:
-            self.check_work_group(device, launch.local_size)
         t = vec(params.dtype, params.width)
         s = acc_type(params.dtype)
         a_t = vec(s, params.width)
-        source = (
-            f"{pragmas(params.dtype)}"
-            f"#define S {s}\n#define HV {params.hidden // params.width}u\n"
-            f"{reqd_wg(launch.local_size)}__kernel void swiglu(\n"
-            f"    __global const {t} *restrict x, __global {t} *restrict out,\n"
-            "    const uint rows)\n"
-            "{\n"
-            "    const size_t i = get_global_id(0);\n"
-            "    if (i >= (size_t)rows * HV) return;\n"
-            "    const size_t r = i / HV, c = i % HV;\n"
-            f"    const {a_t} g = {convert(a_t, t, 'x[r * 2 * HV + c]')};\n"
-            f"    const {a_t} u = {convert(a_t, t, 'x[r * 2 * HV + HV + c]')};\n"
-            f"    out[i] = {convert(t, a_t, 'g / ((S)1 + exp(-g)) * u')};\n"
-            "}\n"
-        )
-        return Lowered(source=source, kernel_names=("swiglu",))
+        return lower_elementwise(
+            self, params.dtype, launch, device, kernel="swiglu",
+            args=(f"__global const {t} *restrict x", f"__global {t} *restrict out",
+                  "const uint rows"),
+            count="(size_t)rows * HV",
+            defines={"S": s, "HV": f"{params.hidden // params.width}u"},
+            body=("    const size_t r = i / HV, c = i % HV;\n"
+                  f"    const {a_t} g = {convert(a_t, t, 'x[r * 2 * HV + c]')};\n"
+                  f"    const {a_t} u = {convert(a_t, t, 'x[r * 2 * HV + HV + c]')};\n"
+                  f"    out[i] = {convert(t, a_t, 'g / ((S)1 + exp(-g)) * u')};\n"))
 
     def example(self, params: SwigluParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:
@@ -87,10 +77,5 @@ class Swiglu(KernelFamily[SwigluParams]):
         x64 = x.astype(np.float64)
         gate, up = x64[:, :params.hidden], x64[:, params.hidden:]
         want = gate / (1.0 + np.exp(-gate)) * up
-        rtol, atol = tolerance(params.dtype)
-        n = rows * params.hidden // params.width
-        local = launch.local_size
-        global_n = n if not local else round_up(n, local[0])
-        return Example(kernel_name="swiglu", args=[x, out, np.uint32(rows)],
-                       global_size=(global_n,), local_size=local, expected={1: want},
-                       rtol=rtol, atol=atol)
+        return elementwise_example("swiglu", params.dtype, rows * params.hidden // params.width,
+                                   launch, [x, out, np.uint32(rows)], {1: want})

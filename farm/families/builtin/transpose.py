@@ -19,9 +19,8 @@ from farm.families.builtin.common import (
     NUMPY,
     SIZEOF,
     DType,
-    fixed_local_size,
-    pragmas,
-    reqd_wg,
+    check_fixed_group,
+    kernel_source,
     round_up,
 )
 from farm.model import LaunchSettings, Lowered
@@ -45,18 +44,10 @@ class Transpose(KernelFamily[TransposeParams]):
 
     def lower(self, params: TransposeParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:
-        self.check_dtype(device, params.dtype)
         t = params.tile
-        local = fixed_local_size(self.name, launch, (t, t))
-        self.check_work_group(device, local)
-        self.check_local_mem(device, t * (t + 1) * SIZEOF[params.dtype])
-        source = (
-            f"{pragmas(params.dtype)}"
-            f"#define T {params.dtype}\n"
-            f"#define ROWS {params.rows}\n#define COLS {params.cols}\n#define TILE {t}\n"
-            f"{reqd_wg(local)}__kernel void transpose(\n"
-            "    __global const T *restrict x, __global T *restrict out)\n"
-            "{\n"
+        local = check_fixed_group(self, params.dtype, launch, device, (t, t),
+                                  t * (t + 1) * SIZEOF[params.dtype])
+        body = (
             "    __local T tile[TILE][TILE + 1];\n"
             "    const int lx = get_local_id(0), ly = get_local_id(1);\n"
             "    const int c0 = get_group_id(0) * TILE, r0 = get_group_id(1) * TILE;\n"
@@ -67,8 +58,12 @@ class Transpose(KernelFamily[TransposeParams]):
             "    c = c0 + ly;\n"
             "    r = r0 + lx;\n"
             "    if (c < COLS && r < ROWS) out[(size_t)c * ROWS + r] = tile[lx][ly];\n"
-            "}\n"
         )
+        source = kernel_source(params.dtype, "transpose",
+                               ("__global const T *restrict x", "__global T *restrict out"),
+                               body, local_size=local,
+                               defines={"T": params.dtype, "ROWS": params.rows,
+                                        "COLS": params.cols, "TILE": t})
         return Lowered(source=source, kernel_names=("transpose",))
 
     def example(self, params: TransposeParams, launch: LaunchSettings,
