@@ -59,6 +59,7 @@ from farm.records.model import (
     Session,
     parse_record,
 )
+from farm.sqlite_wal import enable_wal
 
 log = logging.getLogger(__name__)
 
@@ -309,11 +310,10 @@ class SessionStorage:
         with self._errors("switching to WAL mode"), self._engine.connect() as conn:
             cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
             try:
-                cursor.execute("PRAGMA journal_mode=WAL")
-                mode = cursor.fetchone()
+                mode = enable_wal(cursor)
             finally:
                 cursor.close()
-        if not mode or str(mode[0]).lower() != "wal":
+        if mode != "wal":
             log.warning("records storage %s: WAL mode refused (%s)", self.where, mode)
         self._wal_checked = True
 

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from farm.errors import ForeignStoreError
 from farm.keys import Namespace
 from farm.model import Artifact, ArtifactMeta, Key
+from farm.sqlite_wal import enable_wal
 from farm.store.base import ArtifactStore, PutResult, decide_put, iter_chunks, log_refused
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class SQLiteStore(ArtifactStore):
                                    isolation_level=None)
             if not fresh:
                 self._check_format(conn)
-            conn.execute("PRAGMA journal_mode=WAL")
+            enable_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             if fresh:
                 conn.executescript(_SCHEMA)
