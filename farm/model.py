@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from farm.hashing import sha256_hex, stable_hash
+from farm.hashing import canonical_json, sha256_hex, stable_hash
 
 
 class Frozen(BaseModel):
@@ -157,6 +157,17 @@ class ArtifactMeta(Frozen):
     work_s: float = 0.0
     created_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
     origin: Literal["compiled", "imported"] = "compiled"
+    #: Ed25519 signature of :meth:`signed_bytes` by a writer's key ("" when unsigned)
+    signature: str = ""
+
+    def signed_bytes(self) -> bytes:
+        """What a signature covers: the key, the family, the digest and the size.
+
+        The digest binds the binary; the key binds where it may be served, so a signed
+        artifact cannot be replayed under another kernel's key.
+        """
+        return canonical_json({"key": str(self.key), "family": self.family,
+                               "digest": self.digest, "size": self.size}).encode()
 
 
 class Artifact(BaseModel):

@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     #: local compile processes (FARM_WORKERS); default: one per core
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=0)
 
+    #: Ed25519 private key (base64) that signs every stored artifact; writers only
+    signing_key: SecretStr | None = None
+    #: Ed25519 public key (base64): refuse artifacts not signed by its private key
+    verify_key: str | None = None
+
     # -- cluster -------------------------------------------------------------------------
     redis_url: str | None = None
     minio_endpoint: str | None = None

@@ -71,6 +71,7 @@ from farm.model import Artifact, ArtifactId, KernelFailure, Key, LaunchSettings,
 from farm.records import Recorder
 from farm.records.open import open_recorder
 from farm.settings import Settings, load_settings
+from farm.signing import SigningStore
 from farm.store import ArtifactStore, MemoryStore, SQLiteStore, TieredStore, open_store
 
 if TYPE_CHECKING:
@@ -179,6 +180,9 @@ def tiers_of(store: ArtifactStore) -> list[Tier]:
     cluster) and is named remote, the ones in front of it local. A plain store is one
     tier: local when it lives on this machine (SQLite file, memory), else remote.
     """
+    if isinstance(store, SigningStore):  # the signing rules apply to every tier
+        return [Tier(t.name, SigningStore(t.store, store.signer, store.verifier))
+                for t in tiers_of(store.inner)]
     if isinstance(store, TieredStore) and len(store.tiers) > 1:
         return [Tier("local", s) for s in store.tiers[:-1]] + [Tier("remote", store.tiers[-1])]
     single = store.tiers[0] if isinstance(store, TieredStore) else store

@@ -50,6 +50,7 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     import redis
 
     from farm.records.open import open_recorder
+    from farm.signing import with_signatures
     from farm.store.minio import MinioStore
 
     device = devices[index % len(devices)]
@@ -58,7 +59,8 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     client: Any = redis.Redis.from_url(settings.redis_url)
     return WorkerState(
         settings=settings, registry=Registry.load(settings.family_modules), device=device,
-        ctx=ctx, cl_device=cl_device, store=MinioStore.from_settings(settings),
+        ctx=ctx, cl_device=cl_device,
+        store=with_signatures(MinioStore.from_settings(settings), settings),
         leases=Leases(client, ttl_s=settings.lease_ttl),
         recorder=open_recorder(settings, label=f"worker {worker_name()}"),
         name=worker_name())

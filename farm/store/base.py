@@ -40,6 +40,8 @@ class StoreStats:
     refused: int = 0
     corrupt: int = 0
     repaired: int = 0
+    #: reads refused for a missing or wrong signature (see ``farm.signing``)
+    unsigned: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def bump(self, name: str, n: int = 1) -> None:

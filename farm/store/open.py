@@ -14,9 +14,11 @@ from farm.store.sqlite import SQLiteStore
 
 def open_store(settings: Settings) -> ArtifactStore:
     """The environment's store; MinIO credentials come only from ``settings``."""
+    from farm.signing import with_signatures
+
     local = SQLiteStore(settings.store_path)
     if not settings.minio_endpoint:
-        return local
+        return with_signatures(local, settings)
     from farm.store.minio import MinioStore  # the minio SDK is an optional extra
     from farm.store.tiered import TieredStore
 
@@ -25,4 +27,4 @@ def open_store(settings: Settings) -> ArtifactStore:
     except BaseException:
         local.close()
         raise
-    return TieredStore([local, remote])
+    return with_signatures(TieredStore([local, remote]), settings)
