@@ -199,6 +199,20 @@ def test_only_the_changed_family_is_rebuilt(setup: tuple[Path, Path, Path]) -> N
     assert outcomes(fourth) == (4, 0, 0, 0)
     assert fourth["summary"]["compiler_invocations"] == 0
 
+    # `farm gc` deletes the earlier build's keys, and only those
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(home), FARM_FAMILY_MODULES=json.dumps(["userkernels.scale"]),
+               PYTHONPATH=str(pkgs), PYTHONDONTWRITEBYTECODE="1")
+    dry = subprocess.run([str(FARM), "gc", "--dry-run", "--json"], env=env, text=True,
+                         capture_output=True, check=True)
+    assert len(json.loads(dry.stdout)["stale"]) == 2 and rows(home) == stored2
+    gone = subprocess.run([str(FARM), "gc", "--json"], env=env, text=True,
+                          capture_output=True, check=True)
+    assert {(s["key"].split(".")[0], s["build_id"]) for s in
+            json.loads(gone.stdout)["stale"]} == user1
+    assert set(rows(home)) == set(stored2) - user1
+    assert outcomes(build(home, pkgs, manifest)) == (4, 0, 0, 0)
+
 
 def test_identical_sources_compile_once_and_copies_keep_both_keys(
         setup: tuple[Path, Path, Path], tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import typer
 from farm.cli import build as build_cmd
 from farm.cli import demo as demo_cmd
 from farm.cli import devices as devices_cmd
+from farm.cli import gc as gc_cmd
 from farm.cli import ingest as ingest_cmd
 from farm.cli import keygen as keygen_cmd
 from farm.cli import warm as warm_cmd
@@ -32,6 +33,7 @@ app.add_typer(cluster_app, name="cluster", help="A local cluster on this machine
 app.command("ingest")(ingest_cmd.ingest)
 app.command("warm")(warm_cmd.warm)
 app.command("keygen")(keygen_cmd.keygen)
+app.command("gc")(gc_cmd.gc)
 app.add_typer(bundle_app, name="bundle", help="Export, import and inspect artifact bundles.")
 app.add_typer(records_app, name="records", help="Read sessions, records, builds and timelines.")
 

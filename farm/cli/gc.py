@@ -1,0 +1,44 @@
+"""``farm gc``: delete artifacts of earlier builds of the registered families."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from farm.cli.console import out, print_json
+from farm.errors import InputError
+from farm.families import Registry
+from farm.gc import collect
+from farm.keys import Namespace
+from farm.settings import load_settings
+from farm.store.open import open_store
+
+
+def gc(
+    dry_run: Annotated[bool, typer.Option(help="list what would go, delete nothing")] = False,
+    namespace: Annotated[list[str] | None, typer.Option(
+        help="only this namespace (repeatable); default all")] = None,
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Delete stored keys whose family's code has changed since they were built."""
+    settings = load_settings()
+    try:
+        spaces = [Namespace.parse(n) for n in namespace] if namespace else None
+    except ValueError as exc:
+        raise InputError(f"--namespace: {str(exc).splitlines()[0]}") from None
+    store = open_store(settings)
+    try:
+        stale = collect(store, Registry.load(settings.family_modules), dry_run=dry_run,
+                        namespaces=spaces)
+    finally:
+        store.close()
+    if json_out:
+        print_json({"dry_run": dry_run, "stale": [s.__dict__ | {"namespace": str(s.namespace)}
+                                                  for s in stale]})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    out.print(f"{verb} {len(stale)} artifact(s) of earlier builds")
+    for s in stale[:50]:
+        out.print(f"  {s.namespace} {s.key} ({s.family}: current build {s.current_build_id})",
+                  markup=False)
