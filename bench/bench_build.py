@@ -40,6 +40,7 @@ from typing import Any
 
 CACHES_OFF = {"PYOPENCL_NO_CACHE": "1", "POCL_KERNEL_CACHE": "0", "CUDA_CACHE_DISABLE": "1"}
 FARM = [sys.executable, "-m", "farm"]
+PLAIN_LOOP = Path(__file__).with_name("plain_loop.py")
 
 
 def child_env(home: Path) -> dict[str, str]:
@@ -63,7 +64,7 @@ def farm_build(manifest: str, workers: int, home: Path) -> dict[str, Any]:
 def baseline(manifest: str, home: Path, binaries: bool) -> dict[str, Any]:
     start = time.perf_counter()
     extra = ["--with-binaries"] if binaries else []
-    proc = subprocess.run([sys.executable, __file__, "--baseline-child", manifest, *extra],
+    proc = subprocess.run([sys.executable, str(PLAIN_LOOP), manifest, *extra],
                           env=child_env(home), capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
@@ -71,63 +72,12 @@ def baseline(manifest: str, home: Path, binaries: bool) -> dict[str, Any]:
     return {"wall_s": wall, **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-def baseline_child(manifest: str, binaries: bool) -> None:
-    """The plain loop, in its own process: lower as the farm does, then build each.
-
-    ``binaries``: also ask for each program's binary, as the farm's ``finalize`` does
-    to store it. On PoCL that is where the kernels' machine code is generated (a plain
-    build leaves it to the first launch), so this is the same compile work as the farm's.
-    """
-    t0 = time.perf_counter()
-    import pyopencl as cl
-
-    from farm.device import open_device, probe_devices, select_device
-    from farm.errors import UnsupportedFeature
-    from farm.families import Registry
-    from farm.manifest import expand, load_manifest, resolve_manifest
-    from farm.settings import load_settings
-
-    settings = load_settings()
-    registry = Registry.load(settings.family_modules)
-    info = select_device(probe_devices(), settings.device)
-    ctx, dev = open_device(info)
-    entries = expand(load_manifest(resolve_manifest(manifest)), registry)
-    t_loop = time.perf_counter()
-    built = unsupported = 0
-    sources: set[str] = set()
-    for entry in entries:
-        family = registry.get(entry.artifact.kernel.family)
-        try:
-            lowered = family.lower_id(entry.artifact, info)
-        except UnsupportedFeature:
-            unsupported += 1
-            continue
-        sources.add(lowered.source_hash)
-        program = cl.Program(ctx, lowered.source).build(options=list(lowered.options),
-                                                        devices=[dev])
-        kernels = program.all_kernels()
-        assert kernels, entry.artifact.kernel.label()
-        if binaries:
-            assert program.get_info(cl.program_info.BINARIES)[0]
-        built += 1
-    end = time.perf_counter()
-    print(json.dumps({"kernels": len(entries), "built": built, "unsupported": unsupported,
-                      "distinct_sources": len(sources), "loop_wall_s": end - t_loop,
-                      "setup_s": t_loop - t0, "fingerprint": info.fingerprint}))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--manifest", default="medium", help="manifest file or built-in name")
     parser.add_argument("--workers", type=int, default=2, help="farm compile processes")
-    parser.add_argument("--baseline-child", metavar="MANIFEST", help=argparse.SUPPRESS)
-    parser.add_argument("--with-binaries", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.update(CACHES_OFF)
-    if args.baseline_child:
-        baseline_child(args.baseline_child, args.with_binaries)
-        return
-
     print(f"bench_build: manifest {args.manifest}, farm --workers {args.workers}, "
           f"{os.cpu_count()} cores; drivers' caches off: "
           + " ".join(f"{k}={v}" for k, v in CACHES_OFF.items()), flush=True)

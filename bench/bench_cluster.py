@@ -83,52 +83,12 @@ def run_json(argv: list[str], env: dict[str, str], what: str) -> tuple[float, di
 
 # -- 1, 2: the plain loop -----------------------------------------------------------------
 def plain(manifest: str, binaries: bool) -> tuple[float, dict[str, Any]]:
-    argv = [sys.executable, __file__, "--plain-child", manifest]
+    argv = [sys.executable, str(Path(__file__).with_name("plain_loop.py")), manifest]
     if binaries:
         argv.append("--with-binaries")
     return run_json(argv, dict(os.environ), "plain pyopencl loop")
 
 
-def plain_child(manifest: str, binaries: bool) -> None:
-    """In its own process: lower as the farm does, then build each program in turn."""
-    t0 = time.perf_counter()
-    import pyopencl as cl
-
-    from farm.device import open_device, probe_devices, select_device
-    from farm.errors import UnsupportedFeature
-    from farm.families import Registry
-    from farm.manifest import expand, load_manifest, resolve_manifest
-    from farm.settings import load_settings
-
-    settings = load_settings()
-    registry = Registry.load(settings.family_modules)
-    info = select_device(probe_devices(), settings.device)
-    ctx, dev = open_device(info)
-    entries = expand(load_manifest(resolve_manifest(manifest)), registry)
-    t_loop = time.perf_counter()
-    built = unsupported = 0
-    sources: set[str] = set()
-    for entry in entries:
-        try:
-            lowered = registry.get(entry.family).lower_id(entry.artifact, info)
-        except UnsupportedFeature:
-            unsupported += 1
-            continue
-        sources.add(lowered.source_hash)
-        program = cl.Program(ctx, lowered.source).build(options=list(lowered.options),
-                                                        devices=[dev])
-        if not program.all_kernels():
-            sys.exit(f"no kernels in {entry.artifact.kernel.label()}")
-        if binaries and not program.get_info(cl.program_info.BINARIES)[0]:
-            sys.exit(f"no binary for {entry.artifact.kernel.label()}")
-        built += 1
-    end = time.perf_counter()
-    print(json.dumps({"kernels": len(entries), "built": built, "unsupported": unsupported,
-                      "distinct_sources": len(sources), "wall_s": round(end - t_loop, 4),
-                      "setup_s": round(t_loop - t0, 4), "fingerprint": info.fingerprint}))
-
-
-# -- 3: the embedded build ----------------------------------------------------------------
 def embedded(manifest: str, workers: int, home: Path) -> tuple[float, dict[str, Any]]:
     env = dict(os.environ, FARM_HOME=str(home))
     return run_json([sys.executable, "-m", "farm", "build", manifest, "--local", "--workers",
@@ -177,14 +137,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2,
                         help="embedded compile processes, and cluster workers (one "
                              "process each)")
-    parser.add_argument("--plain-child", metavar="MANIFEST", help=argparse.SUPPRESS)
-    parser.add_argument("--with-binaries", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     clean_environ()
-    if args.plain_child:
-        plain_child(args.plain_child, args.with_binaries)
-        return
-
     print(f"bench_cluster: manifest {args.manifest}, embedded --workers {args.workers}, "
           f"cluster {args.workers} workers x --concurrency 1; {os.cpu_count()} cores; "
           "drivers' caches off: " + " ".join(f"{k}={v}" for k, v in CACHES_OFF.items()),
@@ -231,9 +185,9 @@ def main() -> None:
 
     n = p["kernels"]
     rows = [
-        ("plain loop", p_wall, p["wall_s"], f"{p['built']} built, {p['unsupported']} "
+        ("plain loop", p_wall, p["loop_wall_s"], f"{p['built']} built, {p['unsupported']} "
          f"unsupported, {p['distinct_sources']} distinct sources"),
-        ("plain loop + binaries", pb_wall, pb["wall_s"],
+        ("plain loop + binaries", pb_wall, pb["loop_wall_s"],
          f"{pb['built']} built and their binaries fetched"),
         (f"embedded --workers {args.workers}", e_wall, es["wall_s"],
          f"{es['compiled']} compiled, {es['rekeyed']} rekeyed, {es['unsupported']} "
@@ -271,8 +225,8 @@ def main() -> None:
         "bench": "cluster", "manifest": args.manifest, "workers": args.workers,
         "cores": os.cpu_count(), "fingerprint": p["fingerprint"], "kernels": n,
         "supported": supported, "unsupported": p["unsupported"],
-        "plain_wall_s": round(p_wall, 3), "plain_loop_wall_s": p["wall_s"],
-        "plain_binaries_wall_s": round(pb_wall, 3), "plain_binaries_loop_wall_s": pb["wall_s"],
+        "plain_wall_s": round(p_wall, 3), "plain_loop_wall_s": p["loop_wall_s"],
+        "plain_binaries_wall_s": round(pb_wall, 3), "plain_binaries_loop_wall_s": pb["loop_wall_s"],
         "embedded_wall_s": round(e_wall, 3), "embedded_farm_wall_s": es["wall_s"],
         "embedded_work_s": es["work_s"], "cluster_wall_s": round(c_wall, 3),
         "cluster_farm_wall_s": cs["wall_s"], "cluster_work_s": cs["work_s"],
