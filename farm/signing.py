@@ -109,12 +109,19 @@ class SigningStore(ArtifactStore):
         return self._trusted(ns, self.inner.get(ns, key))
 
     def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
-        if self.signer is not None:
-            artifact = Artifact(meta=self.signer.sign(artifact.meta), binary=artifact.binary)
-            if self.verifier is not None:
-                held = self.inner.get(ns, artifact.meta.key)
-                if held is not None and not self.verifier.verify(held.meta):
-                    self.inner.delete(ns, artifact.meta.key)  # repair an untrusted entry
+        if self.signer is None:
+            return self.inner.put(ns, artifact)
+        artifact = Artifact(meta=self.signer.sign(artifact.meta), binary=artifact.binary)
+        result = self.inner.put(ns, artifact)
+        if result is PutResult.STORED or self.verifier is None:
+            return result
+        # Something was there already (the same binary, or another): keep it only if it
+        # is trusted; an unsigned or foreign-signed entry is replaced. Checked only here,
+        # so the common path (a new key) costs no extra read.
+        held = self.inner.get(ns, artifact.meta.key)
+        if held is not None and self.verifier.verify(held.meta):
+            return result
+        self.inner.delete(ns, artifact.meta.key)
         return self.inner.put(ns, artifact)
 
     def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:

@@ -8,7 +8,7 @@ it never skips them, because a skipped integration test in CI reads as a pass.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -48,3 +48,22 @@ def minio_server() -> Iterator[MinioServer]:
 def postgres_server() -> Iterator[PostgresServer]:
     """A real PostgreSQL server with a `farm` database for the whole session (`.url`)."""
     yield from _serve("PostgreSQL", PostgresServer)
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_server: RedisServer) -> str:
+    """A Redis database of the test module's own on the session's server."""
+    from cluster_helpers import next_redis_db
+
+    return str(redis_server.url).rsplit("/", 1)[0] + f"/{next_redis_db()}"
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Any]:
+    """A Redis client on the module's database, flushed before each test."""
+    import redis
+
+    conn = redis.Redis.from_url(redis_url)
+    conn.flushdb()
+    yield conn
+    conn.close()

@@ -17,13 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from test_records_stream import (
     KEY,
     IngesterProcess,
     drain,
     fresh_pg_database,
-    module_redis_url,
     pending_total,
     seqs,
     service_env,
@@ -77,19 +75,6 @@ class Producer:
     def finish(self, timeout: float = 120.0) -> None:
         _, err = self.process.communicate(timeout=timeout)
         assert self.process.returncode == 0, err
-
-
-@pytest.fixture(scope="module")
-def redis_url(redis_server: Any) -> str:
-    return module_redis_url(redis_server)
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[Any]:
-    conn = redis.Redis.from_url(redis_url)
-    conn.flushdb()
-    yield conn
-    conn.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -7,13 +7,13 @@ allows: other tables beside ours in one database.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from test_records import StorageContract
+from test_records_stream import fresh_pg_database
 
 from farm.errors import ForeignStoreError
 from farm.records import SCHEMA_VERSION, SessionStorage
@@ -24,17 +24,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def fresh_database(postgres_server: Any) -> Iterator[str]:
     """A new, empty database on the session's server; its URL. Dropped afterwards."""
-    admin_url = sa.make_url(postgres_server.url)
-    name = f"records_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
+    with fresh_pg_database(postgres_server) as url:
+        yield url
 
 
 class TestPostgresContract(StorageContract):

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
-from cluster_helpers import next_redis_db
 
 from farm.errors import SettingsError
 from farm.keys import RECORDS_GROUP, RECORDS_SESSIONS_STREAM, records_stream_for
@@ -152,11 +151,6 @@ def fresh_pg_database(postgres_server: Any) -> Iterator[str]:
         admin.dispose()
 
 
-def module_redis_url(redis_server: Any) -> str:
-    """A Redis database of this test module's own on the session's server."""
-    return str(redis_server.url).rsplit("/", 1)[0] + f"/{next_redis_db()}"
-
-
 def entries(client: Any, stream: str) -> list[tuple[str, dict[str, str]]]:
     """Every entry of a stream, as text."""
     return [(i.decode(), {k.decode(): v.decode() for k, v in fields.items()})
@@ -180,18 +174,6 @@ def seqs(records: Sequence[Record]) -> list[int]:
 # -- fixtures ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def redis_url(redis_server: Any) -> str:
-    return module_redis_url(redis_server)
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[Any]:
-    """A client on this module's database, flushed before each test."""
-    conn = redis.Redis.from_url(redis_url)
-    conn.flushdb()
-    yield conn
-    conn.close()
 
 
 def _compile(recorder: Recorder, outcome: Outcome = Outcome.COMPILED, **extra: Any) -> None:
