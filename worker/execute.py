@@ -94,27 +94,28 @@ def _resolve(req: KernelRequest, key: Key, state: WorkerState) -> tuple[Outcome,
             return Outcome.COMPILED, lowered
 
 
-def _load_stored(key: Key, state: WorkerState) -> bool:
+def _loadable(key: Key, state: WorkerState) -> Artifact | None:
+    """The stored artifact of ``key`` if it verifies and this device loads it."""
     art = state.store.get(state.ns, key)
     if art is None:
-        return False
+        return None
     try:
         load(state.ctx, state.cl_device, art.binary)
     except LoadError:
-        return False
-    return True
+        return None
+    return art
+
+
+def _load_stored(key: Key, state: WorkerState) -> bool:
+    return _loadable(key, state) is not None
 
 
 def _rekey(key: Key, family: str, source_hash: str, state: WorkerState) -> bool:
     found = state.store.find_source(state.ns, source_hash)
     if found is None or found == key:
         return False
-    art = state.store.get(state.ns, found)
+    art = _loadable(found, state)
     if art is None:
-        return False
-    try:
-        load(state.ctx, state.cl_device, art.binary)
-    except LoadError:
         return False
     action = rekey_action(found, art.meta.family, key, family)
     state.store.rekey(state.ns, found, key, move=action is RekeyAction.MOVE)

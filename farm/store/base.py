@@ -110,6 +110,18 @@ class ArtifactStore(ABC):
         """Release connections."""
 
 
+def checked(store: ArtifactStore, ns: Namespace, key: Key,
+            found: Artifact | None) -> Artifact | None:
+    """``found`` if it is intact and stored under ``key``; else count it corrupt, log it,
+    and answer a miss (the integrity rule every backend's ``get`` applies)."""
+    if found is not None and found.verify() and found.meta.key == key:
+        return found
+    store.stats.bump("corrupt")
+    log.warning("store %s: artifact %s/%s fails its digest; treated as a miss",
+                store.location, ns, key)
+    return None
+
+
 def decide_put(existing: Artifact | None, new: Artifact) -> PutResult | None:
     """First-writer-wins decision shared by backends: ``None`` means write it."""
     if existing is None:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 
 from farm.keys import Namespace
 from farm.model import Artifact, Key
-from farm.store.base import ArtifactStore, PutResult, decide_put, log_refused
+from farm.store.base import ArtifactStore, PutResult, checked, decide_put, log_refused
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,7 @@ class MemoryStore(ArtifactStore):
                 self._items.move_to_end((ns, key))
         if found is None:
             return None
-        if not found.verify() or found.meta.key != key:
-            self.stats.bump("corrupt")
-            log.warning("store %s: artifact %s/%s fails its digest; treated as a miss",
-                        self.location, ns, key)
-            return None
-        return found
+        return checked(self, ns, key, found)
 
     def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
         with self._lock:

@@ -74,7 +74,7 @@ from farm.keys import (
 )
 from farm.model import Artifact, ArtifactMeta, Key
 from farm.settings import Settings
-from farm.store.base import ArtifactStore, PutResult, decide_put, log_refused
+from farm.store.base import ArtifactStore, PutResult, checked, decide_put, log_refused
 
 log = logging.getLogger(__name__)
 
@@ -356,12 +356,7 @@ class MinioStore(ArtifactStore):
         obj = self._fetch(artifact_object(ns, key))
         if obj is None:
             return None
-        artifact = self._decode(key, obj)
-        if artifact is None:
-            self.stats.bump("corrupt")
-            log.warning("store %s: artifact %s/%s fails its digest; treated as a miss",
-                        self.location, ns, key)
-        return artifact
+        return checked(self, ns, key, self._decode(key, obj))
 
     def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
         """One listing of the namespace's artifacts (narrowed to the longest prefix the

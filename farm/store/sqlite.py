@@ -27,7 +27,14 @@ from farm.errors import ForeignStoreError
 from farm.keys import Namespace
 from farm.model import Artifact, ArtifactMeta, Key
 from farm.sqlite_wal import enable_wal
-from farm.store.base import ArtifactStore, PutResult, decide_put, iter_chunks, log_refused
+from farm.store.base import (
+    ArtifactStore,
+    PutResult,
+    checked,
+    decide_put,
+    iter_chunks,
+    log_refused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +123,7 @@ class SQLiteStore(ArtifactStore):
         found = self._read(ns, key)
         if found is None:
             return None
-        if found is False or not isinstance(found, Artifact) or not found.verify() \
-                or found.meta.key != key:
-            self.stats.bump("corrupt")
-            log.warning("store %s: artifact %s/%s fails its digest; treated as a miss",
-                        self.location, ns, key)
-            return None
-        return found
+        return checked(self, ns, key, found if isinstance(found, Artifact) else None)
 
     def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
         wanted = list(keys)
