@@ -240,3 +240,15 @@ def test_bad_setting_is_one_line_naming_it(name: str, value: str, tmp_path: Path
     line = one_error_line(proc)
     assert name in line or "no_such_module_xyz" in line, line
     assert not (tmp_path / "home" / "envs").exists()  # refused before anything is made
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("build", "tiny", "--workers", "-3"), "'--workers'"),
+    (("records", "prune", "--keep", "-1"), "'--keep'"),
+    (("build", "tiny", "--no-such-flag"), "--no-such-flag"),
+    (("build",), "'manifest'"),
+    (("gc", "--namespace", "../v1/x"), "--namespace"),
+])
+def test_bad_flag_is_one_line(args: tuple[str, ...], says: str, tmp_path: Path) -> None:
+    line = one_error_line(run_farm(tmp_path / "home", *args))
+    assert says in line

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from farm.cli.console import out, print_json
 from farm.errors import InputError
@@ -25,8 +26,10 @@ def gc(
     settings = load_settings()
     try:
         spaces = [Namespace.parse(n) for n in namespace] if namespace else None
+    except ValidationError as exc:
+        raise InputError(f"--namespace: {exc.errors()[0]['msg']}") from None
     except ValueError as exc:
-        raise InputError(f"--namespace: {str(exc).splitlines()[0]}") from None
+        raise InputError(f"--namespace: {exc}") from None
     store = open_store(settings)
     try:
         stale = collect(store, Registry.load(settings.family_modules), dry_run=dry_run,

@@ -54,11 +54,14 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # click usage errors are ClickException
+    except Exception as exc:
+        # Usage errors (a bad flag value, an unknown option) are click's, raised either by
+        # click itself or by the copy of click that typer carries.
         import click
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+        if isinstance(exc, click.ClickException | typer.TyperException) \
+                and hasattr(exc, "format_message"):
+            print(f"error: {exc.format_message()}", file=sys.stderr)
+            sys.exit(getattr(exc, "exit_code", 2))
         raise
     sys.exit(code if isinstance(code, int) else 0)
