@@ -37,7 +37,7 @@ from farm.errors import FarmError, KernelError, LoadError
 from farm.families import Registry
 from farm.finalize import FinalizeResult
 from farm.keys import Namespace
-from farm.load import load
+from farm.load import load_binary
 from farm.model import Artifact, ArtifactId, KernelFailure, Key, Lowered, Outcome
 from farm.rekey import RekeyAction, rekey_action
 from farm.store.base import ArtifactStore
@@ -64,6 +64,8 @@ class KernelResult:
     work_s: float = 0.0
     worker: str = ""
     program: Any = None  # the loaded pyopencl.Program, when the batch keeps programs
+    #: why a native artifact's machine code was refused and its portable part loaded
+    native_fallback: str = ""
 
     @property
     def label(self) -> str:
@@ -112,6 +114,7 @@ class BatchReport:
             "parallelism": self.parallelism,
             "compiler_invocations": self.compiler_invocations,
             "tasks_sent": self.tasks_sent,
+            "native_fallbacks": sum(1 for r in self.results if r.native_fallback),
         }
 
 
@@ -184,7 +187,7 @@ class Batch:
                 program = True  # digest verified; loading it here would only be thrown away
             elif art is not None:
                 try:
-                    program = load(self.ctx, self.cl_device, art.binary)
+                    program = self._load(res, art.binary)
                 except LoadError as exc:
                     log.warning("stored artifact %s refused by the device (%s); compiling",
                                 res.key, exc)
@@ -270,7 +273,7 @@ class Batch:
         program: Any = None
         if self.keep_programs:
             try:
-                program = load(self.ctx, self.cl_device, art.binary)
+                program = self._load(res, art.binary)
             except LoadError:
                 return False
         action = rekey_action(found, art.meta.family, res.key, res.artifact.kernel.family)
@@ -294,8 +297,7 @@ class Batch:
         program: Any = None
         if self.keep_programs or not built.validated:
             try:
-                program = load(self.ctx, self.cl_device, built.binary,
-                               leader.lowered.kernel_names)
+                program = self._load(leader.result, built.binary, leader.lowered.kernel_names)
             except LoadError as exc:
                 for p in group:
                     self._fail(p.result, "load", str(exc), notify, built.build_log)
@@ -311,6 +313,14 @@ class Batch:
         for p in leader.followers:
             self._put(p.result, art)
             self._done(p.result, Outcome.REKEYED, program, notify, p.lowered)
+
+    def _load(self, res: KernelResult, binary: bytes,
+              kernel_names: tuple[str, ...] = ()) -> Any:
+        """Load on this batch's device; a native artifact's fallback is noted on ``res``."""
+        loaded = load_binary(self.ctx, self.cl_device, binary, kernel_names,
+                             arch=self.device.native_arch)
+        res.native_fallback = loaded.fallback
+        return loaded.program
 
     def _put(self, res: KernelResult, art: Artifact) -> None:
         assert res.key is not None
@@ -330,7 +340,8 @@ class Batch:
             self.recorder.compilation(
                 family=res.artifact.kernel.family, key=str(res.key), outcome=outcome,
                 work_s=res.work_s, source=lowered.source if lowered else None,
-                options=list(lowered.options) if lowered else None, worker=res.worker)
+                options=list(lowered.options) if lowered else None, worker=res.worker,
+                native_fallback=res.native_fallback)
         notify(res)
 
     @staticmethod

@@ -49,6 +49,9 @@ class DeviceInfo(BaseModel):
     global_mem_size: int
     max_compute_units: int
     extensions: tuple[str, ...]
+    #: the machine-code architecture where the farm stores native code (``sm_90`` on an
+    #: H200), else "" (see :mod:`farm.native`)
+    native_arch: str = ""
 
     @property
     def has_fp16(self) -> bool:
@@ -59,8 +62,14 @@ class DeviceInfo(BaseModel):
         return "cl_khr_fp64" in self.extensions
 
     def identity(self) -> dict[str, str]:
-        """The fields a binary's validity depends on."""
-        return {
+        """The fields a binary's validity depends on.
+
+        ``native_arch`` joins them only where it is known (NVIDIA), so that a cubin is
+        served only to its architecture while every other device keeps the fingerprint
+        it always had; the driver version is already here, so a driver upgrade starts a
+        new namespace rather than serving code an older driver made.
+        """
+        identity = {
             "platform_name": self.platform_name,
             "platform_version": self.platform_version,
             "device_name": self.device_name,
@@ -69,6 +78,9 @@ class DeviceInfo(BaseModel):
             "driver_version": self.driver_version,
             "opencl_c_version": self.opencl_c_version,
         }
+        if self.native_arch:
+            identity["native_arch"] = self.native_arch
+        return identity
 
     @property
     def fingerprint(self) -> str:
@@ -88,6 +100,8 @@ def _slug(text: str) -> str:
 
 def info_from_device(platform_index: int, device_index: int, dev: cl.Device) -> DeviceInfo:
     """Read a pyopencl device's identity and limits."""
+    from farm.native import device_arch
+
     platform = dev.platform
     return DeviceInfo(
         platform_index=platform_index,
@@ -105,6 +119,7 @@ def info_from_device(platform_index: int, device_index: int, dev: cl.Device) -> 
         global_mem_size=int(dev.global_mem_size),
         max_compute_units=int(dev.max_compute_units),
         extensions=tuple(sorted(dev.extensions.split())),
+        native_arch=device_arch(dev),
     )
 
 

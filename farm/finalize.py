@@ -12,14 +12,18 @@ import base64
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
+from farm.errors import LoadError
+from farm.load import load
 from farm.model import Lowered
 
 if TYPE_CHECKING:
     import pyopencl as cl
+
+    from farm.native import NativeLinker
 
 
 class FinalizeResult(BaseModel):
@@ -37,6 +41,13 @@ class FinalizeResult(BaseModel):
     validated: bool = False
     host: str = ""
     worker: str = ""
+    #: the binary is a native container with machine code for this architecture
+    #: (:mod:`farm.native`); "" when it is the plain binary the compiler returned
+    native_arch: str = ""
+    #: seconds spent turning the portable binary into machine code (part of ``work_s``)
+    native_s: float = 0.0
+    #: why no machine code was stored where a linker exists ("" when it was, or none)
+    native_error: str = ""
 
     @property
     def ok(self) -> bool:
@@ -79,20 +90,33 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered) -> FinalizeRe
                           work_s=work, host=socket.gethostname(), worker=worker_name())
 
 
-def finalize_and_validate(ctx: cl.Context, device: cl.Device,
-                          lowered: Lowered) -> FinalizeResult:
+def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
+                          linker: NativeLinker | Literal["auto"] | None = "auto"
+                          ) -> FinalizeResult:
     """Compile, then load the binary where it was made, so nothing unloadable is stored.
 
     Validating in the compiling process keeps loads parallel: on NVIDIA a load from a
     binary is a PTX JIT of tens of milliseconds, which would serialize a build if every
     load happened in the requesting process.
+
+    Where the device has a native linker (``"auto"``: this process's
+    :func:`farm.native.linker_for` the device; NVIDIA through the CUDA driver), the
+    portable binary is also turned into machine code here, and the *machine code* is
+    what the validating load checks: the artifact becomes a native container that every
+    later process loads in about a millisecond. A conversion or load that fails leaves
+    the plain binary, validated as before (``native_error`` says why).
     """
-    from farm.errors import LoadError
-    from farm.load import load
+    from farm.native import linker_for
 
     built = finalize(ctx, device, lowered)
     if not built.ok:
         return built
+    native = linker_for(device) if linker == "auto" else linker
+    if native is not None:
+        converted = _with_native(ctx, device, lowered, built, native)
+        if converted.native_arch:
+            return converted
+        built = converted
     start = time.perf_counter()
     try:
         load(ctx, device, built.binary, lowered.kernel_names)
@@ -101,6 +125,29 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device,
                                         "binary": b""})
     return built.model_copy(update={"validated": True,
                                     "work_s": built.work_s + time.perf_counter() - start})
+
+
+def _with_native(ctx: cl.Context, device: cl.Device, lowered: Lowered,
+                 built: FinalizeResult, linker: NativeLinker) -> FinalizeResult:
+    """``built`` as a validated native container, or with ``native_error`` set."""
+    from farm.native import pack
+
+    start = time.perf_counter()
+    try:
+        machine_code = linker.link(built.binary)
+    except Exception as exc:  # a linker is a driver: any refusal means "store PTX"
+        return built.model_copy(update={"native_error": f"{type(exc).__name__}: {exc}"[:500],
+                                        "work_s": built.work_s + time.perf_counter() - start})
+    linked = time.perf_counter()
+    try:
+        load(ctx, device, machine_code, lowered.kernel_names)
+    except LoadError as exc:
+        return built.model_copy(update={"native_error": f"machine code refused: {exc}",
+                                        "work_s": built.work_s + time.perf_counter() - start})
+    return built.model_copy(update={
+        "binary": pack(linker.arch, machine_code, built.binary), "validated": True,
+        "native_arch": linker.arch, "native_s": linked - start,
+        "work_s": built.work_s + time.perf_counter() - start})
 
 
 def _build_log(program: cl.Program, device: cl.Device) -> str:

@@ -3,6 +3,13 @@
 An artifact is only ever stored after this succeeds, so a binary the device refuses is
 never served to anyone.
 
+A binary is either plain (what the device's OpenCL returned) or a native container
+(:mod:`farm.native`: machine code plus the portable binary it came from). A container's
+machine code is tried first; where the device refuses it, or it was made for another
+architecture, the portable part is loaded instead and the fallback is reported in
+:attr:`LoadedBinary.fallback` for the caller to count and record. Only when no part
+loads is the binary refused.
+
 Kernel names come from ``CL_PROGRAM_KERNEL_NAMES`` rather than by making every
 ``Kernel`` object (``all_kernels()``): pyopencl generates the argument-setting code of
 each kernel it makes, 1 to 4 ms a program on PoCL, more than the load itself. Kernels are
@@ -11,23 +18,74 @@ made when an application asks for one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from farm.errors import LoadError
+from farm.native import unpack
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
+log = logging.getLogger(__name__)
+
+#: which part of a binary the device loaded
+Form = Literal["plain", "native", "portable"]
+
+
+@dataclass(frozen=True)
+class LoadedBinary:
+    """A program on the device, its kernels' names, and which part of the binary it is."""
+
+    program: cl.Program
+    names: tuple[str, ...]
+    form: Form = "plain"
+    #: why a container's native part was not used ("" when it was, or for plain binaries)
+    fallback: str = ""
+
 
 def load(ctx: cl.Context, device: cl.Device, binary: bytes,
-         kernel_names: tuple[str, ...] = ()) -> cl.Program:
+         kernel_names: tuple[str, ...] = (), *, arch: str = "") -> cl.Program:
     """Program built from ``binary``; checks it holds a kernel and each of ``kernel_names``."""
-    return load_with_names(ctx, device, binary, kernel_names)[0]
+    return load_binary(ctx, device, binary, kernel_names, arch=arch).program
+
+
+def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
+                kernel_names: tuple[str, ...] = (), *, arch: str = "") -> LoadedBinary:
+    """Load ``binary`` (plain or native container) on ``device``.
+
+    ``arch`` is the device's native architecture (``DeviceInfo.native_arch``); a
+    container for another one goes straight to its portable part. Raises
+    :class:`LoadError` when nothing in ``binary`` loads.
+    """
+    parts = unpack(binary)
+    if parts is None:
+        program, names = _load_one(ctx, device, binary, kernel_names)
+        return LoadedBinary(program, names)
+    if arch and parts.arch != arch:
+        fallback = f"native code is for {parts.arch}, the device is {arch}"
+    else:
+        try:
+            program, names = _load_one(ctx, device, parts.native, kernel_names)
+            return LoadedBinary(program, names, "native")
+        except LoadError as exc:
+            fallback = f"native code refused: {exc}"
+    program, names = _load_one(ctx, device, parts.portable, kernel_names)
+    log.warning("loaded the portable binary instead (%s)", fallback)
+    return LoadedBinary(program, names, "portable", fallback)
 
 
 def load_with_names(ctx: cl.Context, device: cl.Device, binary: bytes,
-                    kernel_names: tuple[str, ...] = ()) -> tuple[cl.Program, tuple[str, ...]]:
+                    kernel_names: tuple[str, ...] = (), *, arch: str = ""
+                    ) -> tuple[cl.Program, tuple[str, ...]]:
     """Like :func:`load`, also returning the names of the program's kernels."""
+    loaded = load_binary(ctx, device, binary, kernel_names, arch=arch)
+    return loaded.program, loaded.names
+
+
+def _load_one(ctx: cl.Context, device: cl.Device, binary: bytes,
+              kernel_names: tuple[str, ...]) -> tuple[cl.Program, tuple[str, ...]]:
     import pyopencl as cl
 
     try:

@@ -65,7 +65,8 @@ from farm.errors import (
 )
 from farm.families import Registry
 from farm.keys import Namespace
-from farm.load import load_with_names
+from farm.load import LoadedBinary
+from farm.load import load_binary as load_artifact
 from farm.manifest import Manifest
 from farm.model import Artifact, ArtifactId, KernelFailure, Key, LaunchSettings, Outcome, Variant
 from farm.records import Recorder
@@ -88,12 +89,14 @@ TierName = Literal["local", "remote"]
 _FILL_FAILURES = (FarmError, OSError, sqlite3.Error)
 
 
-def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes) -> tuple[Any, tuple[str, ...]]:
-    """(program, its kernels' names) from a binary; :class:`LoadError` when refused.
+def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
+                arch: str = "") -> LoadedBinary:
+    """The program of a binary (a native artifact's machine code first, its portable
+    part when the device refuses that); :class:`LoadError` when nothing loads.
 
     The one seam through which the loader puts a binary on the device (tests count it).
     """
-    return load_with_names(ctx, device, binary)
+    return load_artifact(ctx, device, binary, arch=arch)
 
 
 class ArtifactMissing(KernelError):
@@ -130,7 +133,9 @@ class LoaderStats:
     ``memory`` counts memory hits, ``joined`` waits on another thread's trip, ``local``
     and ``remote`` store hits loaded, ``compiled``/``rekeyed`` full misses obtained here,
     ``farm`` full misses obtained through the workers, ``loads`` programs this loader
-    created from store binaries, ``failures`` trips that raised.
+    created from store binaries, ``native_fallbacks`` those of them whose machine code the
+    device refused (their portable binary was loaded: see farm/native.py), ``failures``
+    trips that raised.
     """
 
     memory: int = 0
@@ -141,6 +146,7 @@ class LoaderStats:
     rekeyed: int = 0
     farm: int = 0
     loads: int = 0
+    native_fallbacks: int = 0
     compiler_invocations: int = 0
     failures: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -171,6 +177,8 @@ class LoadedProgram:
     kernel_names: tuple[str, ...]
     family: str
     key: Key
+    #: why the artifact's machine code was refused and its portable part loaded
+    native_fallback: str = ""
 
 
 def tiers_of(store: ArtifactStore) -> list[Tier]:
@@ -453,16 +461,20 @@ class KernelLoader:
                     continue
                 t = time.perf_counter()
                 try:
-                    program, names = load_binary(self._ctx, self._cl_device, art.binary)
+                    loaded = load_binary(self._ctx, self._cl_device, art.binary,
+                                         self._device.native_arch)
                 except LoadError as exc:
                     load_s += time.perf_counter() - t
                     log.warning("loader: %s refused by the device (%s); a miss", key, exc)
                     continue
                 load_s += time.perf_counter() - t
                 self.stats.bump("loads")
+                if loaded.fallback:
+                    self.stats.bump("native_fallbacks")
                 self._fill_front(i, art)
-                entry = LoadedProgram(program=program, kernel_names=names,
-                                      family=artifact.kernel.family, key=key)
+                entry = LoadedProgram(program=loaded.program, kernel_names=loaded.names,
+                                      family=artifact.kernel.family, key=key,
+                                      native_fallback=loaded.fallback)
                 return entry, tier
             return None
         finally:
@@ -481,7 +493,7 @@ class KernelLoader:
 
     def record_loaded(self, entry: LoadedProgram, work_s: float) -> None:
         self.recorder.compilation(family=entry.family, key=entry.key, outcome=Outcome.LOADED,
-                                  work_s=work_s)
+                                  work_s=work_s, native_fallback=entry.native_fallback)
 
     def compile_batch(self, artifacts: list[ArtifactId], progress: Any = None,
                       label: str = "") -> BatchReport:

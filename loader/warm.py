@@ -64,6 +64,8 @@ class WarmItem:
     fetch_s: float = 0.0
     load_s: float = 0.0
     work_s: float = 0.0
+    #: why the artifact's machine code was refused and its portable binary loaded
+    native_fallback: str = ""
 
     @property
     def label(self) -> str:
@@ -137,6 +139,7 @@ class WarmReport:
             **{s: self.count(s) for s in SOURCES},
             "unsupported": len(self.unsupported),
             "failed": len(self.failed),
+            "native_fallbacks": sum(1 for i in self.items if i.native_fallback),
             "compiler_invocations": self.compiler_invocations,
             "threads": self.threads,
             "wall_s": round(self.wall_s, 4),
@@ -297,6 +300,7 @@ class _Warm:
                 self.loader.record_loaded(entry, fetch_s + load_s)
                 for item in group:
                     item.fetch_s, item.load_s = fetch_s, load_s
+                    item.native_fallback = entry.native_fallback
                 item = group[0]
                 item.work_s = fetch_s + load_s
                 self._settle(key, entry)

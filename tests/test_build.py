@@ -242,14 +242,14 @@ def test_corrupted_artifact_is_detected_recompiled_and_repaired(
     conn.close()
 
     loaded_binaries: list[bytes] = []
-    real_load = farm.batch.load
+    real_load = farm.batch.load_binary
 
-    def spy_load(ctx: Any, dev: Any, binary: bytes, *names: Any) -> Any:
+    def spy_load(ctx: Any, dev: Any, binary: bytes, *names: Any, **kw: Any) -> Any:
         assert binary != bytes(evil), "the corrupted binary reached the device"
         loaded_binaries.append(binary)
-        return real_load(ctx, dev, binary, *names)
+        return real_load(ctx, dev, binary, *names, **kw)
 
-    monkeypatch.setattr(farm.batch, "load", spy_load)
+    monkeypatch.setattr(farm.batch, "load_binary", spy_load)
     # keep_programs: every kernel is loaded in this process (the loader's path), so the
     # spy sees every binary that reaches the device.
     with local_farm(settings_for(built_copy), label="test corrupt", workers=0) as f:

@@ -246,7 +246,7 @@ def test_full_miss_compiles_then_stores_after_the_load(tmp_path: Path,
 
     settings = settings_for(tmp_path / "home")
     events: list[str] = []
-    real_load, real_put = farm.batch.load, SQLiteStore.put
+    real_load, real_put = farm.batch.load_binary, SQLiteStore.put
 
     def load(*args: Any, **kwargs: Any) -> Any:
         program = real_load(*args, **kwargs)
@@ -257,7 +257,7 @@ def test_full_miss_compiles_then_stores_after_the_load(tmp_path: Path,
         events.append("put")
         return real_put(self, ns, artifact)
 
-    monkeypatch.setattr(farm.batch, "load", load)
+    monkeypatch.setattr(farm.batch, "load_binary", load)
     monkeypatch.setattr(SQLiteStore, "put", put)
     spy = SpyRecorder()
     family, params = UNSEEDED

@@ -100,7 +100,7 @@ def _loadable(key: Key, state: WorkerState) -> Artifact | None:
     if art is None:
         return None
     try:
-        load(state.ctx, state.cl_device, art.binary)
+        load(state.ctx, state.cl_device, art.binary, arch=state.device.native_arch)
     except LoadError:
         return None
     return art

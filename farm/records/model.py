@@ -223,6 +223,9 @@ class CompilationRecord(_Record):
     source: str | None = None
     options: list[str] | None = None
     requested_by: RequestedBy | None = None
+    #: a native artifact whose machine code the device refused: why (its portable
+    #: binary was loaded instead; see farm/native.py). "" for every normal load.
+    native_fallback: str = Field(default="", max_length=1000)
 
     @field_validator("key", mode="before")
     @classmethod

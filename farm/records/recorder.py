@@ -151,6 +151,7 @@ class Recorder:
         worker: str = "",
         host: str = "",
         requested_by: RequestedBy | None = None,
+        native_fallback: str = "",
     ) -> CompilationRecord | None:
         """Record one kernel obtained; None when nothing is recorded (level Off, closed).
 
@@ -173,6 +174,7 @@ class Recorder:
                 source=source if keep_code else None,
                 options=list(options) if keep_code and options is not None else None,
                 requested_by=requested_by,
+                native_fallback=native_fallback[:1000],
             )
             self._add(record)
         return record
