@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from farm.device import DeviceInfo
+from farm.device import DeviceContext, DeviceInfo
 from farm.errors import FarmError, KernelError, LoadError
 from farm.families import Registry
 from farm.finalize import FinalizeResult
@@ -132,14 +132,17 @@ class _Pending:
 class Batch:
     """Obtains kernels on one device. Reusable: one ``run`` per batch."""
 
-    def __init__(self, *, registry: Registry, device: DeviceInfo, ctx: cl.Context,
-                 cl_device: cl.Device, store: ArtifactStore, compiler: Compiler,
+    def __init__(self, *, registry: Registry, device: DeviceInfo,
+                 ctx: cl.Context | DeviceContext, cl_device: cl.Device | None = None,
+                 store: ArtifactStore, compiler: Compiler,
                  recorder: Recorder | None = None, keep_programs: bool = False,
                  label: str = "", record_batch: bool = True) -> None:
         self.registry = registry
         self.device = device
-        self.ctx = ctx
-        self.cl_device = cl_device
+        #: the context, or a DeviceContext opened on the first load (a batch of hits
+        #: that keeps no programs never needs one)
+        self._context = ctx
+        self._cl_device = cl_device
         self.store = store
         self.ns = Namespace.for_fingerprint(device.fingerprint)
         self.compiler = compiler
@@ -317,7 +320,12 @@ class Batch:
     def _load(self, res: KernelResult, binary: bytes,
               kernel_names: tuple[str, ...] = ()) -> Any:
         """Load on this batch's device; a native artifact's fallback is noted on ``res``."""
-        loaded = load_binary(self.ctx, self.cl_device, binary, kernel_names,
+        if isinstance(self._context, DeviceContext):
+            ctx, cl_device = self._context.get()
+        else:
+            assert self._cl_device is not None, "a Batch given a context needs its device"
+            ctx, cl_device = self._context, self._cl_device
+        loaded = load_binary(ctx, cl_device, binary, kernel_names,
                              arch=self.device.native_arch)
         res.native_fallback = loaded.fallback
         return loaded.program

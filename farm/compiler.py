@@ -13,7 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from farm.device import DeviceInfo, open_device
 from farm.finalize import FinalizeResult, finalize_and_validate
@@ -39,16 +39,18 @@ class InlineCompiler:
 
     parallelism = 1
 
-    def __init__(self, ctx: cl.Context, device: cl.Device) -> None:
+    def __init__(self, ctx: cl.Context, device: cl.Device, native: bool = True) -> None:
         self._ctx = ctx
         self._device = device
+        self._linker: Literal["auto"] | None = "auto" if native else None
         self.submitted = 0
 
     def submit(self, lowered: Lowered) -> Future[FinalizeResult]:
         self.submitted += 1
         fut: Future[FinalizeResult] = Future()
         try:
-            fut.set_result(finalize_and_validate(self._ctx, self._device, lowered))
+            fut.set_result(finalize_and_validate(self._ctx, self._device, lowered,
+                                                 self._linker))
         except Exception as exc:  # pragma: no cover - finalize returns errors as values
             fut.set_exception(exc)
         return fut
@@ -57,28 +59,30 @@ class InlineCompiler:
         pass
 
 
-# Per-process state of a pool process: its one context, made once by the initializer.
-_POOL_DEVICE: tuple[Any, Any] | None = None
+# Per-process state of a pool process: its one context, made once by the initializer,
+# and whether it stores native code.
+_POOL_DEVICE: tuple[Any, Any, bool] | None = None
 
 
-def _pool_init(device_json: str, env: dict[str, str]) -> None:
+def _pool_init(device_json: str, env: dict[str, str], native: bool = True) -> None:
     global _POOL_DEVICE
     os.environ.update(env)
     info = DeviceInfo.model_validate_json(device_json)
-    _POOL_DEVICE = open_device(info)
+    _POOL_DEVICE = (*open_device(info), native)
 
 
 def _pool_finalize(lowered_json: str) -> str:
     assert _POOL_DEVICE is not None, "pool process was not initialised"
-    ctx, dev = _POOL_DEVICE
+    ctx, dev, native = _POOL_DEVICE
     lowered = Lowered.model_validate_json(lowered_json)
-    return finalize_and_validate(ctx, dev, lowered).model_dump_json()
+    return finalize_and_validate(ctx, dev, lowered,
+                                 "auto" if native else None).model_dump_json()
 
 
 class ProcessPoolCompiler:
     """``workers`` spawned processes, one OpenCL context each, made at start."""
 
-    def __init__(self, device: DeviceInfo, workers: int) -> None:
+    def __init__(self, device: DeviceInfo, workers: int, native: bool = True) -> None:
         self.parallelism = max(1, workers)
         self.submitted = 0
         # Driver cache switches must reach the children before their drivers start.
@@ -86,7 +90,7 @@ class ProcessPoolCompiler:
                if k.startswith(("POCL_", "PYOPENCL_", "CUDA_"))}
         self._pool = ProcessPoolExecutor(
             max_workers=self.parallelism, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_pool_init, initargs=(device.model_dump_json(), env))
+            initializer=_pool_init, initargs=(device.model_dump_json(), env, native))
 
     def submit(self, lowered: Lowered) -> Future[FinalizeResult]:
         self.submitted += 1

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm.batch import Batch
 from farm.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
-from farm.device import DeviceInfo, open_device, probe_devices, select_device
+from farm.device import DeviceContext, DeviceInfo, probe_devices, select_device
 from farm.families import Registry
 from farm.records import Recorder
 from farm.records.open import open_recorder
@@ -31,15 +31,23 @@ class LocalFarm:
     settings: Settings
     registry: Registry
     device: DeviceInfo
-    ctx: cl.Context
-    cl_device: cl.Device
+    #: opened on first use: a build that finds every kernel stored needs no context
+    context: DeviceContext
     store: ArtifactStore
     recorder: Recorder
     compiler: Compiler
 
+    @property
+    def ctx(self) -> cl.Context:
+        return self.context.get()[0]
+
+    @property
+    def cl_device(self) -> cl.Device:
+        return self.context.get()[1]
+
     def batch(self, *, keep_programs: bool = False, label: str = "") -> Batch:
-        return Batch(registry=self.registry, device=self.device, ctx=self.ctx,
-                     cl_device=self.cl_device, store=self.store, compiler=self.compiler,
+        return Batch(registry=self.registry, device=self.device, ctx=self.context,
+                     store=self.store, compiler=self.compiler,
                      recorder=self.recorder, keep_programs=keep_programs, label=label)
 
 
@@ -49,17 +57,19 @@ def local_farm(settings: Settings, *, label: str, workers: int | None = None,
     """Open the embedded farm. ``workers=0`` compiles in this process."""
     registry = Registry.load(settings.family_modules)
     device = select_device(probe_devices(), settings.device)
-    ctx, cl_device = open_device(device)
+    context = DeviceContext(device)
     store = open_store(settings)
     recorder = open_recorder(settings, label)
     n = settings.workers if workers is None else workers
     own: Any = None
     if compiler is None:
-        own = ProcessPoolCompiler(device, n) if n > 0 else InlineCompiler(ctx, cl_device)
+        native = settings.native_binaries
+        own = ProcessPoolCompiler(device, n, native) if n > 0 else \
+            InlineCompiler(*context.get(), native)
         compiler = own
     try:
-        yield LocalFarm(settings=settings, registry=registry, device=device, ctx=ctx,
-                        cl_device=cl_device, store=store, recorder=recorder, compiler=compiler)
+        yield LocalFarm(settings=settings, registry=registry, device=device, context=context,
+                        store=store, recorder=recorder, compiler=compiler)
     finally:
         if own is not None:
             own.close()

@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     #: local compile processes (FARM_WORKERS); default: one per core
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=0)
 
+    #: store the device's machine code beside its portable binary where the device allows
+    #: it (NVIDIA: a cubin linked from the PTX by the CUDA driver; farm/native.py), so a
+    #: load is a copy, not a JIT (FARM_NATIVE_BINARIES)
+    native_binaries: bool = True
+
     #: Ed25519 private key (base64) that signs every stored artifact; writers only
     signing_key: SecretStr | None = None
     #: Ed25519 public key (base64): refuse artifacts not signed by its private key

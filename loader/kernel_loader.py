@@ -50,7 +50,7 @@ from pydantic import BaseModel
 
 from farm.batch import Batch, BatchReport
 from farm.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
-from farm.device import DeviceInfo, open_device, probe_devices, select_device
+from farm.device import DeviceContext, DeviceInfo, probe_devices, select_device
 from farm.environment import GenerationCache, generation
 from farm.errors import (
     CompileError,
@@ -213,7 +213,6 @@ class KernelLoader:
                  store: ArtifactStore | None = None, registry: Registry | None = None,
                  recorder: Recorder | None = None, compiler: Compiler | None = None,
                  label: str = "loader") -> None:
-        import pyopencl as cl
 
         if on_miss not in ("compile", "farm", "fail"):
             raise SettingsError(f"on_miss must be 'compile', 'farm' or 'fail', not {on_miss!r}")
@@ -236,8 +235,10 @@ class KernelLoader:
                 Registry.load(self.settings.family_modules)
             self._device = device if isinstance(device, DeviceInfo) else \
                 select_device(probe_devices(), device or self.settings.device)
-            self._ctx, self._cl_device = open_device(self._device)
-            self._queue = cl.CommandQueue(self._ctx, self._cl_device)
+            # Created on a thread while the store opens and the first look-ups run: a
+            # context costs up to seconds on a GPU, a look-up none of them.
+            self._context = DeviceContext(self._device).start()
+            self._queue_made: cl.CommandQueue | None = None
             self.namespace = Namespace.for_fingerprint(self._device.fingerprint)
             if store is None:
                 store = open_store(self.settings)
@@ -261,7 +262,20 @@ class KernelLoader:
     @property
     def queue(self) -> cl.CommandQueue:
         """An in-order command queue on the device, made with the context."""
-        return self._queue
+        import pyopencl as cl
+
+        with self._lock:
+            if self._queue_made is None:
+                self._queue_made = cl.CommandQueue(self._ctx, self._cl_device)
+            return self._queue_made
+
+    @property
+    def _ctx(self) -> cl.Context:
+        return self._context.get()[0]
+
+    @property
+    def _cl_device(self) -> cl.Device:
+        return self._context.get()[1]
 
     @property
     def device(self) -> DeviceInfo:
@@ -499,8 +513,8 @@ class KernelLoader:
                       label: str = "") -> BatchReport:
         """Full misses through the farm's batch (lower, rekey or compile, load, store
         after load) on this loader's context, keeping the programs."""
-        batch = Batch(registry=self.registry, device=self._device, ctx=self._ctx,
-                      cl_device=self._cl_device, store=self.store,
+        batch = Batch(registry=self.registry, device=self._device, ctx=self._context,
+                      store=self.store,
                       compiler=self._compiler_for(len(artifacts)),
                       recorder=self.recorder, record_batch=False,
                       keep_programs=True, label=label or self.label)
@@ -545,11 +559,12 @@ class KernelLoader:
         if misses > 1 and workers > 1:
             with self._lock:
                 if self._compiler is None:
-                    pool = ProcessPoolCompiler(self._device, workers)
+                    pool = ProcessPoolCompiler(self._device, workers,
+                                               self.settings.native_binaries)
                     self._compiler = pool
                     self._owns_compiler = True
                 return self._compiler
-        return InlineCompiler(self._ctx, self._cl_device)
+        return InlineCompiler(self._ctx, self._cl_device, self.settings.native_binaries)
 
     # -- the in-flight table, for warm -------------------------------------------------------
     def cache_key(self, key: Key) -> tuple[int, Key]:

@@ -124,7 +124,8 @@ def _rekey(key: Key, family: str, source_hash: str, state: WorkerState) -> bool:
 
 def _compile(req: KernelRequest, key: Key, lowered: Lowered, state: WorkerState) -> None:
     # Validated on this device before storing: a refused binary is never stored.
-    built = finalize_and_validate(state.ctx, state.cl_device, lowered)
+    built = finalize_and_validate(state.ctx, state.cl_device, lowered,
+                                  "auto" if state.settings.native_binaries else None)
     if not built.ok:
         error = LoadError if built.error_kind == "load" else CompileError
         raise error(built.error, build_log=built.build_log)

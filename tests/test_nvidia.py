@@ -1,0 +1,106 @@
+"""On an NVIDIA GPU host: stored kernels are cubins, and a fresh process loads them all
+without any compiler or JIT and computes the right results.
+
+Marked ``gpu``: the README's test command deselects it (``-m "not gpu"``), because CI has
+no GPU. Run it on a GPU host with ``pytest -m gpu tests/test_nvidia.py``; there it fails
+(never skips) when no NVIDIA OpenCL device is present.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from farm.native import unpack
+
+pytestmark = pytest.mark.gpu
+
+# Runs in a fresh process: warm the manifest with the compiler forbidden (on_miss="fail",
+# and finalize replaced by a function that fails the test), then run every kernel of it
+# against numpy.
+WARM_AND_RUN = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    import farm.finalize
+    def forbidden(*a, **k):
+        raise SystemExit("the compiler was called in the loading process")
+    farm.finalize.finalize = forbidden
+    from farm.errors import UnsupportedFeature
+    from farm.families.run import check_example, run_example
+    from loader import KernelLoader
+    from loader.warm import artifacts_of
+    t0 = time.perf_counter()
+    with KernelLoader(on_miss="fail", label="gpu test") as loader:
+        artifacts = []
+        for art in artifacts_of(sys.argv[1], loader)[0]:
+            try:  # lowering only checks the device's limits; the build skipped these
+                loader.registry.get(art.kernel.family).lower_id(art, loader.device)
+            except UnsupportedFeature:
+                continue
+            artifacts.append(art)
+        report = loader.warm(artifacts)
+        problems = []
+        rng = np.random.default_rng(3)
+        ran = 0
+        for art in artifacts:
+            family = loader.registry.get(art.kernel.family)
+            example = family.example(family.validate(art.kernel.params), art.kernel.launch, rng)
+            kernel = loader.kernel_for(art, name=example.kernel_name)
+            bad = check_example(run_example(loader.queue, kernel, example), example)
+            problems += [f"{art.kernel.label()}: {p}" for p in bad]
+            ran += 1
+        print(json.dumps({"summary": report.summary(), "stats": loader.stats.snapshot(),
+                          "ran": ran, "problems": problems,
+                          "arch": loader.device.native_arch,
+                          "end_to_end_s": time.perf_counter() - t0}))
+""")
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {**os.environ, "FARM_HOME": str(home), "FARM_DEVICE": os.environ.get(
+        "FARM_DEVICE", "nvidia"), "CUDA_CACHE_DISABLE": "1", "PYOPENCL_NO_CACHE": "1"}
+
+
+def test_build_stores_cubins_and_a_fresh_process_loads_them_without_a_jit(
+        tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    built = subprocess.run([sys.executable, "-m", "farm", "build", "tiny", "--workers", "2",
+                            "--json"], capture_output=True, text=True, env=env, check=False)
+    assert built.returncode == 0, built.stderr + built.stdout
+    summary = json.loads(built.stdout)["summary"]
+    print("build:", json.dumps(summary))
+    assert summary["compiled"] > 0 and summary["failed"] == 0
+
+    stores = list(tmp_path.glob("envs/*/store.sqlite"))
+    assert len(stores) == 1
+    with sqlite3.connect(stores[0]) as conn:
+        binaries = [row[0] for row in conn.execute("SELECT binary FROM artifacts")]
+    assert binaries, "the build stored nothing"
+    arches = set()
+    for binary in binaries:
+        parts = unpack(binary)
+        assert parts is not None, "an artifact is plain PTX, not a native container"
+        assert parts.native.startswith(b"\x7fELF"), "the native part is not an ELF cubin"
+        assert b".version" in parts.portable[:4096], "the portable part is not PTX"
+        arches.add(parts.arch)
+    assert len(arches) == 1 and next(iter(arches)).startswith("sm_")
+
+    warmed = subprocess.run([sys.executable, "-c", WARM_AND_RUN, "tiny"], capture_output=True,
+                            text=True, env=env, check=False)
+    assert warmed.returncode == 0, warmed.stderr + warmed.stdout
+    result = json.loads(warmed.stdout.strip().splitlines()[-1])
+    print("warm:", json.dumps(result))
+    assert result["arch"] == next(iter(arches))
+    assert result["problems"] == []
+    assert result["ran"] == summary["kernels"] - summary["unsupported"]
+    assert result["summary"]["failed"] == 0
+    assert result["stats"]["native_fallbacks"] == 0
+    assert result["stats"]["compiler_invocations"] == 0
+    assert result["stats"]["local"] == result["summary"]["local"] > 0
