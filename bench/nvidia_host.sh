@@ -5,14 +5,16 @@
 #   bench/nvidia_host.sh python3 -m pytest -m gpu tests/test_nvidia.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -d /tmp/site/farm ]; then
+if [ ! -d /tmp/site/pyopencl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl
-    python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target /tmp/site .
 fi
+# The project itself every time: the working tree travels anew with each call.
+python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade \
+    --target /tmp/site . 2>&1 | grep -v "already exists" || true
 export PYTHONPATH=/tmp/site
 if [ ! -s /etc/OpenCL/vendors/nvidia.icd ]; then
-    lib=$(find / -name libnvidia-opencl.so.1 -not -path '/proc/*' 2>/dev/null | head -1)
+    lib=$(find / -name libnvidia-opencl.so.1 -not -path '/proc/*' 2>/dev/null | head -1 || true)
     mkdir -p /etc/OpenCL/vendors
     echo "$lib" > /etc/OpenCL/vendors/nvidia.icd
 fi
