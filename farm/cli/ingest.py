@@ -20,7 +20,6 @@ import typer
 from farm.cli.console import err, print_json
 from farm.errors import SettingsError
 from farm.records.ingest import BATCH, BLOCK_MS, CLAIM_IDLE_MS, Ingester, default_consumer_name
-from farm.records.storage import SessionStorage
 from farm.records.stream import connect
 from farm.settings import load_settings
 
@@ -62,6 +61,8 @@ def ingest(
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     consumer = name or default_consumer_name()
     client = connect(settings.redis_url, socket_timeout_s=block_ms / 1000 + 10)
+    from farm.records.storage import SessionStorage
+
     try:
         with SessionStorage(settings.effective_records_url) as storage:
             ingester = Ingester(

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -21,9 +21,11 @@ from farm.cli.console import out, print_json
 from farm.errors import FarmError, InputError
 from farm.records.model import CompilationBatchRecord, CompilationRecord, Record, Session
 from farm.records.query import BuildRef, Summary, load_builds, summarize, timeline
-from farm.records.storage import SessionStorage
 from farm.records.timeline import write_timeline
 from farm.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from farm.records.storage import SessionStorage
 
 app = typer.Typer(help="Read what the farm did: sessions, records, builds, timelines.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -35,6 +37,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output o
 def open_storage(settings: Settings | None = None) -> Iterator[SessionStorage]:
     """The environment's session storage. An embedded environment with no records file
     yet reads as empty (a read command creates no file)."""
+    from farm.records.storage import SessionStorage
+
     settings = settings or load_settings()
     path = settings.environment_dir / "records.sqlite"
     if settings.records_url is None and not path.exists():

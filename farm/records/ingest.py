@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -59,7 +59,6 @@ from farm.keys import (
     records_stream_for,
 )
 from farm.records.model import RECORD_KINDS, Record
-from farm.records.storage import SessionStorage
 from farm.records.stream import (
     STREAM_MAXLEN,
     EntryError,
@@ -67,6 +66,9 @@ from farm.records.stream import (
     decode_record,
     decode_session,
 )
+
+if TYPE_CHECKING:
+    from farm.records.storage import SessionStorage
 
 log = logging.getLogger(__name__)
 

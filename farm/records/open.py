@@ -22,7 +22,6 @@ from farm.errors import SettingsError
 from farm.records.model import RecordsConfig
 from farm.records.recorder import Recorder
 from farm.records.sink import RecordSink, StorageSink
-from farm.records.storage import SessionStorage
 from farm.settings import Settings
 
 
@@ -42,9 +41,14 @@ def open_sink(settings: Settings) -> RecordSink:
         from farm.records.stream import RedisStreamSink
 
         return RedisStreamSink.open(settings.redis_url or "")
+    url = settings.effective_records_url
+    if not url.startswith(("sqlite:", "postgresql")):
+        raise SettingsError("setting FARM_RECORDS_URL: must start with sqlite:/// or "
+                            "postgresql+psycopg://")
     if settings.records_url is None:
         settings.environment_dir.mkdir(parents=True, exist_ok=True)
-    return StorageSink(SessionStorage(settings.effective_records_url), owns=True)
+    # Opened at the first write: a process that only loads never writes a session.
+    return StorageSink.open(url, lazy=True)
 
 
 def open_recorder(settings: Settings, label: str) -> Recorder:

@@ -31,13 +31,16 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.errors import InputError
 from farm.model import Outcome
 from farm.records.model import CompilationBatchRecord, CompilationRecord, Record, Session
-from farm.records.storage import SessionStorage
+
+if TYPE_CHECKING:
+    from farm.records.storage import SessionStorage
 
 _PRECEDENCE = {Outcome.COMPILED: 3, Outcome.REKEYED: 2, Outcome.LOADED: 1}
 """Which of a kernel's records says most about it (see the module docstring)."""

@@ -8,11 +8,14 @@ decides *how*.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from farm.records.model import Record, Session
-from farm.records.storage import SessionStorage
+
+if TYPE_CHECKING:
+    from farm.records.storage import SessionStorage
 
 
 @runtime_checkable
@@ -53,16 +56,44 @@ class StorageSink:
 
     ``owns`` says whether ``close()`` closes the storage too: true when the sink made
     it (``StorageSink.open``), false when the caller shares a storage it keeps using.
+
+    ``storage`` may be a function that opens it: the sink then opens it at the first
+    write. Most processes only load, and a session is written only once it changes
+    something, so most never write: they then never import SQLAlchemy or touch the
+    records file (a tenth of a second and more of start-up, on every ``farm build``
+    that finds everything stored).
     """
 
-    def __init__(self, storage: SessionStorage, *, owns: bool = False) -> None:
-        self.storage = storage
+    def __init__(self, storage: SessionStorage | Callable[[], SessionStorage], *,
+                 owns: bool = False) -> None:
+        self._storage: SessionStorage | None = None
+        self._open: Callable[[], SessionStorage] | None = None
+        if callable(storage):  # an opener (a SessionStorage is not callable)
+            self._open = storage
+        else:
+            self._storage = storage
         self._owns = owns
+        self._lock = threading.Lock()
+
+    @property
+    def storage(self) -> SessionStorage:
+        """The storage, opened (and migrated) now if it was not yet."""
+        with self._lock:
+            if self._storage is None:
+                assert self._open is not None
+                self._storage = self._open()
+            return self._storage
 
     @classmethod
-    def open(cls, url: str) -> StorageSink:
-        """A sink over a storage it opens (and migrates) itself, and closes with it."""
-        return cls(SessionStorage(url), owns=True)
+    def open(cls, url: str, *, lazy: bool = False) -> StorageSink:
+        """A sink over a storage it opens (and migrates) itself, and closes with it;
+        with ``lazy`` at its first write."""
+        def opener() -> SessionStorage:
+            from farm.records.storage import SessionStorage
+
+            return SessionStorage(url)
+
+        return cls(opener if lazy else opener(), owns=True)
 
     def write_session(self, session: Session, *, keep_sessions: int | None = None) -> None:
         """Insert the session, then prune beyond ``keep_sessions`` protecting it."""
@@ -75,9 +106,10 @@ class StorageSink:
         self.storage.write_records(records)
 
     def close(self) -> None:
-        """Close the storage when this sink opened it."""
-        if self._owns:
-            self.storage.close()
+        """Close the storage when this sink opened it (and it was ever opened)."""
+        if self._owns and self._storage is not None:
+            self._storage.close()
 
     def __repr__(self) -> str:
-        return f"StorageSink({self.storage!r})"
+        return f"StorageSink({self._storage!r})" if self._storage is not None else \
+            "StorageSink(not opened yet)"
