@@ -243,8 +243,15 @@ class CompilationRecord(_Record):
 
     @property
     def effect(self) -> Effect:
-        """Compiled and Rekeyed stored an artifact; Loaded only read one."""
-        return Effect.OBSERVES if self.outcome is Outcome.LOADED else Effect.CHANGES
+        """Compiled and Rekeyed stored an artifact; Loaded only read one.
+
+        A Loaded record of a native fallback counts as a change all the same: the device
+        refused stored machine code and paid a JIT, which is exactly what an operator
+        needs to find later, so it must not vanish with a session that only loaded.
+        """
+        if self.outcome is Outcome.LOADED and not self.native_fallback:
+            return Effect.OBSERVES
+        return Effect.CHANGES
 
 
 class CompilationBatchRecord(_Record):
