@@ -190,10 +190,9 @@ def test_load_tries_machine_code_first_and_falls_back_to_the_portable_part() -> 
 
 def test_loader_counts_records_and_survives_a_refused_cubin(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm.local import local_farm
     from farm.records import SessionStorage
     from loader import KernelLoader
-
-    from farm.local import local_farm
 
     use_linker(monkeypatch, None)
     settings = settings_for(tmp_path)
