@@ -231,14 +231,14 @@ class KernelLoader:
         self._celery: Any = None
         self._closed = False
         try:
-            self.registry = registry if registry is not None else \
-                Registry.load(self.settings.family_modules)
             self._device = device if isinstance(device, DeviceInfo) else \
                 select_device(probe_devices(), device or self.settings.device)
-            # Created on a thread while the store opens and the first look-ups run: a
-            # context costs up to seconds on a GPU, a look-up none of them.
+            # Created on a thread, first, while the families load, the store opens and
+            # the look-ups run: a context costs up to seconds on a GPU, those none.
             self._context = DeviceContext(self._device).start()
             self._queue_made: cl.CommandQueue | None = None
+            self.registry = registry if registry is not None else \
+                Registry.load(self.settings.family_modules)
             self.namespace = Namespace.for_fingerprint(self._device.fingerprint)
             if store is None:
                 store = open_store(self.settings)
@@ -268,6 +268,11 @@ class KernelLoader:
             if self._queue_made is None:
                 self._queue_made = cl.CommandQueue(self._ctx, self._cl_device)
             return self._queue_made
+
+    @property
+    def context_ready(self) -> bool:
+        """Whether the device's context exists yet (it is made on a thread at start)."""
+        return self._context.opened
 
     @property
     def _ctx(self) -> cl.Context:
@@ -453,20 +458,26 @@ class KernelLoader:
                              kernel_names=tuple(n for n in names.split(";") if n))
 
     def fetch_and_load(self, artifact: ArtifactId, key: Key, first_tier: int = 0,
-                       timings: dict[str, float] | None = None
+                       timings: dict[str, float] | None = None,
+                       prefetched: tuple[Artifact | None, float] | None = None
                        ) -> tuple[LoadedProgram, Tier] | None:
         """Walk the tiers from ``first_tier``: get (verified), load, then copy into the
         tiers in front. ``None`` when no tier holds a binary this device accepts.
 
-        ``timings`` (when given) receives ``fetch_s`` and ``load_s``.
+        ``timings`` (when given) receives ``fetch_s`` and ``load_s``; ``prefetched`` is
+        ``first_tier``'s answer already read (and its time), which is then not read again.
         """
         fetch_s = load_s = 0.0
         try:
             for i in range(first_tier, len(self.tiers)):
                 tier = self.tiers[i]
-                t = time.perf_counter()
-                art = tier.store.get(self.namespace, key)
-                fetch_s += time.perf_counter() - t
+                if prefetched is not None and i == first_tier:
+                    art, read_s = prefetched
+                    fetch_s += read_s
+                else:
+                    t = time.perf_counter()
+                    art = tier.store.get(self.namespace, key)
+                    fetch_s += time.perf_counter() - t
                 if art is None:
                     continue
                 if not art.verify() or art.meta.key != key:  # a store that did not verify

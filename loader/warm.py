@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from farm.batch import BatchReport, KernelResult
 from farm.errors import FarmError
 from farm.manifest import Manifest, expand, load_manifest, resolve_manifest
-from farm.model import ArtifactId, KernelFailure, Key, Outcome
+from farm.model import Artifact, ArtifactId, KernelFailure, Key, Outcome
 from farm.settings import Settings
 from loader.kernel_loader import KernelLoader, LoadedProgram, OnMiss, failure_error
 
@@ -45,9 +45,13 @@ if TYPE_CHECKING:
 Source = Literal["memory", "local", "remote", "compiled", "rekeyed", "farm"]
 SOURCES: tuple[Source, ...] = ("memory", "local", "remote", "compiled", "rekeyed", "farm")
 PHASES = ("lookup", "fetch", "load", "compile")
+#: an artifact read ahead of its load (``None``: the tier did not hold it), and the read's time
+Prefetched = tuple[Artifact | None, float]
 
 #: threads fetching at once: enough to hide MinIO round trips, within its connection pool
 DEFAULT_THREADS = 16
+#: artifacts read ahead while the device's context is being made (bounds the memory)
+MAX_PREFETCH = 4096
 #: threads when every fetch is local: the SQLite file is read under one lock, so more
 #: threads only queue on it; a few overlap reads with device loads
 LOCAL_THREADS = 4
@@ -268,11 +272,18 @@ class _Warm:
         return first_tier, misses, joined
 
     # -- 2. fetch and load on threads ------------------------------------------------------
-    def _fetch_one(self, key: Key, tier: int) -> tuple[Key, Any, dict[str, float], float]:
+    def _fetch_one(self, key: Key, tier: int, read: Future[Prefetched] | None = None
+                   ) -> tuple[Key, Any, dict[str, float], float]:
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        got = self.loader.fetch_and_load(self.groups[key][0].artifact, key, tier, timings)
+        got = self.loader.fetch_and_load(self.groups[key][0].artifact, key, tier, timings,
+                                         prefetched=read.result() if read else None)
         return key, got, timings, start
+
+    def _read(self, key: Key, tier: int) -> Prefetched:
+        t = time.perf_counter()
+        art = self.loader.tiers[tier].store.get(self.loader.namespace, key)
+        return art, time.perf_counter() - t
 
     def _fetch_all(self, first_tier: dict[Key, int]) -> list[Key]:
         """Fetch and load every held key; return the keys that turned out to be misses."""
@@ -284,7 +295,15 @@ class _Warm:
             self.threads = min(self.threads, LOCAL_THREADS)
         workers = min(self.threads, len(first_tier))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="farm-warm") as pool:
-            futures = [pool.submit(self._fetch_one, k, t) for k, t in first_tier.items()]
+            reads: dict[Key, Future[Prefetched]] = {}
+            if not self.loader.context_ready:
+                # The context is still being made (seconds on a GPU): read and verify the
+                # artifacts meanwhile, so that only the loads wait for it. Reads are
+                # queued first, so no load waits on a read that has not started.
+                for k, t in list(first_tier.items())[:MAX_PREFETCH]:
+                    reads[k] = pool.submit(self._read, k, t)
+            futures = [pool.submit(self._fetch_one, k, t, reads.get(k))
+                       for k, t in first_tier.items()]
             for fut in as_completed(futures):
                 key, got, timings, start = fut.result()
                 fetch_s, load_s = timings.get("fetch_s", 0.0), timings.get("load_s", 0.0)

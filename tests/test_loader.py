@@ -413,3 +413,38 @@ def test_loader_md_example_runs_as_written(tmp_path: Path,
     exec(compile(blocks[0], "docs/LOADER.md", "exec"), {"__name__": "loader_md"})
     assert (tmp_path / "home" / "envs" / "default" / "store.sqlite").exists()
 
+
+def test_warm_reads_every_artifact_while_the_context_is_still_being_made(
+        seeded: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU a context takes seconds: warm reads (and verifies) the stored artifacts
+    meanwhile, and only the loads wait for it."""
+    import farm.device
+
+    real_open = farm.device.open_device
+    context_made: list[float] = []
+
+    def slow_open(info: Any) -> Any:
+        time.sleep(0.6)
+        opened = real_open(info)
+        context_made.append(time.perf_counter())
+        return opened
+
+    reads: list[float] = []
+    real_get = SQLiteStore.get
+
+    def timed_get(self: SQLiteStore, ns: Namespace, key: Key) -> Artifact | None:
+        found = real_get(self, ns, key)
+        reads.append(time.perf_counter())
+        return found
+
+    monkeypatch.setattr(farm.device, "open_device", slow_open)
+    monkeypatch.setattr(SQLiteStore, "get", timed_get)
+    with KernelLoader(seeded, on_miss="fail", recorder=SpyRecorder()) as loader:
+        report = loader.warm([loader.artifact_id(f, p) for f, p in SEEDED], threads=1)
+        assert report.count("local") == len(SEEDED) and report.failed == []
+        for family, params in SEEDED:  # loaded in the loader's own (slow-made) context
+            example = example_of(loader, family, params)
+            kernel = loader.kernel(family, params)
+            assert check_example(run_example(loader.queue, kernel, example), example) == []
+    assert len(context_made) == 1 and len(reads) == len(SEEDED)
+    assert max(reads) < context_made[0], "a read waited for the context"
