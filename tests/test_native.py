@@ -251,3 +251,24 @@ def test_without_a_gpu_the_real_seam_answers_none(tmp_path: Path) -> None:
         ctypes.CDLL("libcuda.so.1")
     except OSError:
         assert open_cuda_linker() is None  # no driver library: conversion is off
+
+
+def test_contexts_are_made_through_the_loader_pyopencl_uses_with_the_gil_released() -> None:
+    """pyopencl holds the GIL in clCreateContext (1.5 s and more on an H200); the farm
+    calls the same ICD loader through ctypes instead, which releases it."""
+    import pyopencl as cl
+
+    from farm.device import _create_context, _opencl_loader
+
+    device = select_device(probe_devices())
+    dev = cl.get_platforms()[device.platform_index].get_devices()[device.device_index]
+    assert _opencl_loader() is not None  # found in this process's own memory map
+    ctx = _create_context(dev)
+    assert ctx.devices == [dev]
+    queue = cl.CommandQueue(ctx)
+    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 16)
+    host = np.arange(4, dtype=np.float32)
+    cl.enqueue_copy(queue, buf, host)
+    back = np.empty_like(host)
+    cl.enqueue_copy(queue, back, buf)
+    assert (back == host).all()
