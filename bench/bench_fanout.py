@@ -1,11 +1,15 @@
-"""Fan-out scaling of the embedded build: ``farm build M --workers N`` for several N.
+"""Fan-out scaling of the embedded build: ``farm build M --workers N`` for several N,
+each against its peer, a bare process pool of N (``bench/bare_pool.py``).
 
-Each N builds into a fresh FARM_HOME (so every kernel is compiled), side by side in one
-run, then one rebuild (all in the store) of the last home, then ``farm warm`` of that
-home, which loads every kernel on the device in this process: once with the drivers'
-caches off, and twice with CUDA's JIT cache on in a fresh folder (NVIDIA's binaries are
-PTX, so a load is a JIT that this cache turns into a look-up; the second run is what a
-machine sees from then on). Builds run with the caches off (PYOPENCL_NO_CACHE=1,
+Each N builds into a fresh FARM_HOME (so every kernel is compiled), and the bare pool
+builds the same sources with N processes right after it, side by side in one run
+(``--repeat`` rounds, alternating which goes first); ratios are the pool's wall over the
+farm's (above 1: the farm is faster), for the batch and end to end, and the farm's work
+per compiled kernel over the pool's. Then one rebuild (all in the store) of the last
+home, then ``farm warm`` of that home, which loads every kernel on the device in this
+process: once with the drivers' caches off, and twice with CUDA's JIT cache on in a
+fresh folder (where a load is a PTX JIT, this cache turns it into a look-up; the second
+run is what a machine sees from then on). Builds run with the caches off (PYOPENCL_NO_CACHE=1,
 POCL_KERNEL_CACHE=0, CUDA_CACHE_DISABLE=1).
 
     python bench/bench_fanout.py --manifest medium --workers 1,16 [--device nvidia]
@@ -24,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _env(home: Path, device: str | None, cuda_cache: Path | None = None) -> dict[str, str]:
@@ -63,37 +68,88 @@ def run(manifest: str, workers: int, home: Path, device: str | None) -> dict[str
             "fingerprint": report["fingerprint"], **report["summary"]}
 
 
+def peer(manifest: str, workers: int, home: Path, device: str | None) -> dict[str, object]:
+    """The bare pool of ``workers`` processes, in a process of its own."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("bare_pool.py")),
+                           manifest, "--workers", str(workers)], env=_env(home, device),
+                          text=True, capture_output=True, check=False)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"bare pool failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return {**json.loads(proc.stdout), "command_wall_s": round(wall, 3)}
+
+
+def ratios(farm: dict[str, Any], pool: dict[str, Any]) -> dict[str, float]:
+    """Pool over farm (above 1: the farm is faster); work: farm's per kernel over pool's."""
+    compiled = max(1, int(farm["compiled"]))
+    return {"batch": round(float(pool["pool_wall_s"]) / float(farm["wall_s"]), 3),
+            "end_to_end": round(float(pool["command_wall_s"]) /
+                                float(farm["command_wall_s"]), 3),
+            "work_per_kernel": round((float(farm["work_s"]) / compiled) /
+                                     (float(pool["work_s"]) / max(1, int(pool["built"]))), 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", default="medium")
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--device", default=None, help="FARM_DEVICE (name or fingerprint)")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--no-loads", action="store_true", help="skip the rebuild and warms")
     args = parser.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
     rows = []
+    peers: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
-        for n in counts:
-            rows.append(run(args.manifest, n, Path(tmp) / f"w{n}", args.device))
+        for r in range(args.repeat):
+            for n in counts:
+                home = Path(tmp) / f"w{n}" if r == 0 else Path(tmp) / f"w{n}-{r}"
+                if r % 2 == 0:
+                    farm_row = run(args.manifest, n, home, args.device)
+                    pool_row = peer(args.manifest, n, Path(tmp) / "peer", args.device)
+                else:  # the other goes first, so neither always runs on a warmer machine
+                    pool_row = peer(args.manifest, n, Path(tmp) / "peer", args.device)
+                    farm_row = run(args.manifest, n, home, args.device)
+                rows.append(farm_row)
+                peers.append({**pool_row, "ratio": ratios(farm_row, pool_row)})
+        if args.no_loads:
+            print(json.dumps({"manifest": args.manifest, "runs": rows, "peers": peers}))
+            _print_pairs(rows, peers)
+            return
         home = Path(tmp) / f"w{counts[-1]}"
         rebuild = run(args.manifest, counts[-1], home, args.device)
         loads = {"caches_off": warm_run(args.manifest, home, args.device, None)}
         cache = Path(tmp) / "cuda-cache"
         loads["jit_cache_first"] = warm_run(args.manifest, home, args.device, cache)
         loads["jit_cache_warm"] = warm_run(args.manifest, home, args.device, cache)
+    _print_pairs(rows, peers)
     base = rows[0]["wall_s"]
     print("drivers' caches off: PYOPENCL_NO_CACHE=1 POCL_KERNEL_CACHE=0 CUDA_CACHE_DISABLE=1")
     print(f"{'workers':>8} {'kernels':>8} {'compiled':>9} {'unsupp.':>8} {'wall s':>9} "
           f"{'work s':>9} {'vs first':>9}")
-    for r in rows:
-        print(f"{r['workers']:>8} {r['kernels']:>8} {r['compiled']:>9} {r['unsupported']:>8} "
-              f"{r['wall_s']:>9.2f} {r['work_s']:>9.2f} {base / r['wall_s']:>8.2f}x")
+    for row in rows:
+        print(f"{row['workers']:>8} {row['kernels']:>8} {row['compiled']:>9} "
+              f"{row['unsupported']:>8} {row['wall_s']:>9.2f} {row['work_s']:>9.2f} "
+              f"{base / row['wall_s']:>8.2f}x")
     print(f"rebuild, all in the store: {rebuild['loaded']} in {rebuild['wall_s']:.3f} s")
     for name, w in loads.items():
         n = max(1, int(str(w.get("local", 0))))
         print(f"farm warm ({name}): {w.get('local')} loaded in {w['wall_s']} s "
               f"= {float(str(w['wall_s'])) / n * 1000:.2f} ms a kernel")
-    print(json.dumps({"manifest": args.manifest, "runs": rows, "rebuild": rebuild,
-                      "loads": loads}))
+    print(json.dumps({"manifest": args.manifest, "runs": rows, "peers": peers,
+                      "rebuild": rebuild, "loads": loads}))
+
+
+def _print_pairs(rows: list[dict[str, Any]], peers: list[dict[str, Any]]) -> None:
+    print("farm against the bare pool (ratio = pool / farm; above 1 the farm is faster)")
+    print(f"{'N':>4} {'farm batch':>11} {'pool':>8} {'ratio':>6} {'farm e2e':>9} "
+          f"{'pool e2e':>9} {'ratio':>6} {'work/kernel':>12}")
+    for f, p in zip(rows, peers, strict=True):
+        r = p["ratio"]
+        print(f"{f['workers']:>4} {f['wall_s']:>10.2f}s {p['pool_wall_s']:>7.2f}s "
+              f"{r['batch']:>6.3f} {f['command_wall_s']:>8.2f}s {p['command_wall_s']:>8.2f}s "
+              f"{r['end_to_end']:>6.3f} {r['work_per_kernel']:>11.3f}x")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import json
 import statistics
 import threading
 import time
+from typing import Any
 
 
 def main() -> None:
@@ -31,7 +32,7 @@ def main() -> None:
     t0 = time.perf_counter()
     import pyopencl as cl
 
-    from farm.device import probe_devices, select_device
+    from farm.device import info_from_device, probe_devices, select_device
     from farm.families import Registry
     from farm.finalize import finalize
     from farm.load import load_binary
@@ -39,11 +40,19 @@ def main() -> None:
 
     out: dict[str, object] = {"import_s": time.perf_counter() - t0}
     t = time.perf_counter()
+    platforms = cl.get_platforms()
+    out["get_platforms_s"] = time.perf_counter() - t
+    for i, platform in enumerate(platforms):
+        t = time.perf_counter()
+        found = [info_from_device(i, j, d) for j, d in enumerate(platform.get_devices())]
+        out[f"platform_{i}_devices_s"] = time.perf_counter() - t
+        out[f"platform_{i}"] = [d.fingerprint for d in found]
+    t = time.perf_counter()
     info = select_device(probe_devices(), "nvidia")
     out["probe_s"] = time.perf_counter() - t
     dev = cl.get_platforms()[info.platform_index].get_devices()[info.device_index]
 
-    made: dict[str, object] = {}
+    made: dict[str, Any] = {}
 
     def make() -> None:
         start = time.perf_counter()
