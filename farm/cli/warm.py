@@ -34,14 +34,21 @@ def warm(
     device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
 ) -> None:
     """Warm a manifest: fetch, load and (if missing) compile every kernel."""
+    if on_miss not in ("compile", "farm", "fail"):
+        raise SettingsError(f"--on-miss must be compile, farm or fail, not {on_miss!r}")
+    settings = load_settings(**({"device": device} if device else {}))
+    # The device's context first, on a thread that releases the GIL: it costs seconds on
+    # a GPU, and everything below (the loader's modules, the families, the manifest,
+    # the store look-ups and reads) runs meanwhile.
+    from farm.device import DeviceContext, probe_devices, select_device
+
+    context = DeviceContext(select_device(probe_devices(), settings.device)).start()
     from loader import KernelLoader, WarmItem
     from loader.kernel_loader import OnMiss
 
-    if on_miss not in ("compile", "farm", "fail"):
-        raise SettingsError(f"--on-miss must be compile, farm or fail, not {on_miss!r}")
     mode: OnMiss = on_miss  # type: ignore[assignment]
-    settings = load_settings(**({"device": device} if device else {}))
-    with KernelLoader(settings, on_miss=mode, label=f"warm {manifest}") as loader, \
+    with KernelLoader(settings, on_miss=mode, label=f"warm {manifest}",
+                      context=context) as loader, \
             Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                      MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
                      TimeElapsedColumn(), console=err, disable=json_out,
