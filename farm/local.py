@@ -55,7 +55,8 @@ def local_farm(settings: Settings, *, label: str, workers: int | None = None,
     n = settings.workers if workers is None else workers
     own: Any = None
     if compiler is None:
-        own = ProcessPoolCompiler(device, n) if n > 0 else InlineCompiler(ctx, cl_device)
+        own = (ProcessPoolCompiler(device, n, crash_limit=settings.crash_limit) if n > 0
+               else InlineCompiler(ctx, cl_device))
         compiler = own
     try:
         yield LocalFarm(settings=settings, registry=registry, device=device, ctx=ctx,

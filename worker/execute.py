@@ -13,33 +13,80 @@ Per kernel, in order (the same outcomes as an embedded batch, see ``farm.batch``
    kernel in flight in two builds is compiled once.
 
 A failing kernel is reported with its build log and nothing of it is stored.
+
+Faults (docs/RELIABILITY.md): a kernel that killed its compiling process ``crash_limit``
+times fails as ``crashed`` untouched (``worker.crashes``); Redis and MinIO outages are
+waited out up to ``outage_limit`` (``farm.outage``), past it the kernel fails as
+``store`` or ``error`` rather than as bad input; a compile's record is sent before the
+kernel's reply, so a killed process loses at most the record of the kernel it was
+storing.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 
-from farm.errors import CompileError, FarmError, KernelError, LoadError, VersionSkewError
+from farm.errors import (
+    ClusterError,
+    CompileError,
+    FarmError,
+    KernelError,
+    LoadError,
+    StoreError,
+    VersionSkewError,
+)
 from farm.finalize import finalize_and_validate
 from farm.load import load
 from farm.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
 from farm.records.model import RequestedBy
 from farm.rekey import RekeyAction, rekey_action
+from worker.crashes import TaskLedger, holder_name
 from worker.state import WorkerState
+
+log = logging.getLogger(__name__)
 
 #: how long to wait for another worker's compile before taking over
 LEASE_WAIT_S = 600.0
 
 
-def execute_job(request: CompileRequest, state: WorkerState) -> CompileReply:
-    """Obtain every kernel of ``request`` on this worker's device."""
+def execute_job(request: CompileRequest, state: WorkerState,
+                task_id: str | None = None) -> CompileReply:
+    """Obtain every kernel of ``request`` on this worker's device.
+
+    ``task_id`` (the Celery task's) turns on crash-loop bookkeeping (``TaskLedger``)."""
     if request.fingerprint != state.device.fingerprint:
         raise FarmError(f"task for fingerprint {request.fingerprint} reached a worker of "
                         f"{state.device.fingerprint}")
-    return CompileReply(results=[_obtain(k, state, request.requested_by)
-                                 for k in request.kernels])
+    ledger = None
+    if task_id is not None and state.redis is not None and state.redis_waiter is not None:
+        ledger = TaskLedger(state.redis, task_id, state.redis_waiter,
+                            state.settings.crash_limit)
+        ledger.start(holder_name())
+    results = []
+    for k in request.kernels:
+        crashed = ledger.crashed(k.artifact.id_hash, len(request.kernels)) if ledger else None
+        if crashed is not None:
+            log.error("kernel %s: %s", k.artifact.kernel.label(), crashed)
+            results.append(_failed(k, None, "crashed", crashed, "", time.perf_counter()))
+            continue
+        if ledger is not None:
+            ledger.working_on(k.artifact.id_hash)
+        results.append(_obtain(k, state, request.requested_by))
+    if ledger is not None:
+        ledger.working_on(None)
+    _flush_records(state)
+    return CompileReply(results=results)
+
+
+def _flush_records(state: WorkerState) -> None:
+    """Send the records now; on failure the recorder keeps them and retries later."""
+    try:
+        state.recorder.flush()
+    except Exception as exc:  # Redis away: kept, sent with the next flush
+        log.warning("records not sent yet (%s); kept for the next try", exc)
 
 
 def _obtain(req: KernelRequest, state: WorkerState,
@@ -58,6 +105,10 @@ def _obtain(req: KernelRequest, state: WorkerState,
         outcome, lowered = _resolve(req, key, state)
     except KernelError as exc:
         return _failed(req, key, exc.kind, str(exc), exc.build_log, start)
+    except StoreError as exc:
+        return _failed(req, key, "store", str(exc), "", start)
+    except ClusterError as exc:  # Redis unreachable past the outage limit
+        return _failed(req, key, "error", str(exc), "", start)
     except FarmError as exc:
         return _failed(req, key, "validation", str(exc), "", start)
     work = time.perf_counter() - start
@@ -66,6 +117,8 @@ def _obtain(req: KernelRequest, state: WorkerState,
         source=lowered.source if lowered else None,
         options=list(lowered.options) if lowered else None, worker=state.name,
         host=socket.gethostname(), requested_by=requested_by)
+    if outcome is not Outcome.LOADED:  # it changed the store: its record goes out now
+        _flush_records(state)
     return KernelReply(id_hash=req.artifact.id_hash, key=str(key), outcome=outcome,
                        work_s=work, worker=state.name, host=socket.gethostname())
 
@@ -115,7 +168,7 @@ def _rekey(key: Key, family: str, source_hash: str, state: WorkerState) -> bool:
     if found is None or found == key:
         return False
     art = _loadable(found, state)
-    if art is None:
+    if art is None or art.meta.source_hash != source_hash:  # index entries are hints
         return False
     action = rekey_action(found, art.meta.family, key, family)
     state.store.rekey(state.ns, found, key, move=action is RekeyAction.MOVE)
