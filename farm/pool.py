@@ -25,6 +25,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -162,9 +163,16 @@ class CrashSafePool:
         except (OSError, EOFError, queue.Empty):  # a process died mid-write
             pass
         processes = dict(getattr(gen.executor, "_processes", None) or {})
-        dead = {pid: p.exitcode for pid, p in processes.items()
-                if p.exitcode is not None and p.exitcode != -signal.SIGTERM}
-        culprits = {running[pid]: code for pid, code in dead.items() if pid in running}
+        dead: dict[int, int] = {}
+        deadline = time.monotonic() + 2.0
+        while processes and not dead and time.monotonic() < deadline:
+            # a process that aborts is reaped a moment after its pipe closes
+            dead = {pid: p.exitcode for pid, p in processes.items()
+                    if p.exitcode is not None and p.exitcode != -signal.SIGTERM}
+            if not dead:
+                time.sleep(0.01)
+        culprits: dict[int, int | None] = {running[pid]: code for pid, code in dead.items()
+                                           if pid in running}
         unfinished = [j for j in gen.jobs.values() if not j.out.done()]
         default_status = exit_status(next(iter(dead.values()), None))
         if not culprits:  # nobody to blame exactly: everyone that was running

@@ -17,9 +17,9 @@ A failing kernel is reported with its build log and nothing of it is stored.
 Faults (docs/RELIABILITY.md): a kernel that killed its compiling process ``crash_limit``
 times fails as ``crashed`` untouched (``worker.crashes``); Redis and MinIO outages are
 waited out up to ``outage_limit`` (``farm.outage``), past it the kernel fails as
-``store`` or ``error`` rather than as bad input; a compile's record is sent before the
-kernel's reply, so a killed process loses at most the record of the kernel it was
-storing.
+``store`` or ``error`` rather than as bad input; a compile's (or rekey's) record is sent
+to the records stream *before* the store is written, so a process killed at any moment
+never leaves an artifact whose record never came.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 
 from farm.errors import (
     ClusterError,
@@ -94,6 +95,22 @@ def _obtain(req: KernelRequest, state: WorkerState,
     start = time.perf_counter()
     family_name = req.artifact.kernel.family
     key: Key | None = None
+    work = 0.0
+
+    def record(outcome: Outcome, lowered: Lowered | None) -> None:
+        """Record the kernel; one that changes the store is recorded, and its record
+        sent (waiting out a Redis outage), *before* the store is written: a process
+        killed in between leaves no artifact without its record."""
+        nonlocal work
+        work = time.perf_counter() - start
+        state.recorder.compilation(
+            family=family_name, key=key or "", outcome=outcome, work_s=work,
+            source=lowered.source if lowered else None,
+            options=list(lowered.options) if lowered else None, worker=state.name,
+            host=socket.gethostname(), requested_by=requested_by)
+        if outcome is not Outcome.LOADED:
+            _send_records(state)
+
     try:
         family = state.registry.get(family_name)
         if family.build_id != req.build_id:
@@ -102,7 +119,7 @@ def _obtain(req: KernelRequest, state: WorkerState,
                 f"worker build id {family.build_id} (client and worker run different "
                 "kernel code)")
         key = Key(id_hash=req.artifact.id_hash, build_id=req.build_id)
-        outcome, lowered = _resolve(req, key, state)
+        outcome = _resolve(req, key, state, record)
     except KernelError as exc:
         return _failed(req, key, exc.kind, str(exc), exc.build_log, start)
     except StoreError as exc:
@@ -111,40 +128,45 @@ def _obtain(req: KernelRequest, state: WorkerState,
         return _failed(req, key, "error", str(exc), "", start)
     except FarmError as exc:
         return _failed(req, key, "validation", str(exc), "", start)
-    work = time.perf_counter() - start
-    state.recorder.compilation(
-        family=family_name, key=key, outcome=outcome, work_s=work,
-        source=lowered.source if lowered else None,
-        options=list(lowered.options) if lowered else None, worker=state.name,
-        host=socket.gethostname(), requested_by=requested_by)
-    if outcome is not Outcome.LOADED:  # it changed the store: its record goes out now
-        _flush_records(state)
+    if outcome is Outcome.LOADED:
+        record(outcome, None)
     return KernelReply(id_hash=req.artifact.id_hash, key=str(key), outcome=outcome,
                        work_s=work, worker=state.name, host=socket.gethostname())
 
 
-def _resolve(req: KernelRequest, key: Key, state: WorkerState) -> tuple[Outcome, Lowered | None]:
+def _send_records(state: WorkerState) -> None:
+    """Send the records now, waiting out a Redis outage; OutageError past the limit."""
+    if state.redis_waiter is None:
+        state.recorder.flush()
+        return
+    state.redis_waiter.call(state.recorder.flush)
+
+
+Record = Callable[[Outcome, "Lowered | None"], None]
+
+
+def _resolve(req: KernelRequest, key: Key, state: WorkerState, record: Record) -> Outcome:
     if _load_stored(key, state):
-        return Outcome.LOADED, None
+        return Outcome.LOADED
     family = state.registry.get(req.artifact.kernel.family)
     lowered = family.lower_id(req.artifact, state.device)
     source_hash = lowered.source_hash
     while True:
-        if _rekey(key, req.artifact.kernel.family, source_hash, state):
-            return Outcome.REKEYED, lowered
+        if _rekey(key, req.artifact.kernel.family, lowered, state, record):
+            return Outcome.REKEYED
         lease = state.leases.try_acquire(state.ns, source_hash)
         if lease is None:
             state.leases.wait_released(state.ns, source_hash, LEASE_WAIT_S)
             if _load_stored(key, state):  # the other worker compiled this very key
-                return Outcome.LOADED, None
+                return Outcome.LOADED
             continue  # stored under another key (rekey above), or it failed: try again
         with lease:
             if _load_stored(key, state):
-                return Outcome.LOADED, None
-            if _rekey(key, req.artifact.kernel.family, source_hash, state):
-                return Outcome.REKEYED, lowered
-            _compile(req, key, lowered, state)
-            return Outcome.COMPILED, lowered
+                return Outcome.LOADED
+            if _rekey(key, req.artifact.kernel.family, lowered, state, record):
+                return Outcome.REKEYED
+            _compile(req, key, lowered, state, record)
+            return Outcome.COMPILED
 
 
 def _loadable(key: Key, state: WorkerState) -> Artifact | None:
@@ -163,7 +185,9 @@ def _load_stored(key: Key, state: WorkerState) -> bool:
     return _loadable(key, state) is not None
 
 
-def _rekey(key: Key, family: str, source_hash: str, state: WorkerState) -> bool:
+def _rekey(key: Key, family: str, lowered: Lowered, state: WorkerState,
+           record: Record) -> bool:
+    source_hash = lowered.source_hash
     found = state.store.find_source(state.ns, source_hash)
     if found is None or found == key:
         return False
@@ -171,11 +195,13 @@ def _rekey(key: Key, family: str, source_hash: str, state: WorkerState) -> bool:
     if art is None or art.meta.source_hash != source_hash:  # index entries are hints
         return False
     action = rekey_action(found, art.meta.family, key, family)
+    record(Outcome.REKEYED, lowered)
     state.store.rekey(state.ns, found, key, move=action is RekeyAction.MOVE)
     return True
 
 
-def _compile(req: KernelRequest, key: Key, lowered: Lowered, state: WorkerState) -> None:
+def _compile(req: KernelRequest, key: Key, lowered: Lowered, state: WorkerState,
+             record: Record) -> None:
     # Validated on this device before storing: a refused binary is never stored.
     built = finalize_and_validate(state.ctx, state.cl_device, lowered)
     if not built.ok:
@@ -184,6 +210,7 @@ def _compile(req: KernelRequest, key: Key, lowered: Lowered, state: WorkerState)
     art = Artifact.create(key, req.artifact.kernel.family, built.binary, lowered.source_hash,
                           build_log=built.build_log, host=built.host, worker=state.name,
                           work_s=built.work_s)
+    record(Outcome.COMPILED, lowered)
     state.store.put(state.ns, art)
 
 
