@@ -248,14 +248,17 @@ def test_redis_down_past_the_limit_is_one_line_and_exit_1(
         build = farm(cluster.env(tmp_path / "c", FARM_OUTAGE_LIMIT="2"), "build",
                      str(manifest), "--cluster", "--json")
         listing = farm(cluster.env(), "workers")
+        worker = farm(cluster.env(tmp_path / "w", FARM_OUTAGE_LIMIT="2"), "worker",
+                      "--concurrency=1")
     finally:
         redis_own.resume()
-    for proc in (build, listing):
+    for proc in (build, listing, worker):
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stderr
         [line] = _error_lines(proc.stderr)
         assert "Redis at 127.0.0.1" in line and "unreachable" in line
     assert "more than 2 s" in _error_lines(build.stderr)[0]
+    assert "more than 2 s" in _error_lines(worker.stderr)[0]
     # a rerun, Redis back, builds exactly what is missing
     again = farm(cluster.env(tmp_path / "c"), "build", str(manifest), "--cluster", "--json")
     assert again.returncode == 0, again.stderr
