@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from typing import Any
 
 from farm.device import DeviceInfo, discover_devices
@@ -96,7 +97,11 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     def give_up(line: str) -> None:
         log.critical("%s: stopping the worker", line)
         gave_up.append(line)
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown
+        # ... and if that hangs on the missing broker, stop anyway
+        stopper = threading.Timer(30.0, os._exit, (1,))
+        stopper.daemon = True
+        stopper.start()
 
     waiter = redis_waiter(settings.redis_url or "", settings.outage_limit)
     beat = Heartbeat(client, info, interval_s=settings.heartbeat_interval,
