@@ -105,12 +105,15 @@ def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: Ar
     gather = _Gatherer(settings, app=app, fingerprint=fingerprint, notify=notify,
                        say=say, status=status, waiter=waiter)
     size = settings.chunk_size
-    for i in range(0, len(misses), size):
-        chunk = misses[i:i + size]
-        payload = CompileRequest(fingerprint=fingerprint, kernels=[r for _, r in chunk],
-                                 requested_by=requested_by)
-        gather.send(payload.model_dump(mode="json"), [res for res, _ in chunk])
-    gather.run(timeout_s)
+    try:
+        for i in range(0, len(misses), size):
+            chunk = misses[i:i + size]
+            payload = CompileRequest(fingerprint=fingerprint, kernels=[r for _, r in chunk],
+                                     requested_by=requested_by)
+            gather.send(payload.model_dump(mode="json"), [res for res, _ in chunk])
+        gather.run(timeout_s)
+    finally:
+        gather.close()
     tasks_sent = gather.tasks_sent
 
     wall = time.perf_counter() - start
@@ -246,6 +249,9 @@ class _Gatherer:
                 next_check = time.monotonic() + CHECK_INTERVAL_S
             if self.pending:
                 time.sleep(0.05)
+
+    def close(self) -> None:
+        self.client.close()
 
     def _mget(self, keys: list[Any]) -> list[Any]:
         def mget() -> list[Any]:

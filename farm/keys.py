@@ -35,6 +35,7 @@ Redis (broker and farm state)::
     farm:task:<task id>:crashes                   hash id hash -> times its compiling process
                                                   died; field ``status`` the last exit status
     farm:task:<task id>:holder                    the worker (host:pid) holding the task
+    farm:task:<task id>:lease                     the compile lease it holds (name, token)
 
 A record of kind ``records/v<N>/<name>`` travels on ``farm:records:<name>``
 (:func:`records_stream_for`): the stream has no version in its name, the entry carries
@@ -190,6 +191,10 @@ def task_crashes_key(task_id: str) -> str:
 
 def task_holder_key(task_id: str) -> str:
     return f"farm:task:{task_id}:holder"
+
+
+def task_lease_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:lease"
 
 
 # -- celery ----------------------------------------------------------------------------------

@@ -58,6 +58,11 @@ class Lease:
             except Exception:  # a missed renewal only shortens the lease
                 continue
 
+    @property
+    def token(self) -> str:
+        """What proves this holder's ownership (``release_lease`` needs it)."""
+        return self._token
+
     def release(self) -> None:
         """Give the lease up; when Redis cannot be reached it expires by itself (its
         time-to-live), so a failed release costs a waiting worker at most ``ttl``."""
@@ -74,6 +79,12 @@ class Lease:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
+
+
+def release_lease(client: redis.Redis, name: str, token: str) -> bool:
+    """Release the lease ``name`` if ``token`` still holds it (for the process that
+    outlived a dead holder: its lease goes now, not after its time-to-live)."""
+    return bool(client.eval(_RELEASE, 1, name, token))
 
 
 class Leases:

@@ -36,7 +36,9 @@ from farm.keys import (
     task_deliveries_key,
     task_holder_key,
     task_kernel_key,
+    task_lease_key,
 )
+from farm.lease import release_lease
 from farm.outage import Waiter
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,18 @@ class TaskLedger:
                     f"({status}); not tried again")
         return None
 
+    def holding(self, lease_name: str | None, token: str = "") -> None:
+        """Note the compile lease now held (``None``: none), so that when this process
+        dies the main process releases it at once instead of every worker waiting out
+        its time-to-live."""
+        def once() -> None:
+            if lease_name is None:
+                self._client.delete(task_lease_key(self.task_id))
+            else:
+                self._client.set(task_lease_key(self.task_id), f"{lease_name}\n{token}",
+                                 ex=TASK_STATE_TTL_S)
+        self._waiter.call(once)
+
     def working_on(self, id_hash: str | None) -> None:
         """Note the kernel now in hand (``None``: none), for the main process to blame."""
         def once() -> None:
@@ -108,6 +122,11 @@ def record_crash(client: Any, task_id: str, status: str) -> str | None:
     """In the main process, once a pool process died on ``task_id``: one crash more for
     the kernel it was working on. Returns that kernel's id hash (``None``: unknown)."""
     kernel = client.get(task_kernel_key(task_id))
+    held = client.get(task_lease_key(task_id))
+    if held:
+        name, _, token = (held.decode() if isinstance(held, bytes) else str(held)).partition("\n")
+        release_lease(client, name, token)
+        client.delete(task_lease_key(task_id))
     pipe = client.pipeline(transaction=False)
     if kernel:
         id_hash = kernel.decode() if isinstance(kernel, bytes) else str(kernel)

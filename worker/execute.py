@@ -66,6 +66,7 @@ def execute_job(request: CompileRequest, state: WorkerState,
         ledger = TaskLedger(state.redis, task_id, state.redis_waiter,
                             state.settings.crash_limit)
         ledger.start(holder_name())
+    state.ledger = ledger
     results = []
     for k in request.kernels:
         crashed = ledger.crashed(k.artifact.id_hash, len(request.kernels)) if ledger else None
@@ -78,6 +79,7 @@ def execute_job(request: CompileRequest, state: WorkerState,
         results.append(_obtain(k, state, request.requested_by))
     if ledger is not None:
         ledger.working_on(None)
+    state.ledger = None
     _flush_records(state)
     return CompileReply(results=results)
 
@@ -161,12 +163,18 @@ def _resolve(req: KernelRequest, key: Key, state: WorkerState, record: Record) -
                 return Outcome.LOADED
             continue  # stored under another key (rekey above), or it failed: try again
         with lease:
-            if _load_stored(key, state):
-                return Outcome.LOADED
-            if _rekey(key, req.artifact.kernel.family, lowered, state, record):
-                return Outcome.REKEYED
-            _compile(req, key, lowered, state, record)
-            return Outcome.COMPILED
+            if state.ledger is not None:
+                state.ledger.holding(lease.name, lease.token)
+            try:
+                if _load_stored(key, state):
+                    return Outcome.LOADED
+                if _rekey(key, req.artifact.kernel.family, lowered, state, record):
+                    return Outcome.REKEYED
+                _compile(req, key, lowered, state, record)
+                return Outcome.COMPILED
+            finally:
+                if state.ledger is not None:
+                    state.ledger.holding(None)
 
 
 def _loadable(key: Key, state: WorkerState) -> Artifact | None:

@@ -91,6 +91,9 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     signals.task_received.connect(received, weak=False)
     register_tasks(app, get_state, request_cls=crash_request_class(client))
     app.conf.worker_consumer = "worker.poison:GuardedConsumer"
+    # How long the pool waits for a dead process's result before declaring it lost
+    # (Celery's default, 10 s, is added to every crash of a crash loop).
+    app.conf.worker_lost_wait = 1.0
 
     gave_up: list[str] = []
 

@@ -39,6 +39,8 @@ class WorkerState:
     #: the farm's Redis (leases, crash bookkeeping) and the waiter of its outages
     redis: Any = None
     redis_waiter: Waiter | None = None
+    #: the running task's crash bookkeeping (a pool process runs one task at a time)
+    ledger: Any = None
 
     @property
     def ns(self) -> Namespace:
