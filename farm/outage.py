@@ -80,7 +80,7 @@ class Waiter:
                 self._down_since = time.monotonic()
                 self.outages += 1
                 self._say(f"waiting for {self.what} (unreachable: {_short(exc)}; giving up "
-                          f"after {self.limit_s:.0f} s)")
+                          f"after {self.limit_s:g} s)")
             return self._down_since
 
     def mark_up(self) -> None:
@@ -102,7 +102,7 @@ class Waiter:
             raise OutageError(self._gave_up(exc)) from None
 
     def _gave_up(self, exc: BaseException) -> str:
-        return (f"{self.what} unreachable for more than {self.limit_s:.0f} s "
+        return (f"{self.what} unreachable for more than {self.limit_s:g} s "
                 f"(FARM_OUTAGE_LIMIT): {_short(exc)}")
 
     def call(self, fn: Callable[[], T]) -> T:
