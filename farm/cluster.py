@@ -29,7 +29,8 @@ from farm.batch import BatchReport, KernelResult
 from farm.device import DeviceInfo
 from farm.errors import ClusterError, FarmError, UnsupportedFeature
 from farm.families import Registry
-from farm.keys import Namespace, queue_name, task_holder_key, workers_key
+from farm.keys import Namespace, queue_name, task_holder_key, task_lease_key, workers_key
+from farm.lease import release_lease
 from farm.model import ArtifactId, KernelFailure, Key, Outcome
 from farm.outage import Say, Waiter, redis_waiter
 from farm.payloads import TASK_NAME, CompileReply, CompileRequest, KernelRequest
@@ -320,9 +321,22 @@ class _Gatherer:
             self._fail(chunk, f"sent {chunk.sends} times, each time to a worker that died")
             return
         self.resent += 1
+        self._release_lease_of(task_id)
         self._send(chunk)
         self.say(f"re-sent a chunk of {kernels} kernel(s): worker {holder} held it and "
                  f"has not heartbeaten for {self.settings.dead_worker_grace:.0f} s")
+
+    def _release_lease_of(self, task_id: str) -> None:
+        """Release the compile lease the dead holder noted for the task, so the re-sent
+        chunk does not wait out its time-to-live (the token makes sure it is that one)."""
+        def release() -> None:
+            held = self.client.get(task_lease_key(task_id))
+            if held:
+                text = held.decode() if isinstance(held, bytes) else str(held)
+                name, _, token = text.partition("\n")
+                release_lease(self.client, name, token)
+
+        self.waiter.call(release)
 
     def _fail(self, chunk: _Chunk, message: str) -> None:
         for res in chunk.results:
