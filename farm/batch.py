@@ -271,7 +271,7 @@ class Batch:
             return False
         t = time.perf_counter()
         art = self.store.get(self.ns, found)
-        if art is None:
+        if art is None or art.meta.source_hash != source_hash:  # index entries are hints
             return False
         program: Any = None
         if self.keep_programs:

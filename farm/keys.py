@@ -28,6 +28,14 @@ Redis (broker and farm state)::
     farm:records:group                            consumer group name of the ingesters
     farm:records:dead                             records stream entries that do not validate
                                                   (kept for a person to read, never retried)
+    farm:dead                                     list of task messages a worker refused as
+                                                  malformed (JSON: reason, headers, body)
+    farm:task:<task id>:deliveries                how often a compile task was started (TTL)
+    farm:task:<task id>:kernel                    id hash of the kernel it is working on now
+    farm:task:<task id>:crashes                   hash id hash -> times its compiling process
+                                                  died; field ``status`` the last exit status
+    farm:task:<task id>:holder                    the worker (host:pid) holding the task
+    farm:task:<task id>:lease                     the compile lease it holds (name, token)
 
 A record of kind ``records/v<N>/<name>`` travels on ``farm:records:<name>``
 (:func:`records_stream_for`): the stream has no version in its name, the entry carries
@@ -159,6 +167,34 @@ entry neither blocks the others nor is retried for ever."""
 def records_stream_for(kind: str) -> str:
     """Stream of a record kind given by its storage name (``records/v1/compilation``)."""
     return records_stream(kind.rsplit("/", 1)[-1])
+
+
+DEAD_LETTERS = "farm:dead"
+"""Task messages refused as malformed, newest first: one JSON object each with the
+reason, the headers and the (cut) body, for a person to read; never retried."""
+
+#: how long the per-task bookkeeping below lives (a day: far longer than any build)
+TASK_STATE_TTL_S = 24 * 3600
+
+
+def task_deliveries_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:deliveries"
+
+
+def task_kernel_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:kernel"
+
+
+def task_crashes_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:crashes"
+
+
+def task_holder_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:holder"
+
+
+def task_lease_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:lease"
 
 
 # -- celery ----------------------------------------------------------------------------------

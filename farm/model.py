@@ -132,7 +132,8 @@ class Outcome(StrEnum):
     COMPILED = "Compiled"
 
 
-FailureKind = Literal["unsupported", "validation", "compile", "load", "version-skew", "error"]
+FailureKind = Literal["unsupported", "validation", "compile", "load", "version-skew", "crashed",
+                      "store", "error"]
 
 
 class KernelFailure(Frozen):

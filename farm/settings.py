@@ -75,6 +75,19 @@ class Settings(BaseSettings):
     #: kernels per Celery task (amortises per-task overhead against compile time)
     chunk_size: int = Field(default=4, ge=1, le=256)
 
+    # -- faults (see docs/RELIABILITY.md) --------------------------------------------------
+    #: seconds a Redis or MinIO outage is waited out (with backoff) before a process gives
+    #: up with one error line (FARM_OUTAGE_LIMIT)
+    outage_limit: float = Field(default=60.0, gt=0)
+    #: times a kernel may kill its compiling process before it fails as ``crashed``
+    #: (FARM_CRASH_LIMIT)
+    crash_limit: int = Field(default=2, ge=1, le=100)
+    #: seconds between a worker's heartbeats (FARM_HEARTBEAT_INTERVAL)
+    heartbeat_interval: float = Field(default=3.0, gt=0)
+    #: seconds without a heartbeat after which a worker is dead: clients re-send the
+    #: chunks it held, listings drop it (FARM_DEAD_WORKER_GRACE)
+    dead_worker_grace: float = Field(default=20.0, gt=0)
+
     @property
     def environment_dir(self) -> Path:
         return self.home / "envs" / self.environment

@@ -49,6 +49,10 @@ def make_app(settings: Settings) -> Celery:
         result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
         result_expires=24 * 3600,
         broker_connection_retry_on_startup=True,
+        # A Redis outage is waited out, not turned into a lost result (RELIABILITY.md).
+        result_backend_always_retry=True,
+        result_backend_max_retries=int(settings.outage_limit) + 10,
+        result_backend_max_sleep_between_retries_ms=2000,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         task_default_queue="farm.default",
@@ -57,8 +61,9 @@ def make_app(settings: Settings) -> Celery:
     return app
 
 
-def register_tasks(app: Celery, get_state: Any) -> None:
-    """Register the compile task; ``get_state()`` gives the process's ``WorkerState``."""
+def register_tasks(app: Celery, get_state: Any, request_cls: Any = None) -> None:
+    """Register the compile task; ``get_state()`` gives the process's ``WorkerState``;
+    ``request_cls`` is the worker's Celery ``Request`` (crash bookkeeping)."""
     from celery.exceptions import SoftTimeLimitExceeded
 
     from farm.payloads import CompileRequest
@@ -66,11 +71,14 @@ def register_tasks(app: Celery, get_state: Any) -> None:
 
     transient: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
 
-    @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True)
+    options = {"Request": request_cls} if request_cls is not None else {}
+
+    @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True, **options)
     def compile_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         request = CompileRequest.model_validate(payload)
         try:
-            return execute_job(request, get_state()).model_dump(mode="json")
+            return execute_job(request, get_state(),
+                               task_id=self.request.id).model_dump(mode="json")
         except SoftTimeLimitExceeded:
             raise
         except transient as exc:  # store or broker hiccup: retry, never for a bad kernel

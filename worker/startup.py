@@ -4,22 +4,32 @@ OpenCL state never crosses a fork (NVIDIA's OpenCL runs on CUDA, which forbids i
 the main process learns its devices and fingerprints from a short-lived child
 (``farm.device.discover_devices``) and only the pool processes create contexts, once
 each, in ``worker_process_init``.
+
+Faults (docs/RELIABILITY.md): the consumer refuses malformed messages
+(``worker.poison``), the task's ``Request`` books crashes of pool processes
+(``worker.crashes``), the main process says which worker holds each task it receives
+(so a client can re-send the chunks of a worker that died), and a Redis outage at start
+or longer than ``FARM_OUTAGE_LIMIT`` later stops the worker with one line and exit 1.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 from typing import Any
 
 from farm.device import DeviceInfo, discover_devices
 from farm.errors import DeviceError
-from farm.keys import queue_name
+from farm.keys import TASK_STATE_TTL_S, queue_name, task_holder_key
+from farm.outage import OutageError, redis_waiter
 from farm.settings import Settings
 from farm.version import __version__
 from farm.workers import Heartbeat, WorkerInfo
 from worker.app import make_app, register_tasks
+from worker.crashes import crash_request_class
 from worker.state import WorkerState, open_state
 
 log = logging.getLogger(__name__)
@@ -64,16 +74,42 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
         if state is not None:
             state.close()
 
-    signals.worker_process_init.connect(init_process, weak=False)
-    signals.worker_process_shutdown.connect(close_process, weak=False)
-    register_tasks(app, get_state)
-
-    client: Any = redis.Redis.from_url(settings.redis_url or "")
+    client: Any = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
+                                       socket_connect_timeout=5)
     info = WorkerInfo(host=socket.gethostname(), pid=os.getpid(), fingerprint=fp,
                       device_name=devices[0].device_name, processes=concurrency,
                       version=__version__, queues=queue_list, device=devices[0])
-    beat = Heartbeat(client, info)
-    beat.start()
+
+    def received(request: Any = None, **_: Any) -> None:
+        try:  # best effort: without it a dead worker's chunk comes back by the timeout
+            client.set(task_holder_key(request.id), info.field, ex=TASK_STATE_TTL_S)
+        except Exception as exc:
+            log.warning("could not note the holder of task %s: %s", request.id, exc)
+
+    signals.worker_process_init.connect(init_process, weak=False)
+    signals.worker_process_shutdown.connect(close_process, weak=False)
+    signals.task_received.connect(received, weak=False)
+    register_tasks(app, get_state, request_cls=crash_request_class(client))
+    app.conf.worker_consumer = "worker.poison:GuardedConsumer"
+    # How long the pool waits for a dead process's result before declaring it lost
+    # (Celery's default, 10 s, is added to every crash of a crash loop).
+    app.conf.worker_lost_wait = 1.0
+
+    gave_up: list[str] = []
+
+    def give_up(line: str) -> None:
+        log.critical("%s: stopping the worker", line)
+        gave_up.append(line)
+        os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown
+        # ... and if that hangs on the missing broker, stop anyway
+        stopper = threading.Timer(30.0, os._exit, (1,))
+        stopper.daemon = True
+        stopper.start()
+
+    waiter = redis_waiter(settings.redis_url or "", settings.outage_limit)
+    beat = Heartbeat(client, info, interval_s=settings.heartbeat_interval,
+                     stale_s=settings.dead_worker_grace, waiter=waiter, on_give_up=give_up)
+    beat.start()  # OutageError (one line, exit 1) when Redis stays away past the limit
     try:
         app.worker_main(argv=[
             "worker", "--pool=prefork", f"--concurrency={concurrency}",
@@ -83,3 +119,5 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
         ])
     finally:
         beat.stop()
+        if gave_up:  # also over Celery's own SystemExit: this line is what to report
+            raise OutageError(gave_up[0])

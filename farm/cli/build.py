@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from farm.batch import Batch, BatchReport, KernelResult
@@ -71,14 +78,13 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
                    fingerprint: str | None, fallback_local: bool, verify: bool,
                    quiet: bool) -> tuple[BatchReport | None, str]:
     """Build through the workers; ``None`` when falling back to a local build."""
-    from typing import Any
-
     import redis
 
     from farm.cluster import check_served, cluster_build
     from farm.device import discover_devices, select_device
     from farm.errors import ClusterError
     from farm.families import Registry
+    from farm.outage import redis_waiter
     from farm.records.open import open_recorder
     from farm.store.open import open_store
     from worker.app import make_app
@@ -86,9 +92,15 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     local_fp = select_device(discover_devices(), settings.device).fingerprint \
         if fallback_local or not fingerprint else None
     fp = fingerprint or local_fp or ""
-    client: Any = redis.Redis.from_url(settings.redis_url or "")
+    client: Any = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
+                                       socket_connect_timeout=5)
+
+    def say(line: str) -> None:  # kept on stderr, also under --json
+        err.print(line, markup=False, soft_wrap=True)
+
+    waiter = redis_waiter(settings.redis_url or "", settings.outage_limit, say=say)
     try:
-        served_by = check_served(client, fp)
+        served_by = waiter.call(lambda: check_served(client, fp, settings.dead_worker_grace))
     except ClusterError as exc:
         if not fallback_local:
             raise
@@ -109,11 +121,23 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
                                    fingerprint=fp, artifacts=artifacts, recorder=recorder,
                                    label=label, progress=tick, verify=verify,
                                    device=next((w.device for w in served_by if w.device),
-                                               None))
-    finally:
+                                               None),
+                                   say=say, status=tick.status, waiter=waiter)
+    except BaseException:
+        _close_quietly(recorder)  # the error on its way out is the one line to show
+        raise
+    else:
         recorder.close()
+    finally:
         store.close()
     return report, fp
+
+
+def _close_quietly(recorder: Any) -> None:
+    try:
+        recorder.close()
+    except Exception as exc:  # e.g. Redis gone too: the records stay unsent
+        err.print(f"records of this build not sent: {exc}", markup=False, soft_wrap=True)
 
 
 def _by_worker(report: BatchReport) -> dict[str, dict[str, float]]:
@@ -137,20 +161,32 @@ def print_workers(report: BatchReport) -> None:
     out.print(table)
 
 
+class _Tick:
+    """The per-kernel progress callback, and ``status`` for the cluster's live line
+    (chunks in flight per worker)."""
+
+    def __init__(self, bar: Progress, task: TaskID) -> None:
+        self._bar = bar
+        self._task = task
+
+    def __call__(self, res: KernelResult) -> None:
+        what = res.outcome.value if res.outcome else (res.failure.kind if res.failure
+                                                       else "")
+        self._bar.update(self._task, advance=1, last=f"{what} {res.label}"[:60])
+
+    def status(self, line: str) -> None:
+        self._bar.update(self._task, status=line[:80])
+
+
 @contextlib.contextmanager
-def _progress(total: int, quiet: bool) -> Iterator[Callable[[KernelResult], None]]:
+def _progress(total: int, quiet: bool) -> Iterator[_Tick]:
     """A progress bar on stderr; yields the per-kernel callback."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=err,
+                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
+                  TextColumn("{task.fields[status]}"), console=err,
                   disable=quiet, transient=True) as bar:
-        task = bar.add_task("building", total=total, last="")
-
-        def tick(res: KernelResult) -> None:
-            what = res.outcome.value if res.outcome else (res.failure.kind if res.failure
-                                                           else "")
-            bar.update(task, advance=1, last=f"{what} {res.label}"[:60])
-
-        yield tick
+        task = bar.add_task("building", total=total, last="", status="")
+        yield _Tick(bar, task)
 
 
 def _run_with_progress(batch: Batch, artifacts: list[ArtifactId], quiet: bool) -> BatchReport:

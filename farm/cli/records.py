@@ -172,6 +172,8 @@ def _print_summary(found: Summary) -> None:
                    pct(found.compiler_avoided_rate), f"{found.work_s:.2f} s",
                    f"{found.wall_s:.2f} s", ratio)
     out.print(totals)
+    out.print(f"missing: {found.missing} (stored kernels whose record never came)",
+              markup=False)
     for title, groups in (("by family", found.by_family), ("by worker", found.by_worker)):
         table = Table(title=title)
         for column in ("name", "kernels", "loaded", "rekeyed", "compiled", "work", "slowest"):

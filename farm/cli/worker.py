@@ -43,8 +43,18 @@ def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     settings = load_settings()
     if not settings.redis_url:
         raise SettingsError("setting FARM_REDIS_URL: needed to list the workers")
-    client: Any = redis.Redis.from_url(settings.redis_url)
-    found = served(client)
+    from farm.errors import ClusterError
+    from farm.outage import is_redis_down, redis_location
+
+    client: Any = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
+                                       socket_connect_timeout=5)
+    try:
+        found = served(client, settings.dead_worker_grace)
+    except Exception as exc:
+        if not is_redis_down(exc):
+            raise
+        raise ClusterError(f"{redis_location(settings.redis_url)} is unreachable "
+                           f"({type(exc).__name__}); is it running? (FARM_REDIS_URL)") from None
     if json_out:
         print_json({fp: [w.model_dump() for w in ws] for fp, ws in sorted(found.items())})
         return
