@@ -52,7 +52,8 @@ from farm.model import Key
 BACKEND = "opencl"
 STORE_FORMAT = "v1"
 
-_FINGERPRINT = re.compile(r"^[a-z0-9][a-z0-9-]{0,99}$")
+#: ``fullmatch``: ``$`` with ``re.match`` would let a trailing newline through
+_FINGERPRINT = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")
 
 
 class Namespace(BaseModel):
@@ -67,7 +68,7 @@ class Namespace(BaseModel):
     @field_validator("fingerprint")
     @classmethod
     def _slug(cls, value: str) -> str:
-        if not _FINGERPRINT.match(value):
+        if not isinstance(value, str) or not _FINGERPRINT.fullmatch(value):
             raise ValueError(f"not a device fingerprint: {value!r}")
         return value
 

@@ -7,9 +7,10 @@ worker running different kernel code refuses instead of storing under a wrong ke
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from farm.model import ArtifactId, Frozen, KernelFailure, Outcome
+from farm.keys import Namespace
+from farm.model import ArtifactId, Frozen, KernelFailure, Outcome, ShortText
 from farm.records.model import RequestedBy
 
 TASK_NAME = "farm.compile"
@@ -27,15 +28,21 @@ class CompileRequest(Frozen):
     kernels: list[KernelRequest] = Field(min_length=1, max_length=1024)
     requested_by: RequestedBy | None = None
 
+    @field_validator("fingerprint")
+    @classmethod
+    def _fingerprint(cls, value: str) -> str:
+        Namespace.for_fingerprint(value)  # the one fingerprint rule
+        return value
+
 
 class KernelReply(Frozen):
-    id_hash: str
-    key: str | None = None
+    id_hash: str = Field(max_length=64)
+    key: str | None = Field(default=None, max_length=200)
     outcome: Outcome | None = None
     failure: KernelFailure | None = None
-    work_s: float = 0.0
-    worker: str = ""
-    host: str = ""
+    work_s: float = Field(default=0.0, ge=0.0)
+    worker: ShortText = ""
+    host: ShortText = ""
 
 
 class CompileReply(Frozen):

@@ -77,7 +77,7 @@ def _resolve(req: KernelRequest, key: Key, state: WorkerState) -> tuple[Outcome,
     lowered = family.lower_id(req.artifact, state.device)
     source_hash = lowered.source_hash
     while True:
-        if _rekey(key, req.artifact.kernel.family, source_hash, state):
+        if _rekey(key, req.artifact.kernel.family, lowered, state):
             return Outcome.REKEYED, lowered
         lease = state.leases.try_acquire(state.ns, source_hash)
         if lease is None:
@@ -88,7 +88,7 @@ def _resolve(req: KernelRequest, key: Key, state: WorkerState) -> tuple[Outcome,
         with lease:
             if _load_stored(key, state):
                 return Outcome.LOADED, None
-            if _rekey(key, req.artifact.kernel.family, source_hash, state):
+            if _rekey(key, req.artifact.kernel.family, lowered, state):
                 return Outcome.REKEYED, lowered
             _compile(req, key, lowered, state)
             return Outcome.COMPILED, lowered
@@ -110,15 +110,15 @@ def _load_stored(key: Key, state: WorkerState) -> bool:
     return _loadable(key, state) is not None
 
 
-def _rekey(key: Key, family: str, source_hash: str, state: WorkerState) -> bool:
-    found = state.store.find_source(state.ns, source_hash)
+def _rekey(key: Key, family: str, lowered: Lowered, state: WorkerState) -> bool:
+    found = state.store.find_source(state.ns, lowered.source_hash)
     if found is None or found == key:
         return False
     art = _loadable(found, state)
     if art is None:
         return False
     action = rekey_action(found, art.meta.family, key, family)
-    state.store.rekey(state.ns, found, key, move=action is RekeyAction.MOVE)
+    state.store.rekey(state.ns, found, key, move=action is RekeyAction.MOVE, source=lowered)
     return True
 
 
@@ -131,7 +131,7 @@ def _compile(req: KernelRequest, key: Key, lowered: Lowered, state: WorkerState)
     art = Artifact.create(key, req.artifact.kernel.family, built.binary, lowered.source_hash,
                           build_log=built.build_log, host=built.host, worker=state.name,
                           work_s=built.work_s)
-    state.store.put(state.ns, art)
+    state.store.put(state.ns, art, source=lowered)
 
 
 def _failed(req: KernelRequest, key: Key | None, kind: str, message: str, build_log: str,

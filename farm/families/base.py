@@ -34,7 +34,7 @@ from farm.version import __version__
 class Params(BaseModel):
     """Base of every family's parameter model: strict, immutable, no unknown fields."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 P = TypeVar("P", bound=Params)

@@ -25,13 +25,14 @@ from pydantic import ValidationError
 
 from farm.errors import ForeignStoreError
 from farm.keys import Namespace
-from farm.model import Artifact, ArtifactMeta, Key
+from farm.model import Artifact, ArtifactMeta, Key, Lowered
 from farm.sqlite_wal import enable_wal
 from farm.store.base import (
     ArtifactStore,
     PutResult,
     checked,
     decide_put,
+    index_hash,
     iter_chunks,
     log_refused,
 )
@@ -161,9 +162,11 @@ class SQLiteStore(ArtifactStore):
         return [Namespace.parse(r[0]) for r in rows]
 
     # -- writes ----------------------------------------------------------------------------
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         meta = artifact.meta
         key = meta.key
+        source_hash = index_hash(artifact, source)
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
@@ -177,9 +180,10 @@ class SQLiteStore(ArtifactStore):
                         "INSERT OR REPLACE INTO artifacts VALUES (?,?,?,?,?,?,?)",
                         (str(ns), key.id_hash, key.build_id, meta.digest, meta.size,
                          meta.model_dump_json(), artifact.binary))
+                if source_hash is not None and decision in (None, PutResult.SAME):
                     self._conn.execute(
                         "INSERT OR REPLACE INTO sources VALUES (?,?,?,?)",
-                        (str(ns), meta.source_hash, key.id_hash, key.build_id))
+                        (str(ns), source_hash, key.id_hash, key.build_id))
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
