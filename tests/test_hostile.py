@@ -216,3 +216,143 @@ def test_the_build_id_skips_byte_code_caches(tmp_path: Path) -> None:
     _root_digest.cache_clear()
     assert _root_digest(str(pkg)) != before
 
+
+
+# -- 3. poison records entries never stop the ingester ----------------------------------------
+def _poison_entries(good: dict[str, str]) -> list[dict[Any, Any]]:
+    record = json.loads(good["record"])
+
+    def with_record(**stamp: Any) -> dict[str, str]:
+        return {**good, "record": json.dumps({**record, "stamp": {**record["stamp"], **stamp}})}
+
+    return [
+        {**good, "record": b"\xff\xfe not utf-8"},           # non-UTF-8 bytes in a field
+        {b"v\xff": b"1", **good},                           # ... in a field name
+        {**good, "v": "²"},                                  # a digit that int() refuses
+        {**good, "v": "9" * 5000},                           # int() refuses 5000 digits
+        with_record(seq=2**63),                              # SQLite OverflowError before
+        with_record(session=2**70),
+        {**good, "record": json.dumps({**record, "requested_by": {"session": 2**70,
+                                                                  "batch": 1}})},
+        {**good, "kind": "records/v9/compilation"},          # unknown kind: was pending
+        {**good, "record": json.dumps({**record, "work_s": "Infinity"})},
+    ]
+
+
+@pytest.mark.integration
+def test_poison_entries_never_stop_farm_ingest(client: Any, redis_url: str,
+                                               tmp_path: Path) -> None:
+    from test_records_stream import drain, pending_total, service_env
+
+    from farm.keys import RECORDS_DEAD_STREAM, records_stream_for
+    from farm.model import Outcome
+    from farm.records import CompilationRecord, SessionStorage, Stamp
+    from farm.records.stream import encode_record
+
+    stream = records_stream_for(CompilationRecord.KIND)
+    url = f"sqlite:///{tmp_path / 'records.sqlite'}"
+    record = CompilationRecord(stamp=Stamp(session=1, seq=1, offset_s=0.1), family="axpy",
+                               key="0" * 32 + "." + "1" * 24, outcome=Outcome.COMPILED,
+                               work_s=0.01)
+    good = encode_record(record)
+    poison = _poison_entries(good)
+    for fields in poison:
+        client.xadd(stream, fields)
+    client.xadd(stream, good)
+    env = service_env(redis_url, url, tmp_path)
+    counts = drain(env, tmp_path / "ingest.log")
+    assert counts["records"] == 1
+    assert counts["dead"] + counts["deferred"] == len(poison)
+    assert pending_total(client) == 0
+    assert client.xlen(RECORDS_DEAD_STREAM) == len(poison)
+    with SessionStorage(url) as storage:
+        assert storage.records(1) == [record]
+    # and a restart finds nothing left to choke on
+    assert drain(env, tmp_path / "again.log")["records"] == 0
+
+
+@pytest.mark.integration
+def test_an_old_session_entry_with_keep_zero_spares_newer_sessions(
+        client: Any, redis_url: str, tmp_path: Path) -> None:
+    from test_records_stream import drain, service_env
+
+    from farm.records import SessionStorage
+    from farm.records.model import Session
+    from farm.records.stream import encode_session
+
+    url = f"sqlite:///{tmp_path / 'records.sqlite'}"
+    newer = Session.start("newer")
+    older = newer.model_copy(update={"id": newer.id - 10**9, "label": "older"})
+    client.xadd("farm:records:sessions", encode_session(newer, None))
+    client.xadd("farm:records:sessions", encode_session(older, 0))  # same batch, last
+    drain(service_env(redis_url, url, tmp_path), tmp_path / "ingest.log")
+    with SessionStorage(url) as storage:
+        assert {s.id for s in storage.sessions()} == {newer.id, older.id}
+
+
+def test_a_worker_refuses_a_payload_whose_integers_no_storage_holds() -> None:
+    from pydantic import ValidationError
+
+    from farm.payloads import CompileRequest
+
+    raw = {"fingerprint": NS.fingerprint, "requested_by": {"session": 2**70, "batch": 1},
+           "kernels": [{"artifact": {"kernel": {"family": "elementwise_unary",
+                                                "params": {"op": "relu"}}},
+                        "build_id": "1" * 24}]}
+    with pytest.raises(ValidationError):
+        CompileRequest.model_validate(raw)
+    raw["requested_by"] = {"session": 1, "batch": 1}
+    assert CompileRequest.model_validate(raw).requested_by is not None
+
+
+# -- 4. Infinity and NaN ---------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_floats_are_refused_where_they_enter(bad: float) -> None:
+    from pydantic import ValidationError
+
+    from farm.model import ArtifactMeta, KernelId
+    from farm.records import CompilationRecord, Stamp
+
+    with pytest.raises(ValidationError):
+        CompilationRecord(stamp=Stamp(session=1, seq=1, offset_s=0.0), family="f",
+                          key="k", outcome="Compiled", work_s=bad)
+    with pytest.raises(ValidationError):
+        Stamp(session=1, seq=1, offset_s=bad)
+    with pytest.raises(ValidationError):
+        ArtifactMeta(key=Key(id_hash="a" * 32, build_id="1" * 24), family="f",
+                     digest="0" * 64, size=0, source_hash="0" * 64, work_s=bad)
+    with pytest.raises(ValidationError):
+        KernelId(family="f", params={"eps": bad})
+
+
+def test_a_bundle_with_infinity_in_its_metadata_is_refused_and_nothing_stored(
+        tmp_path: Path) -> None:
+    from farm.bundle import MANIFEST_MEMBER
+    from farm.errors import BundleError
+
+    scratch = SQLiteStore(tmp_path / "scratch.sqlite")
+    scratch.put(NS, Artifact.create(Key(id_hash="a" * 32, build_id="1" * 24), "f", b"bin",
+                                    "0" * 64, work_s=0.5))
+    export_bundle(scratch, None, tmp_path / "good.bundle")
+    import tarfile
+
+    with tarfile.open(tmp_path / "good.bundle") as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    manifest = json.loads(members[0][1])
+    manifest["artifacts"][0]["meta"]["work_s"] = float("inf")
+    raw = json.dumps(manifest).encode()  # writes Infinity, as a hostile writer would
+    assert b"Infinity" in raw
+    out = tmp_path / "inf.bundle"
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(MANIFEST_MEMBER)
+        info.size = len(raw)
+        import io
+
+        tar.addfile(info, io.BytesIO(raw))
+        for member, data in members[1:]:
+            tar.addfile(member, io.BytesIO(data))
+    target = SQLiteStore(tmp_path / "target.sqlite")
+    with pytest.raises(BundleError) as caught:
+        import_bundle(out, target)
+    assert "work_s" in str(caught.value) and "\n" not in str(caught.value)
+    assert list(target.keys(NS)) == []

@@ -564,6 +564,9 @@ class SessionStorage:
         except sa_exc.SQLAlchemyError as exc:
             raise StoreError(f"records storage {self.where}: {doing} failed: "
                              f"{_one_line(exc)}") from exc
+        except OverflowError as exc:  # an integer no column holds (models bound them)
+            raise StoreError(f"records storage {self.where}: {doing} failed: "
+                             f"{_one_line(exc)}") from exc
 
     @contextmanager
     def _transaction(self, *, write: bool, doing: str) -> Iterator[Connection]:
