@@ -20,6 +20,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -356,3 +357,110 @@ def test_a_bundle_with_infinity_in_its_metadata_is_refused_and_nothing_stored(
         import_bundle(out, target)
     assert "work_s" in str(caught.value) and "\n" not in str(caught.value)
     assert list(target.keys(NS)) == []
+
+
+# -- 5. memory bounds -----------------------------------------------------------------------
+def test_a_huge_vocab_is_refused_before_anything_is_planned(tmp_path: Path) -> None:
+    import resource
+
+    from farm.errors import ManifestError
+    from farm.families import Registry
+    from farm.manifest import expand, load_manifest
+
+    path = tmp_path / "huge.toml"
+    path.write_text(textwrap.dedent(f"""\
+        format = 1
+        [model]
+        name = "huge"
+        hidden = 64
+        heads = 4
+        head_dim = 16
+        intermediate = 128
+        vocab = {2**50}
+        tokens = [1]
+        """))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ManifestError) as caught:
+        expand(load_manifest(path), Registry.load())
+    message = str(caught.value)
+    assert f"{path}:8: model.vocab" in message and "\n" not in message
+    # planning 2**34 matmul parts took gigabytes; a refusal takes next to nothing
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000
+
+
+def _sparse_bundle(tmp_path: Path) -> Path:
+    """A GNU sparse member: a few stored bytes that expand to 200 MB when read."""
+    import io
+    import tarfile
+
+    from farm.bundle import MANIFEST_MEMBER
+
+    k = Key(id_hash="a" * 32, build_id="1" * 24)
+    size = 200 * 1024 * 1024
+    meta = Artifact.create(k, "f", b"", "0" * 64).meta.model_copy(
+        update={"size": size, "digest": "0" * 64})
+    member = f"{NS}/artifacts/{k.id_hash}/{k.build_id}"
+    manifest = {"format": "kernel-farm-bundle", "version": 1, "farm_version": "0",
+                "created_at": "2026-01-01T00:00:00Z",
+                "namespaces": [{"namespace": str(NS), "fingerprint": NS.fingerprint,
+                                "artifacts": 1, "bytes": size}],
+                "artifacts": [{"namespace": str(NS), "key": k.model_dump(), "member": member,
+                               "size": size, "digest": "0" * 64,
+                               "meta": json.loads(meta.model_dump_json())}],
+                "total_bytes": size}
+    raw = json.dumps(manifest).encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo(MANIFEST_MEMBER)
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+    head = buf.getvalue()[:-2 * tarfile.BLOCKSIZE].rstrip(b"\0")
+    head += b"\0" * (-len(head) % tarfile.BLOCKSIZE)
+    info = tarfile.TarInfo(member)
+    info.type = tarfile.GNUTYPE_SPARSE
+    info.size = 512  # stored bytes
+    header = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+    # GNU sparse header: one map entry (offset 0, 512 bytes), real size in `realsize`
+    header[386:398] = b"%011o\0" % 0
+    header[398:410] = b"%011o\0" % 512
+    header[483:495] = b"%011o\0" % size
+    header[148:156] = b"        "
+    header[148:156] = b"%06o\0 " % sum(header[:512])
+    out = tmp_path / "sparse.bundle"
+    out.write_bytes(head + bytes(header[:512]) + b"\0" * 512 + b"\0" * 1024)
+    return out
+
+
+def test_sparse_members_are_refused_without_expanding_them(tmp_path: Path) -> None:
+    from farm.errors import BundleError
+
+    path = _sparse_bundle(tmp_path)
+    assert path.stat().st_size < 8192
+    target = SQLiteStore(tmp_path / "target.sqlite")
+    with pytest.raises(BundleError) as caught:
+        import_bundle(path, target)
+    message = str(caught.value)
+    # refused for what it declares, before reading (it was a digest mismatch found
+    # after expanding 200 MB of zeros)
+    assert "what the file holds" in message and "\n" not in message, message
+    assert list(target.keys(NS)) == []
+    proc = farm(tmp_path / "home", "bundle", "show", str(path))
+    one_line_refusal(proc, "sparse.bundle")
+
+
+def test_a_sparse_member_header_is_refused_whatever_it_declares(tmp_path: Path) -> None:
+    import tarfile
+
+    from farm.bundle import _check_member
+    from farm.errors import BundleError
+
+    for kind in (tarfile.GNUTYPE_SPARSE,):
+        info = tarfile.TarInfo("opencl/v1/x/artifacts/a/b")
+        info.type = kind
+        info.size = 10
+        with pytest.raises(BundleError, match="sparse"):
+            _check_member(tmp_path / "b", info, 1000)
+    pax_sparse = tarfile.TarInfo("opencl/v1/x/artifacts/a/b")
+    pax_sparse.sparse = [(0, 10)]  # what tarfile sets for PAX sparse formats
+    with pytest.raises(BundleError, match="sparse"):
+        _check_member(tmp_path / "b", pax_sparse, 1000)
