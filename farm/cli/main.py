@@ -44,7 +44,7 @@ def main() -> None:
         # Without standalone mode click returns the exit code of ``typer.Exit``.
         code = app(standalone_mode=False)
     except FarmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)  # always one line
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
