@@ -464,3 +464,179 @@ def test_a_sparse_member_header_is_refused_whatever_it_declares(tmp_path: Path) 
     pax_sparse.sparse = [(0, 10)]  # what tarfile sets for PAX sparse formats
     with pytest.raises(BundleError, match="sparse"):
         _check_member(tmp_path / "b", pax_sparse, 1000)
+
+
+# -- 6. one line and an exit status, never a traceback ------------------------------------------
+def _broken_plugin(tmp_path: Path, target: str) -> dict[str, str]:
+    """A distribution whose family entry point names ``target`` (PYTHONPATH env)."""
+    pkg = tmp_path / "brokenplugin"
+    pkg.mkdir(exist_ok=True)
+    (pkg / "__init__.py").write_text("def a_function():\n    return 1\n")
+    dist = tmp_path / "brokenplugin-1.0.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenplugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[kernel_farm.families]\nbroken = {target}\n")
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+@pytest.mark.parametrize("target", ["no_such_module:X", "brokenplugin:missing",
+                                    "brokenplugin", "brokenplugin:a_function"])
+def test_a_broken_plugin_is_one_warning_and_other_manifests_still_build(
+        tmp_path: Path, target: str) -> None:
+    env = _broken_plugin(tmp_path, target)
+    manifest = tmp_path / "one.toml"
+    manifest.write_text(MANIFEST_ONE)
+    proc = farm(tmp_path / "home", "build", str(manifest), "--workers", "0", "--json", **env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "broken" in line]
+    assert len(proc.stderr.splitlines()) <= 2, proc.stderr
+    # asking for a family that is not there says which plugin failed
+    other = tmp_path / "other.toml"
+    other.write_text('format = 1\n\n[[kernels]]\nfamily = "from_the_plugin"\n')
+    proc = farm(tmp_path / "home", "build", str(other), "--workers", "0", **env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "from_the_plugin" in proc.stderr and "'broken'" in proc.stderr
+
+
+RAISING_FAMILY = '''\
+import numpy as np
+from farm.families.base import KernelFamily, Params
+from farm.model import Lowered
+
+
+class P(Params):
+    pass
+
+
+class Raises(KernelFamily[P]):
+    name = "user_raises"
+    params_model = P
+
+    def lower(self, params, launch, device):
+        return {}["a key a buggy plugin forgot"]
+
+    def example(self, params, launch, rng):
+        raise NotImplementedError
+
+
+FAMILIES = [Raises]
+'''
+
+
+def test_an_exception_in_a_plugins_lower_fails_that_kernel_only(tmp_path: Path) -> None:
+    (tmp_path / "raising.py").write_text(RAISING_FAMILY)
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(MANIFEST_ONE + '\n[[kernels]]\nfamily = "user_raises"\n')
+    proc = farm(tmp_path / "home", "build", str(manifest), "--workers", "0", "--json",
+                FARM_FAMILY_MODULES='["raising"]', PYTHONPATH=str(tmp_path))
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a failed kernel
+    report = json.loads(proc.stdout)
+    assert outcomes(report) == (0, 0, 1, 1)
+    assert "KeyError" in proc.stdout
+
+
+def _damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    if how == "zeroed page":
+        data[page * 2:page * 4] = bytes(page * 2)
+    elif how == "truncated":
+        data = data[:-1]
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["zeroed page", "rollback-journal file, zeroed page",
+                                 "truncated", "bad row"])
+def test_a_damaged_store_is_one_line_and_never_rewritten_first(tmp_path: Path,
+                                                                how: str) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "one.toml"
+    manifest.write_text(MANIFEST_ONE)
+    build(home, manifest)
+    path = home / "envs" / "default" / "store.sqlite"
+    if how.startswith("rollback"):
+        conn = sqlite3.connect(path)
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.close()
+        _damage(path, "zeroed page")
+    elif how == "bad row":
+        conn = sqlite3.connect(path)
+        conn.execute("INSERT INTO artifacts VALUES ('x', 'NOT HEX', 'b', 'd', 1, '{', x'00')")
+        conn.execute("UPDATE artifacts SET meta = '{' WHERE namespace != 'x'")
+        conn.commit()
+        conn.close()
+    else:
+        _damage(path, how)
+    before = path.read_bytes()
+    proc = farm(home, "build", str(manifest), "--workers", "0", "--json")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    if how == "truncated":  # still readable: loaded, or a miss that a compile repairs
+        assert proc.returncode == 0, proc.stderr
+        assert outcomes(json.loads(proc.stdout))[3] == 0
+    elif how == "bad row":  # the unreadable row is a miss; the foreign one is skipped
+        assert proc.returncode == 0, proc.stderr
+        assert outcomes(json.loads(proc.stdout)) == (0, 0, 1, 0)
+    else:
+        one_line_refusal(proc, str(path))
+        assert path.read_bytes() == before  # refused before anything was written
+
+
+BAD_SETTINGS = {
+    "FARM_ENVIRONMENT": [".."],                     # 7: wrote into FARM_HOME itself
+    "FARM_HOME": ["", "/dev/null"],                 # 7: "" meant the current folder
+    "FARM_LEASE_TTL": ["inf", "1e-9", "nan"],       # 7: every lease then failed
+    "FARM_WORKERS": ["100000000"],                  # 7: no upper bound
+    "FARM_REDIS_URL": ["redis://h:port/0", "::::"],
+    "FARM_RECORDS_URL": ["postgresql://u@h:port/db"],
+    "FARM_FAMILY_MODULES": ['[""]', '["a b"]'],
+    "FARM_MINIO_ENDPOINT": ["http://user:s3cret@host:9000"],
+}
+
+
+@pytest.mark.parametrize("name,value", [(n, v) for n, vs in BAD_SETTINGS.items() for v in vs])
+def test_bad_settings_are_one_line_naming_the_variable(tmp_path: Path, name: str,
+                                                       value: str) -> None:
+    proc = farm(tmp_path / "home", "records", "sessions", **{name: value})
+    line = one_line_refusal(proc, name)
+    assert proc.returncode == 2
+    assert "s3cret" not in line  # a credential is never echoed
+
+
+def test_an_unreachable_redis_is_one_line(tmp_path: Path) -> None:
+    manifest = tmp_path / "one.toml"
+    manifest.write_text(MANIFEST_ONE)
+    proc = farm(tmp_path / "home", "build", str(manifest),
+                FARM_REDIS_URL="redis://127.0.0.1:1/0")
+    one_line_refusal(proc, "Redis")
+
+
+def test_a_home_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    manifest = tmp_path / "one.toml"
+    manifest.write_text(MANIFEST_ONE)
+    proc = farm(tmp_path / "file" / "home", "build", str(manifest), "--workers", "0")
+    one_line_refusal(proc, "home")
+
+
+def test_records_sessions_never_migrates_what_it_only_reads(tmp_path: Path) -> None:
+    path = tmp_path / "home" / "envs" / "default" / "records.sqlite"
+    path.parent.mkdir(parents=True)
+    sqlite3.connect(path).close()  # an empty SQLite file: schema version 0
+    before = path.read_bytes()
+    proc = farm(tmp_path / "home", "records", "sessions")
+    one_line_refusal(proc, "schema version 0")
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", [["bundle", "export", "--all", "--force"], ["keygen"]])
+def test_unusable_output_paths_are_one_line(tmp_path: Path, command: list[str]) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "one.toml"
+    manifest.write_text(MANIFEST_ONE)
+    build(home, manifest)
+    (tmp_path / "a-file").write_text("")
+    for out in (tmp_path / "a-file" / "x", Path("/proc/version/x"), tmp_path):
+        proc = farm(home, *command, str(out))
+        one_line_refusal(proc)

@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from farm.device import DeviceInfo
-from farm.errors import ParameterError, UnsupportedFeature
+from farm.errors import FarmError, KernelError, ParameterError, UnsupportedFeature
 from farm.hashing import sha256_hex
 from farm.model import ArtifactId, KernelId, LaunchSettings, Lowered, Variant
 from farm.version import __version__
@@ -92,6 +92,9 @@ class KernelFamily(ABC, Generic[P]):
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "params"
             raise ParameterError(f"{self.name}: parameter {where}: {err['msg']}") from None
+        except (TypeError, ArithmeticError, RecursionError) as exc:  # a plugin's validator
+            raise ParameterError(f"{self.name}: parameters: {type(exc).__name__}: "
+                                 f"{' '.join(str(exc).split())[:200]}") from None
 
     def kernel_id(self, params: Mapping[str, Any],
                   launch: LaunchSettings | None = None) -> KernelId:
@@ -106,9 +109,23 @@ class KernelFamily(ABC, Generic[P]):
 
     # -- lowering ---------------------------------------------------------------------
     def lower_id(self, artifact: ArtifactId, device: DeviceInfo) -> Lowered:
-        """Lower an artifact id: validate, check limits, expand to OpenCL C."""
+        """Lower an artifact id: validate, check limits, expand to OpenCL C.
+
+        A family may be a plugin's code: an exception it raises that is not one of the
+        farm's becomes a :class:`KernelError` of this kernel (the batch goes on), and so
+        does a ``lower`` that returns something other than a :class:`Lowered`."""
         params = self.validate(artifact.kernel.params)
-        lowered = self.lower(params, artifact.kernel.launch, device)
+        try:
+            lowered = self.lower(params, artifact.kernel.launch, device)
+        except FarmError:
+            raise
+        except Exception as exc:
+            text = " ".join(str(exc).split())[:300]
+            raise KernelError(f"family {self.name}: lower() raised "
+                              f"{type(exc).__name__}: {text}") from exc
+        if not isinstance(lowered, Lowered):
+            raise KernelError(f"family {self.name}: lower() returned "
+                              f"{type(lowered).__name__}, not Lowered")
         options = tuple(self.base_options) + lowered.options + artifact.variant.options
         return lowered.model_copy(update={"options": options})
 
