@@ -640,3 +640,87 @@ def test_unusable_output_paths_are_one_line(tmp_path: Path, command: list[str]) 
     for out in (tmp_path / "a-file" / "x", Path("/proc/version/x"), tmp_path):
         proc = farm(home, *command, str(out))
         one_line_refusal(proc)
+
+
+# -- 7. accepted but wrong ---------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["pocl-abc\n", "pocl-abc\r", "\npocl-abc", "pocl abc"])
+def test_a_namespace_with_a_trailing_newline_is_not_valid(text: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        Namespace.for_fingerprint(text)
+    with pytest.raises(ValueError):
+        Namespace.parse(f"opencl/v1/{text}")
+
+
+def _bundle_with_source_hash(tmp_path: Path, source_hash: str) -> Path:
+    import io
+    import tarfile
+
+    from farm.bundle import MANIFEST_MEMBER
+
+    scratch = SQLiteStore(tmp_path / "scratch.sqlite")
+    for i in range(3):
+        scratch.put(NS, Artifact.create(Key(id_hash=f"{i:032x}", build_id="1" * 24), "f",
+                                        bytes([i]) * 8, "0" * 64))
+    export_bundle(scratch, None, tmp_path / "ok.bundle")
+    with tarfile.open(tmp_path / "ok.bundle") as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    manifest = json.loads(members[0][1])
+    manifest["artifacts"][2]["meta"]["source_hash"] = source_hash  # the last one only
+    raw = json.dumps(manifest).encode()
+    out = tmp_path / "bad.bundle"
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(MANIFEST_MEMBER)
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+        for member, data in members[1:]:
+            tar.addfile(member, io.BytesIO(data))
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("source_hash", ["a" * 2000, "../../../x", "A" * 64, "0" * 64 + "\n"])
+def test_a_bundle_with_a_bad_source_hash_writes_nothing_to_minio(
+        tmp_path: Path, minio_server: Any, source_hash: str) -> None:
+    import uuid
+
+    from farm.errors import BundleError
+    from farm.store.minio import MinioStore
+
+    bucket = f"hostile-{uuid.uuid4().hex[:12]}"
+    store = MinioStore(minio_server.endpoint, minio_server.access_key,
+                       minio_server.secret_key, bucket, secure=minio_server.secure)
+    path = _bundle_with_source_hash(tmp_path, source_hash)
+    with pytest.raises(BundleError) as caught:
+        import_bundle(path, store)
+    assert "source_hash" in str(caught.value) and "\n" not in str(caught.value)
+    assert store.namespaces() == [] and list(store.keys(NS)) == []
+    store.close()
+
+
+def test_env_file_values_are_quoted_so_sourcing_runs_nothing(tmp_path: Path) -> None:
+    from farm.devservices import export_lines
+
+    marker = tmp_path / "ran"
+    hostile = f"redis://h:1/0$(touch {marker})`touch {marker}`'\"; touch {marker}"
+    env_file = tmp_path / "cluster.env"
+    env_file.write_text("\n".join(export_lines({"FARM_REDIS_URL": hostile})) + "\n")
+    proc = subprocess.run(["bash", "-c", f'source {env_file} && printf %s "$FARM_REDIS_URL"'],
+                          capture_output=True, text=True, check=True)
+    assert proc.stdout == hostile
+    assert not marker.exists()
+    with pytest.raises(ValueError):
+        export_lines({"FARM_X; touch y": "v"})
+
+
+def test_a_bad_task_payload_is_one_line_that_survives_celerys_json() -> None:
+    from farm.payloads import PayloadError, parse_request
+
+    with pytest.raises(PayloadError) as caught:
+        parse_request({"fingerprint": "pocl-x", "kernels": [{"artifact": {"kernel": {
+            "family": "f", "params": {}}}, "build_id": "not hex"}]})
+    exc = caught.value
+    # Celery's JSON sends type, module and args: the args carry the whole message
+    rebuilt = type(exc)(*json.loads(json.dumps(list(exc.args))))
+    assert "kernels.0.build_id" in str(rebuilt) and "\n" not in str(rebuilt)

@@ -61,14 +61,14 @@ def register_tasks(app: Celery, get_state: Any) -> None:
     """Register the compile task; ``get_state()`` gives the process's ``WorkerState``."""
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from farm.payloads import CompileRequest
+    from farm.payloads import parse_request
     from worker.execute import execute_job
 
     transient: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
 
     @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True)
     def compile_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        request = CompileRequest.model_validate(payload)
+        request = parse_request(payload)  # a bad payload: one line back to the client
         try:
             return execute_job(request, get_state()).model_dump(mode="json")
         except SoftTimeLimitExceeded:
