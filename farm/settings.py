@@ -89,8 +89,11 @@ class Settings(BaseSettings):
         if str(value) in ("", "."):
             raise ValueError("must name a folder (an empty value would mean the current "
                              "folder)")
-        if value.exists() and not value.is_dir():
-            raise ValueError("exists and is not a folder")
+        try:
+            if value.exists() and not value.is_dir():
+                raise ValueError("exists and is not a folder")
+        except OSError as exc:  # a name too long, a component that is a file...
+            raise ValueError(f"cannot be used as a folder ({exc.strerror})") from None
         return value
 
     @field_validator("family_modules")
