@@ -265,7 +265,7 @@ def test_stream_entries_decode_and_store_or_are_refused(seed: int, replacement: 
 
 # -- bundles -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def good_bundle(tmp_path_factory: Any) -> bytes:
+def good_bundle(tmp_path_factory: Any) -> Path:
     root = tmp_path_factory.mktemp("bundle")
     store = SQLiteStore(root / "s.sqlite")
     for i in range(3):
@@ -274,7 +274,7 @@ def good_bundle(tmp_path_factory: Any) -> bytes:
                                       bytes([i]) * (50 + i), low.source_hash), source=low)
     export_bundle(store, None, root / "b.bundle")
     store.close()
-    return (root / "b.bundle").read_bytes()
+    return root / "b.bundle"  # a path: hypothesis prints its arguments when one fails
 
 
 def _held(store: MemoryStore) -> dict[tuple[str, str], tuple[str, str | None]]:
@@ -304,11 +304,12 @@ def _manifest_edit(raw: bytes, rnd: random.Random, replacement: Any) -> bytes:
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 def test_bundles_import_or_are_refused_leaving_the_store_alone(
-        good_bundle: bytes, seed: int, edits: int, structured: bool,
+        good_bundle: Path, seed: int, edits: int, structured: bool,
         replacement: Any) -> None:
     rnd = random.Random(seed)
-    raw = _manifest_edit(good_bundle, rnd, replacement) if structured \
-        else mutate_bytes(good_bundle, rnd, edits)
+    good = good_bundle.read_bytes()
+    raw = _manifest_edit(good, rnd, replacement) if structured \
+        else mutate_bytes(good, rnd, edits)
     target = MemoryStore()
     k_low = Lowered(source="__kernel void mine() {}", kernel_names=("mine",))
     mine = Key(id_hash="f" * 32, build_id="1" * 24)
@@ -388,7 +389,7 @@ def test_settings_are_usable_or_refused_in_one_line(values: dict[str, str]) -> N
 
 # -- store files -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def good_store(tmp_path_factory: Any) -> bytes:
+def good_store(tmp_path_factory: Any) -> Path:
     path = tmp_path_factory.mktemp("store") / "s.sqlite"
     store = SQLiteStore(path)
     for i in range(6):
@@ -399,15 +400,15 @@ def good_store(tmp_path_factory: Any) -> bytes:
     conn = sqlite3.connect(path)  # one file, no WAL beside it
     conn.execute("PRAGMA journal_mode=DELETE")
     conn.close()
-    return path.read_bytes()
+    return path
 
 
 @given(seed=st.integers(0, 2**32), edits=st.integers(1, 6), wal=st.booleans())
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-def test_store_files_are_read_or_refused_in_one_line(good_store: bytes, seed: int,
+def test_store_files_are_read_or_refused_in_one_line(good_store: Path, seed: int,
                                                      edits: int, wal: bool) -> None:
     rnd = random.Random(seed)
-    raw = mutate_bytes(good_store, rnd, edits)
+    raw = mutate_bytes(good_store.read_bytes(), rnd, edits)
     if wal and len(raw) > 20:  # as our own stores are: in WAL mode (bytes 18-19)
         raw = raw[:18] + b"\x02\x02" + raw[20:]
     with tempfile.TemporaryDirectory() as tmp:

@@ -100,6 +100,8 @@ class SQLiteStore(ArtifactStore):
         try:
             conn = sqlite3.connect(path, check_same_thread=False, timeout=30,
                                    isolation_level=None)
+            # damaged text is not UTF-8: read it as U+FFFD, which then fails validation
+            conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
             if not fresh:
                 self._check_format(conn)
                 # bytes 18-19 are 2 in WAL mode: the switch below rewrites a file in
