@@ -77,6 +77,8 @@ class Namespace(BaseModel):
 
     @classmethod
     def parse(cls, text: str) -> Namespace:
+        if not isinstance(text, str):  # a damaged row, a JSON null
+            raise ValueError(f"not a namespace: {text!r:.60}")
         parts = text.split("/")
         if len(parts) != 3:
             raise ValueError(f"not a namespace (backend/format/fingerprint): {text!r}")
