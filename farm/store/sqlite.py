@@ -122,7 +122,7 @@ class SQLiteStore(ArtifactStore):
             if conn is not None:
                 conn.close()
             raise StoreError(f"{path}: cannot open the store ({exc})") from None
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
             if conn is not None:
                 conn.close()
             raise ForeignStoreError(f"{path}: not a kernel-farm store ({exc})") from None
@@ -144,13 +144,13 @@ class SQLiteStore(ArtifactStore):
         """One line for a database error (a damaged or vanished file, a full disk)."""
         try:
             yield
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # see _check_format
             raise StoreError(f"store {self.path}: {doing} failed ({exc})") from None
 
     def _check_format(self, conn: sqlite3.Connection) -> None:
         try:
             rows = dict(conn.execute("SELECT k, v FROM meta").fetchall())
-        except sqlite3.DatabaseError:
+        except (sqlite3.DatabaseError, UnicodeDecodeError):  # the latter: a damaged schema
             raise ForeignStoreError(f"{self.path}: not a kernel-farm store "
                                     "(no meta table)") from None
         if rows.get("format") != FORMAT:
