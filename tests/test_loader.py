@@ -254,9 +254,10 @@ def test_full_miss_compiles_then_stores_after_the_load(tmp_path: Path,
         events.append("load")
         return program
 
-    def put(self: SQLiteStore, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self: SQLiteStore, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         events.append("put")
-        return real_put(self, ns, artifact)
+        return real_put(self, ns, artifact, source=source)
 
     monkeypatch.setattr(farm.batch, "load", load)
     monkeypatch.setattr(SQLiteStore, "put", put)

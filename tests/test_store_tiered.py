@@ -238,7 +238,8 @@ def test_location_and_repr_name_the_tiers_without_credentials(
 class _FailingFill(MemoryStore):
     """A front tier whose writes fail (a full disk)."""
 
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         raise OSError(28, "No space left on device")
 
 
@@ -270,7 +271,8 @@ def test_a_winner_gone_corrupt_is_not_kept_locally() -> None:
     keeps nothing rather than a value the shared tier does not hold."""
 
     class RefusesThenMisses(MemoryStore):
-        def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+        def put(self, ns: Namespace, artifact: Artifact, *,
+                source: Lowered | None = None) -> PutResult:
             return PutResult.REFUSED
 
         def get(self, ns: Namespace, key: Key) -> Artifact | None:
