@@ -60,7 +60,8 @@ from farm.model import Key
 BACKEND = "opencl"
 STORE_FORMAT = "v1"
 
-_FINGERPRINT = re.compile(r"^[a-z0-9][a-z0-9-]{0,99}$")
+#: ``fullmatch``: ``$`` with ``re.match`` would let a trailing newline through
+_FINGERPRINT = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")
 
 
 class Namespace(BaseModel):
@@ -75,7 +76,7 @@ class Namespace(BaseModel):
     @field_validator("fingerprint")
     @classmethod
     def _slug(cls, value: str) -> str:
-        if not _FINGERPRINT.match(value):
+        if not isinstance(value, str) or not _FINGERPRINT.fullmatch(value):
             raise ValueError(f"not a device fingerprint: {value!r}")
         return value
 
@@ -84,6 +85,8 @@ class Namespace(BaseModel):
 
     @classmethod
     def parse(cls, text: str) -> Namespace:
+        if not isinstance(text, str):  # a damaged row, a JSON null
+            raise ValueError(f"not a namespace: {text!r:.60}")
         parts = text.split("/")
         if len(parts) != 3:
             raise ValueError(f"not a namespace (backend/format/fingerprint): {text!r}")

@@ -66,7 +66,7 @@ def register_tasks(app: Celery, get_state: Any, request_cls: Any = None) -> None
     ``request_cls`` is the worker's Celery ``Request`` (crash bookkeeping)."""
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from farm.payloads import CompileRequest
+    from farm.payloads import parse_request
     from worker.execute import execute_job
 
     transient: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
@@ -75,7 +75,7 @@ def register_tasks(app: Celery, get_state: Any, request_cls: Any = None) -> None
 
     @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True, **options)
     def compile_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        request = CompileRequest.model_validate(payload)
+        request = parse_request(payload)  # a bad payload: one line back to the client
         try:
             return execute_job(request, get_state(),
                                task_id=self.request.id).model_dump(mode="json")

@@ -204,7 +204,7 @@ def _rekey(key: Key, family: str, lowered: Lowered, state: WorkerState,
         return False
     action = rekey_action(found, art.meta.family, key, family)
     record(Outcome.REKEYED, lowered)
-    state.store.rekey(state.ns, found, key, move=action is RekeyAction.MOVE)
+    state.store.rekey(state.ns, found, key, move=action is RekeyAction.MOVE, source=lowered)
     return True
 
 
@@ -220,7 +220,7 @@ def _compile(req: KernelRequest, key: Key, lowered: Lowered, state: WorkerState,
                           build_log=built.build_log, host=built.host, worker=state.name,
                           work_s=built.work_s)
     record(Outcome.COMPILED, lowered)
-    state.store.put(state.ns, art)
+    state.store.put(state.ns, art, source=lowered)
 
 
 def _failed(req: KernelRequest, key: Key | None, kind: str, message: str, build_log: str,

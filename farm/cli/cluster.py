@@ -34,6 +34,7 @@ def up(
         help="write the settings here (mode 0600; default: a temporary file)")] = None,
 ) -> None:
     """Start Redis, MinIO and N workers; print the settings; stop all on Ctrl-C."""
+    from farm.devservices import export_lines
     from farm.devservices.cluster import local_cluster
 
     stop = threading.Event()
@@ -48,7 +49,7 @@ def up(
             cluster.start_worker(concurrency=concurrency)
         cluster.wait_ready()
         env = cluster.env()
-        lines = [f"export {k}={env[k]}" for k in sorted(env) if k.startswith("FARM_")]
+        lines = export_lines({k: env[k] for k in sorted(env) if k.startswith("FARM_")})
         # Credentials go to a 0600 file, never to the terminal or a log.
         target = env_file or Path(tmp) / "cluster.env"
         target.touch(mode=0o600)

@@ -80,10 +80,17 @@ from farm.keys import (
     namespace_from_prefix,
     source_object,
 )
-from farm.model import Artifact, ArtifactMeta, Key
+from farm.model import Artifact, ArtifactMeta, Key, Lowered
 from farm.outage import OutageError, Waiter
 from farm.settings import Settings
-from farm.store.base import ArtifactStore, PutResult, checked, decide_put, log_refused
+from farm.store.base import (
+    ArtifactStore,
+    PutResult,
+    checked,
+    decide_put,
+    index_hash,
+    log_refused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -430,13 +437,15 @@ class MinioStore(ArtifactStore):
         return self._call(f"list {prefix}", once)
 
     # -- writes ----------------------------------------------------------------------------
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         key = artifact.meta.key
+        source_hash = index_hash(artifact, source)
         name = artifact_object(ns, key)
         body = encode_artifact(artifact)
         headers = _user_metadata(artifact)
         condition = {"If-None-Match": "*"}
-        self._index(ns, artifact)  # first: see the module docstring
+        self._index(ns, key, source_hash)  # first: see the module docstring
         for _ in range(_MAX_PUT_ROUNDS):
             if self._write_if(name, body, headers, condition):
                 if "If-Match" in condition:
@@ -458,11 +467,14 @@ class MinioStore(ArtifactStore):
         raise StoreError(f"store {self.location}: {ns}/{key} kept changing under "
                          f"{_MAX_PUT_ROUNDS} conditional writes; giving up")
 
-    def _index(self, ns: Namespace, artifact: Artifact) -> None:
+    def _index(self, ns: Namespace, key: Key, source_hash: str | None) -> None:
         """Point the source index at this key (last writer wins, as in SQLite: any key
-        that holds the source is a valid answer)."""
-        name = source_object(ns, artifact.meta.source_hash)
-        body = str(artifact.meta.key).encode("ascii")
+        that holds the source is a valid answer). ``source_hash`` is one the writer
+        computed from the source (``index_hash``); ``None`` writes nothing."""
+        if source_hash is None:
+            return
+        name = source_object(ns, source_hash)
+        body = str(key).encode("ascii")
 
         def once() -> None:
             self._client.put_object(self.bucket, name, io.BytesIO(body), len(body),
