@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -60,9 +61,11 @@ def served(client: Any) -> dict[str, list[WorkerInfo]]:
 class Heartbeat:
     """Background thread that keeps a worker's registration fresh until stopped."""
 
-    def __init__(self, client: Any, info: WorkerInfo) -> None:
+    def __init__(self, client: Any, info: WorkerInfo,
+                 on_beat: Callable[[], None] | None = None) -> None:
         self._client = client
         self._info = info
+        self._on_beat = on_beat  # called after each beat that reached Redis
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="farm-heartbeat")
 
@@ -75,6 +78,8 @@ class Heartbeat:
         name = workers_key(info.fingerprint)
         self._client.hset(name, info.field, info.model_dump_json())
         self._client.expire(name, int(STALE_S * 4))
+        if self._on_beat is not None:
+            self._on_beat()
 
     def _run(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -35,6 +36,9 @@ def build(
         help="cluster: compile locally when no worker serves the fingerprint")] = False,
     verify: Annotated[bool, typer.Option(
         help="cluster: read and verify every stored artifact's digest")] = False,
+    metrics_file: Annotated[Path | None, typer.Option(
+        "--metrics-file", help="write the build's summary as Prometheus text here (for "
+        "node-exporter's textfile collector); FARM_METRICS_PUSHGATEWAY pushes it")] = None,
 ) -> None:
     """Build a model's kernels into the store (locally or on the cluster)."""
     overrides = {"device": device} if device else {}
@@ -53,6 +57,9 @@ def build(
             report = _run_with_progress(farm.batch(label=label), artifacts, quiet=json_out)
             fp = farm.device.fingerprint
     failed = report.failed + (report.unsupported if strict else [])
+    if metrics_file is not None or settings.metrics_pushgateway:
+        _publish_metrics(report, settings, manifest=loaded.name or path.stem, fingerprint=fp,
+                         cluster=use_cluster, textfile=metrics_file)
     if json_out:
         print_json({"manifest": str(path), "fingerprint": fp, "cluster": use_cluster,
                     "summary": report.summary(), "workers": _by_worker(report),
@@ -114,6 +121,29 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
         recorder.close()
         store.close()
     return report, fp
+
+
+def _publish_metrics(report: BatchReport, settings: Settings, *, manifest: str,
+                     fingerprint: str, cluster: bool, textfile: Path | None) -> None:
+    """The summary as Prometheus metrics. A Pushgateway that fails is a warning (the
+    build succeeded and its artifacts are stored); a file that cannot be written is an
+    error of the option."""
+    from farm.errors import InputError
+    from farm.metrics import build_registry, publish_build
+
+    registry = build_registry(report.summary(), manifest=manifest, fingerprint=fingerprint,
+                              cluster=cluster)
+    try:
+        publish_build(registry, manifest=manifest, gateway=None, textfile=textfile)
+    except OSError as exc:
+        raise InputError(f"--metrics-file {textfile}: {exc.strerror or exc}") from None
+    if settings.metrics_pushgateway:
+        try:
+            publish_build(registry, manifest=manifest, gateway=settings.metrics_pushgateway,
+                          textfile=None)
+        except OSError as exc:
+            err.print(f"warning: could not push the build's metrics to "
+                      f"FARM_METRICS_PUSHGATEWAY: {exc}", markup=False, soft_wrap=True)
 
 
 def _by_worker(report: BatchReport) -> dict[str, dict[str, float]]:

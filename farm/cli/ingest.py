@@ -44,6 +44,9 @@ def ingest(
     json_out: Annotated[bool, typer.Option(
         "--json", help="print the final counts as JSON on stdout")] = False,
     loglevel: Annotated[str, typer.Option(help="log level on stderr")] = "INFO",
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=1, max=65535, help="serve Prometheus metrics on this port "
+        "(default FARM_METRICS_PORT; unset: none)")] = None,
 ) -> None:
     """Write the records streams into session storage until stopped (SIGTERM/SIGINT)."""
     settings = load_settings()
@@ -69,6 +72,11 @@ def ingest(
                 claim_idle_ms=claim_idle_ms,
                 keep_sessions=keep_sessions if keep_sessions is not None
                 else settings.keep_sessions)
+            port = metrics_port or settings.metrics_port
+            if port:
+                from farm.metrics import ClusterCollector, IngestCollector, serve
+
+                serve(port, [IngestCollector(ingester, client), ClusterCollector(client)])
             err.print(f"ingester {consumer}: {settings.redis_url.split('@')[-1]} -> "
                       f"{storage.where}", markup=False, soft_wrap=True)
             stats = ingester.run(stop, drain=drain)

@@ -54,6 +54,13 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except ModuleNotFoundError as exc:
+        # The device libraries are an extra (the ingester's image has none of them).
+        if exc.name != "pyopencl":
+            raise
+        print("error: pyopencl is not installed: this command needs an OpenCL device "
+              "(pip install 'kernel-farm[opencl]')", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:
         # Usage errors (a bad flag value, an unknown option) are click's, raised either by
         # click itself or by the copy of click that typer carries.
