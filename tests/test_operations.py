@@ -291,3 +291,39 @@ def test_module_level_app_reads_the_settings(monkeypatch: pytest.MonkeyPatch) ->
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["redis://127.0.0.1:1/7", "False"]
 
+
+
+def test_build_waits_for_a_pool_scaled_to_zero(redis_server: Any, minio_server: Any,
+                                               built: dict[str, Any], tmp_path: Path) -> None:
+    """With --wait-for-workers a build queues its chunks although no worker serves the
+    fingerprint yet (KEDA starts the pool on the queue's length); a worker that starts
+    later takes them and the build completes."""
+    import redis
+
+    fp = built["fingerprint"]
+    manifest = write_manifest(tmp_path / "z.toml", salt=32, count=2)
+    with local_cluster(tmp_path / "zero", redis=redis_server, minio=minio_server,
+                       bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db()) as c:
+        env = c.env(tmp_path / "client")
+        refused = farm(env, "build", str(manifest), "--cluster", "--wait-for-workers")
+        assert refused.returncode == 2 and "--fingerprint" in refused.stderr
+        build = subprocess.Popen(
+            [sys.executable, "-m", "farm", "build", str(manifest), "--cluster", "--json",
+             "--fingerprint", fp, "--wait-for-workers"], env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        client: Any = redis.Redis.from_url(c.redis_url)
+        try:
+            deadline = time.monotonic() + 60
+            while queue_depth(client, fp) == 0:
+                assert build.poll() is None, build.communicate()
+                assert time.monotonic() < deadline, "nothing was queued"
+                time.sleep(0.2)
+            c.start_worker()
+            stdout, stderr = build.communicate(timeout=240)
+        finally:
+            if build.poll() is None:
+                build.kill()
+            client.close()
+        assert build.returncode == 0, stderr
+        assert "queueing for the workers to come" in stderr
+        assert json.loads(stdout)["summary"]["compiled"] == 2

@@ -36,6 +36,10 @@ def build(
         help="cluster: compile locally when no worker serves the fingerprint")] = False,
     verify: Annotated[bool, typer.Option(
         help="cluster: read and verify every stored artifact's digest")] = False,
+    wait_for_workers: Annotated[bool, typer.Option(
+        "--wait-for-workers", help="cluster: queue the kernels even when no worker serves "
+        "the fingerprint now (a pool that scales from zero starts on its queue's "
+        "length); needs --fingerprint")] = False,
     metrics_file: Annotated[Path | None, typer.Option(
         "--metrics-file", help="write the build's summary as Prometheus text here (for "
         "node-exporter's textfile collector); FARM_METRICS_PUSHGATEWAY pushes it")] = None,
@@ -50,7 +54,7 @@ def build(
     report: BatchReport | None = None
     if use_cluster:
         report, fp = _cluster_build(settings, loaded, label, fingerprint, fallback_local,
-                                    verify, json_out)
+                                    verify, json_out, wait_for_workers=wait_for_workers)
     if report is None:
         with local_farm(settings, label=label, workers=workers) as farm:
             artifacts = [e.artifact for e in expand(loaded, farm.registry)]
@@ -76,7 +80,8 @@ def build(
 
 def _cluster_build(settings: Settings, loaded: Manifest, label: str,
                    fingerprint: str | None, fallback_local: bool, verify: bool,
-                   quiet: bool) -> tuple[BatchReport | None, str]:
+                   quiet: bool, *, wait_for_workers: bool = False
+                   ) -> tuple[BatchReport | None, str]:
     """Build through the workers; ``None`` when falling back to a local build."""
     from typing import Any
 
@@ -84,12 +89,15 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
 
     from farm.cluster import check_served, cluster_build
     from farm.device import discover_devices, select_device
-    from farm.errors import ClusterError
+    from farm.errors import ClusterError, InputError
     from farm.families import Registry
     from farm.records.open import open_recorder
     from farm.store.open import open_store
     from worker.app import make_app
 
+    if wait_for_workers and not fingerprint:
+        raise InputError("--wait-for-workers needs --fingerprint: with no worker to ask, "
+                         "the target device must be named")
     local_fp = select_device(discover_devices(), settings.device).fingerprint \
         if fallback_local or not fingerprint else None
     fp = fingerprint or local_fp or ""
@@ -97,14 +105,19 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     try:
         served_by = check_served(client, fp)
     except ClusterError as exc:
-        if not fallback_local:
-            raise
-        if local_fp != fp:
-            raise ClusterError(f"{exc}; and the local device ({local_fp}) cannot compile "
-                               f"for {fp}") from None
-        err.print(f"{exc}: compiling locally (--fallback-local)", markup=False,
-                  soft_wrap=True)
-        return None, fp
+        if wait_for_workers:
+            served_by = []
+            err.print(f"{exc}: queueing for the workers to come (--wait-for-workers)",
+                      markup=False, soft_wrap=True)
+        else:
+            if not fallback_local:
+                raise
+            if local_fp != fp:
+                raise ClusterError(f"{exc}; and the local device ({local_fp}) cannot "
+                                   f"compile for {fp}") from None
+            err.print(f"{exc}: compiling locally (--fallback-local)", markup=False,
+                      soft_wrap=True)
+            return None, fp
     registry = Registry.load(settings.family_modules)
     artifacts = [e.artifact for e in expand(loaded, registry)]
     store = open_store(settings)

@@ -19,10 +19,25 @@ import typer
 
 from farm.cli.console import err, print_json
 from farm.errors import SettingsError
+from farm.health import HealthFiles
 from farm.records.ingest import BATCH, BLOCK_MS, CLAIM_IDLE_MS, Ingester, default_consumer_name
 from farm.records.storage import SessionStorage
 from farm.records.stream import connect
 from farm.settings import load_settings
+
+
+class _WatchedIngester(Ingester):
+    """An ingester that touches the probes' health files after each round it completes
+    (a round blocks at most ``block_ms``), so a loop stuck or failing goes stale."""
+
+    health: HealthFiles | None = None
+
+    def step(self) -> int:
+        handled = super().step()
+        if self.health is not None:
+            self.health.ready()
+            self.health.alive()
+        return handled
 
 
 def ingest(
@@ -67,11 +82,14 @@ def ingest(
     client = connect(settings.redis_url, socket_timeout_s=block_ms / 1000 + 10)
     try:
         with SessionStorage(settings.effective_records_url) as storage:
-            ingester = Ingester(
+            ingester = _WatchedIngester(
                 client, storage, consumer=consumer, batch=batch, block_ms=block_ms,
                 claim_idle_ms=claim_idle_ms,
                 keep_sessions=keep_sessions if keep_sessions is not None
                 else settings.keep_sessions)
+            if settings.health_dir is not None:
+                ingester.health = HealthFiles(settings.health_dir)
+                ingester.health.reset()
             port = metrics_port or settings.metrics_port
             if port:
                 from farm.metrics import ClusterCollector, IngestCollector, serve

@@ -56,10 +56,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* repository:tag of an image value, the tag defaulting to the chart's appVersion. */}}
+{{/* repository:tag[@digest] of an image value, the tag defaulting to the chart's
+appVersion. A digest pins the exact image: a tag can be pushed again, a digest cannot. */}}
 {{- define "kernel-farm.image" -}}
 {{- $img := index . 0 }}{{- $root := index . 1 }}
-{{- printf "%s:%s" $img.repository (default $root.Chart.AppVersion $img.tag | toString) }}
+{{- $ref := printf "%s:%s" $img.repository (default $root.Chart.AppVersion $img.tag | toString) }}
+{{- if $img.digest }}{{- $ref = printf "%s@%s" $ref $img.digest }}{{- end }}
+{{- $ref }}
 {{- end }}
 
 {{/* Service names of the bundled services. */}}
@@ -87,11 +90,15 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/*
 One credential for the Secret the chart creates: the value given, else the one already
-in that Secret (so upgrades keep generated passwords), else a random one.
-(list $ "secret-key" .Values.secrets.x length)
+in that Secret (so upgrades keep generated passwords), else a random one, generated
+only where `lookup` reaches a cluster (helm install/upgrade). Under `helm template`
+(Argo CD, Flux, CI renders) lookup finds nothing, and a random value would change on
+every render: PostgreSQL, which reads its password once, would then refuse the
+ingester. So there the chart fails and says what to set instead.
+(list $ "secret-key" .Values.secrets.x length "secrets.x")
 */}}
 {{- define "kernel-farm.credential" -}}
-{{- $root := index . 0 }}{{- $key := index . 1 }}{{- $given := index . 2 }}{{- $length := index . 3 }}
+{{- $root := index . 0 }}{{- $key := index . 1 }}{{- $given := index . 2 }}{{- $length := index . 3 }}{{- $value := index . 4 }}
 {{- if $given }}
 {{- $given }}
 {{- else }}
@@ -100,10 +107,33 @@ in that Secret (so upgrades keep generated passwords), else a random one.
 {{- if $existing }}{{- $data = $existing.data | default dict }}{{- end }}
 {{- if hasKey $data $key }}
 {{- index $data $key | b64dec }}
-{{- else }}
+{{- else if (lookup "v1" "Namespace" "" "kube-system") }}
 {{- randAlphaNum $length }}
+{{- else }}
+{{- fail (printf "%s is empty and no cluster answers lookup (helm template, Argo CD, Flux): a generated credential would change on every render. Set secrets.existingSecret to a Secret you manage, or give %s (and the other credentials) as values" $value $value) }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+checksum/secret for the pods: a change of credentials rolls them (env from a Secret is
+read only at start). The chart's own Secret is hashed as rendered; an existing Secret
+is hashed as lookup finds it (its resourceVersion), so rotating it rolls the pods on the
+next upgrade.
+*/}}
+{{- define "kernel-farm.secretChecksum" -}}
+{{- if .Values.secrets.existingSecret }}
+{{- $found := lookup "v1" "Secret" .Release.Namespace .Values.secrets.existingSecret }}
+{{- printf "%s/%s" .Values.secrets.existingSecret (($found.metadata | default dict).resourceVersion | default "") | sha256sum }}
+{{- else }}
+{{- include (print .Template.BasePath "/secret.yaml") . | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/* The pod annotations every farm pod carries: config and secret checksums. */}}
+{{- define "kernel-farm.checksums" -}}
+checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
+checksum/secret: {{ include "kernel-farm.secretChecksum" . }}
 {{- end }}
 
 {{/* env entry reading one key of the credentials Secret: (list $ "ENV_NAME" "secret-key") */}}
