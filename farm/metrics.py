@@ -301,9 +301,10 @@ def build_registry(summary: dict[str, Any], *, manifest: str, fingerprint: str,
                     [*labels, "outcome"], registry=registry)
     for outcome in ("loaded", "rekeyed", "compiled", "unsupported", "failed"):
         kernels.labels(**labels, outcome=outcome).set(summary[outcome])
-    for name, key, what in (("wall", "wall_s", "Wall seconds"),
-                            ("work", "work_s", "Work seconds (summed over kernels)")):
-        Gauge(f"farm_build_{name}_seconds", f"{what} of the last build", list(labels),
+    for name, key, what in (("farm_build_wall_seconds", "wall_s", "Wall seconds"),
+                            ("farm_build_work_seconds", "work_s",
+                             "Work seconds (summed over kernels)")):
+        Gauge(name, f"{what} of the last build", list(labels),
               registry=registry).labels(**labels).set(summary[key])
     Gauge("farm_build_tasks_sent", "Chunks the last build sent to the workers",
           list(labels), registry=registry).labels(**labels).set(summary.get("tasks_sent", 0))
