@@ -327,3 +327,31 @@ def test_build_waits_for_a_pool_scaled_to_zero(redis_server: Any, minio_server: 
         assert build.returncode == 0, stderr
         assert "queueing for the workers to come" in stderr
         assert json.loads(stdout)["summary"]["compiled"] == 2
+
+
+def test_cluster_up_says_where_its_logs_are_and_keeps_them(tmp_path: Path) -> None:
+    import signal
+
+    work = tmp_path / "work"
+    proc = subprocess.Popen([sys.executable, "-m", "farm", "cluster", "up", "--workers", "1",
+                             "--workdir", str(work)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (work / "cluster.env").exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "farm cluster up did not get ready"
+            time.sleep(0.5)
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, output
+    assert f"# logs: {work}/worker-*.log" in output
+    assert f"logs and records kept in {work}" in output
+    assert " ready." in (work / "worker-0.log").read_text()
+    assert (work / "ingester-0.log").exists()
+    assert (work / "cluster.env").stat().st_mode & 0o077 == 0
