@@ -49,7 +49,7 @@ KUBE_VERSIONS = sorted({min(kubernetes_validate.utils.all_versions(),
                        key=lambda v: tuple(int(x) for x in v.split(".")))
 # Custom resources (KEDA, prometheus-operator): no schemas in kubernetes-validate, so
 # their tests below check the fields the operators read.
-CUSTOM_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor"}
+CUSTOM_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor", "PrometheusRule"}
 # APIs `helm template` is told the cluster serves (so the chart renders KEDA objects).
 API_VERSIONS = ["keda.sh/v1alpha1", "monitoring.coreos.com/v1"]
 EXISTING_SECRET = "farm-credentials"
@@ -811,6 +811,19 @@ def test_service_monitor_scrapes_workers_and_ingester(rendered: dict[str, list[d
     assert components == {"worker", "ingester"}
 
 
+def exported_metrics() -> set[str]:
+    """Metric names farm/metrics.py exports (without _total/_bucket/... suffixes)."""
+    source = (ROOT / "farm" / "metrics.py").read_text()
+    counters = source.split("COUNTERS = (")[1].split(")")[0]
+    return set(re.findall(r'"(farm_[a-z_]+)', source)) | \
+        {f"farm_ingest_{c}" for c in re.findall(r'"([a-z]+)"', counters)}
+
+
+def metric_names(expr: str) -> set[str]:
+    return {re.sub(r"_(bucket|total|sum|count)$", "", n)
+            for n in re.findall(r"\b(farm_[a-z_]+)", expr)}
+
+
 def test_grafana_dashboard_uses_the_exported_metrics(rendered: dict[str, list[dict]]) -> None:
     docs = rendered["example-autoscaling-keda"]
     board = named(docs, "ConfigMap", f"{FULLNAME}-dashboard")
@@ -818,15 +831,25 @@ def test_grafana_dashboard_uses_the_exported_metrics(rendered: dict[str, list[di
     dashboard = json.loads(board["data"]["kernel-farm.json"])
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     assert len(exprs) >= 10
-    names = {re.sub(r"_(bucket|total|sum|count)$", "", n)
-             for e in exprs for n in re.findall(r"\b(farm_[a-z_]+)", e)}
-    source = (ROOT / "farm" / "metrics.py").read_text()
-    exported = set(re.findall(r'"(farm_[a-z_]+)', source)) | \
-        {f"farm_ingest_{c}" for c in re.findall(r'"([a-z]+)"', source.split("COUNTERS = (")[1]
-                                                .split(")")[0])}
-    assert names <= exported, names - exported
+    names = set().union(*(metric_names(e) for e in exprs))
+    assert names <= exported_metrics(), names - exported_metrics()
     assert {"farm_queue_depth", "farm_kernels", "farm_compile_seconds",
             "farm_ingest_lag_entries"} <= names
+
+
+def test_alerts_use_the_exported_metrics_and_are_documented(
+        rendered: dict[str, list[dict]]) -> None:
+    (rule,) = of_kind(rendered["example-autoscaling-keda"], "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert len(rules) >= 8
+    operations = (ROOT / "docs" / "OPERATIONS.md").read_text()
+    for alert in rules:
+        names = metric_names(alert["expr"])
+        assert names and names <= exported_metrics(), alert["alert"]
+        assert f'namespace="{NAMESPACE}"' in alert["expr"]
+        assert f"`{alert['alert']}`" in operations, f"{alert['alert']} is not in OPERATIONS.md"
+    assert not of_kind(rendered["default"], "PrometheusRule")  # off unless asked for
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
