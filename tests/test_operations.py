@@ -355,3 +355,33 @@ def test_cluster_up_says_where_its_logs_are_and_keeps_them(tmp_path: Path) -> No
     assert " ready." in (work / "worker-0.log").read_text()
     assert (work / "ingester-0.log").exists()
     assert (work / "cluster.env").stat().st_mode & 0o077 == 0
+
+
+def test_dashboard_picture_computes_quantiles_like_prometheus() -> None:
+    """scripts/dashboard_picture.py draws histogram_quantile over rate windows: check it
+    against a hand computation (10 observations in (0.1, 0.25], 10 in (0.25, 0.5])."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("dashboard_picture",
+                                                  root / "scripts" / "dashboard_picture.py")
+    assert spec is not None and spec.loader is not None
+    picture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(picture)
+
+    def sample(counts: dict[str, float]) -> dict[Any, float]:
+        return {("farm_compile_seconds_bucket", (("fingerprint", "f"), ("le", le))): v
+                for le, v in counts.items()}
+
+    before = sample({"0.1": 0, "0.25": 0, "0.5": 0, "+Inf": 0})
+    after = sample({"0.1": 0, "0.25": 10, "0.5": 20, "+Inf": 20})
+    series = [(0.0, before), (5.0, after)]
+    ((_, p50),) = picture.quantile(series, "farm_compile_seconds", 0.5)[-1:]
+    ((_, p75),) = picture.quantile(series, "farm_compile_seconds", 0.75)[-1:]
+    assert p50 == pytest.approx(0.25)
+    assert p75 == pytest.approx(0.375)
+    counter = [(0.0, {("farm_kernels_total", (("outcome", "compiled"),)): 0.0}),
+               (2.0, {("farm_kernels_total", (("outcome", "compiled"),)): 8.0})]
+    assert picture.rates(counter, "farm_kernels_total", outcome="compiled")[-1] == (2.0, 4.0)
+    svg = picture.draw(series)
+    assert svg.startswith("<svg") and "Compile seconds" in svg
