@@ -82,14 +82,15 @@ class Ops:
     """The cluster of this module, with its worker's metrics port and health folder."""
 
     def __init__(self, cluster: LocalCluster, metrics_port: int, health: Path,
-                 flower_port: int) -> None:
+                 flower_port: int, ingester_port: int) -> None:
         self.cluster = cluster
         self.metrics_port = metrics_port
         self.health = health
         self.flower_port = flower_port
+        self.ingester_port = ingester_port
 
-    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
-        return _samples(_get(f"http://127.0.0.1:{self.metrics_port}/metrics"))
+    def metrics(self, port: int | None = None) -> list[tuple[str, dict[str, str], float]]:
+        return _samples(_get(f"http://127.0.0.1:{port or self.metrics_port}/metrics"))
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +98,19 @@ def ops(redis_server: Any, minio_server: Any,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ops]:
     work = tmp_path_factory.mktemp("ops")
     health = work / "health"
-    metrics_port, flower_port = free_port(), free_port()
+    metrics_port, flower_port, ingester_port = free_port(), free_port(), free_port()
     with local_cluster(work, redis=redis_server, minio=minio_server,
                        bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db()) as c:
         c.start_worker(args=("--metrics-port", str(metrics_port), "--",
                              "--max-tasks-per-child=50"),
                        FARM_HEALTH_DIR=str(health))
+        # The ingester's own metrics port and health folder (set for it alone).
+        ingester_env = {"FARM_METRICS_PORT": str(ingester_port),
+                        "FARM_HEALTH_DIR": str(work / "ingester-health")}
+        c.extra_env.update(ingester_env)
+        c.start_ingester(f"sqlite:///{work / 'records.sqlite'}")
+        for key in ingester_env:
+            del c.extra_env[key]
         c.wait_ready()
         log = work / "flower.log"
         with open(log, "wb") as fh:
@@ -113,7 +121,7 @@ def ops(redis_server: Any, minio_server: Any,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             _wait_http(f"http://127.0.0.1:{flower_port}/healthcheck", flower, log)
-            yield Ops(c, metrics_port, health, flower_port)
+            yield Ops(c, metrics_port, health, flower_port, ingester_port)
         finally:
             flower.terminate()
             try:
@@ -196,6 +204,30 @@ def test_worker_metrics_show_the_kernels_compiled(ops: Ops, built: dict[str, Any
     assert again["summary"]["loaded"] == again["summary"]["kernels"]
     assert _value(ops.metrics(), "farm_kernels_total", fingerprint=fp,
                   outcome="compiled") == compiled
+
+
+def test_ingester_metrics_and_health(ops: Ops, built: dict[str, Any]) -> None:
+    """The ingester wrote the build's records (its totals say so), is caught up (no lag),
+    sees the same queues as the workers, and keeps its health files fresh."""
+    url = f"http://127.0.0.1:{ops.ingester_port}/metrics"
+    _wait_http(url, ops.cluster.ingesters[0].process, ops.cluster.ingesters[0].log)
+    deadline = time.monotonic() + 30
+    while True:
+        samples = ops.metrics(ops.ingester_port)
+        lag = [v for n, _, v in samples if n == "farm_ingest_lag_entries"]
+        # the build's 6 compilation records, its batch record and its session at least
+        if _value(samples, "farm_ingest_records_total") >= 7 and lag and not any(lag):
+            break
+        assert time.monotonic() < deadline, samples
+        time.sleep(0.5)
+    assert _value(samples, "farm_ingest_sessions_total") >= 1
+    assert _value(samples, "farm_ingest_lost_total") == 0
+    streams = {ls["stream"] for n, ls, _ in samples if n == "farm_ingest_lag_entries"}
+    assert "farm:records:compilation" in streams
+    assert _value(samples, "farm_workers", fingerprint=built["fingerprint"]) == 1
+    health = ops.cluster.workdir / "ingester-health"
+    assert (health / "ready").exists()
+    assert time.time() - (health / "alive").stat().st_mtime < 10
 
 
 def test_build_writes_its_summary_as_metrics(built: dict[str, Any]) -> None:
