@@ -9,7 +9,6 @@ age (``test``/``stat``), so they cost no Python start-up per probe.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -47,8 +46,6 @@ class HealthFiles:
     def _touch(self, name: str) -> None:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            path = self.folder / name
-            path.touch()
-            os.utime(path)
+            (self.folder / name).touch()  # an existing file gets a new mtime
         except OSError:  # a full or read-only disk must not stop the worker
             pass

@@ -155,6 +155,9 @@ class InstrumentedStore(ArtifactStore):
     def keys(self, ns: Namespace) -> Iterator[Key]:
         return self.inner.keys(ns)
 
+    def rekey(self, ns: Namespace, src: Key, dst: Key, *, move: bool) -> Artifact | None:
+        return self.inner.rekey(ns, src, dst, move=move)  # the inner store's own way
+
     def namespaces(self) -> list[Namespace]:
         return self.inner.namespaces()
 

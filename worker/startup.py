@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,12 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     import tempfile
 
     port = metrics_port if metrics_port is not None else settings.metrics_port
+    metrics_dir = Path(tempfile.gettempdir()) / f"farm-metrics-{os.getpid()}"
     if port:
         # Before anything imports prometheus-client: the pool's processes inherit it.
         from farm.metrics import prepare_multiprocess
 
-        prepare_multiprocess(Path(tempfile.gettempdir()) / f"farm-metrics-{os.getpid()}")
+        prepare_multiprocess(metrics_dir)
 
     import redis
     from celery import signals
@@ -150,3 +152,5 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
         beat.stop()
         if health is not None:
             health.reset()
+        if port:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
