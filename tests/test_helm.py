@@ -690,6 +690,12 @@ def test_keda_scales_each_pool_on_its_queue(rendered: dict[str, list[dict]]) -> 
         assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
     h200 = named(scaled, "ScaledObject", f"{FULLNAME}-worker-h200")
     assert h200["spec"]["minReplicaCount"] == 0  # a GPU pool scales to zero
+    # The KEDA operator may reach Redis (and only Redis) to read the queues.
+    keda_peer = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": values["autoscaling"]["keda"]["namespace"]}}}
+    for service in ("redis", "minio", "postgresql"):
+        (rule,) = named(docs, "NetworkPolicy", f"{FULLNAME}-{service}")["spec"]["ingress"]
+        assert (keda_peer in rule["from"]) == (service == "redis"), service
 
 
 def test_hpa_where_keda_is_absent(helm_bin: str, tmp_path: Path) -> None:
