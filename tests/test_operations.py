@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -204,6 +205,14 @@ def test_worker_metrics_show_the_kernels_compiled(ops: Ops, built: dict[str, Any
     assert again["summary"]["loaded"] == again["summary"]["kernels"]
     assert _value(ops.metrics(), "farm_kernels_total", fingerprint=fp,
                   outcome="compiled") == compiled
+
+
+def test_worker_logs_a_line_per_chunk_not_the_reply(ops: Ops, built: dict[str, Any]) -> None:
+    text = ops.cluster.workers[0].log.read_text(errors="replace")
+    chunks = re.findall(r"chunk [0-9a-f-]{36}: (\d+) compiled", text)
+    assert sum(int(n) for n in chunks) >= built["summary"]["compiled"]
+    assert "succeeded in" not in text  # Celery's line with the whole reply: DEBUG only
+    assert '"results"' not in text
 
 
 def test_ingester_metrics_and_health(ops: Ops, built: dict[str, Any]) -> None:
