@@ -41,7 +41,8 @@ A record of kind ``records/v<N>/<name>`` travels on ``farm:records:<name>``
 (:func:`records_stream_for`): the stream has no version in its name, the entry carries
 its kind, so a kind's later format version shares its stream (see docs/RECORDS.md).
 
-Celery queues: ``farm.<fingerprint>`` (one per fingerprint).
+Celery queues: ``farm.<fingerprint>`` (one per fingerprint), Redis lists of that name;
+``unacked`` (kombu's hash of delivered, unacknowledged messages).
 
 Records storage: kind ``records/v1/<kind>`` keyed by (session, seq).
 
@@ -201,8 +202,27 @@ def task_lease_key(task_id: str) -> str:
 
 
 # -- celery ----------------------------------------------------------------------------------
+QUEUE_PREFIX = "farm."
+
+
 def queue_name(fingerprint: str) -> str:
-    return f"farm.{fingerprint}"
+    return f"{QUEUE_PREFIX}{fingerprint}"
+
+
+def queue_fingerprint(queue: str) -> str | None:
+    """Inverse of :func:`queue_name`; ``None`` for another queue (``farm.default``)."""
+    if not queue.startswith(QUEUE_PREFIX):
+        return None
+    fp = queue[len(QUEUE_PREFIX):]
+    return fp if _FINGERPRINT.match(fp) and fp != "default" else None
+
+
+#: Redis keys of Celery's queues (kombu's Redis transport keeps each queue as a list
+#: named after it, and a priority's messages in ``<queue>\x06\x16<priority>``)
+QUEUE_PATTERN = f"{QUEUE_PREFIX}*"
+QUEUE_PRIORITY_SEP = "\x06\x16"
+#: kombu's hash of delivered, unacknowledged messages (late acks: chunks in flight)
+CELERY_UNACKED = "unacked"
 
 
 # -- records storage -------------------------------------------------------------------------

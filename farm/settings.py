@@ -87,6 +87,20 @@ class Settings(BaseSettings):
     #: kernels per Celery task (amortises per-task overhead against compile time)
     chunk_size: int = Field(default=4, ge=1, le=256)
 
+    # -- operations (see docs/OPERATIONS.md) ---------------------------------------------
+    #: Celery task events (task-sent/-started/-succeeded...) for Flower and
+    #: ``celery events`` (FARM_WORKER_EVENTS)
+    worker_events: bool = True
+    #: Celery worker heartbeats (worker-online/-heartbeat events; Flower's worker status,
+    #: and the liveness file below) (FARM_WORKER_HEARTBEAT)
+    worker_heartbeat: bool = True
+    #: port of the Prometheus ``/metrics`` endpoint of a worker or ingester; unset: none
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    #: Prometheus Pushgateway URL where ``farm build`` pushes its summary (optional)
+    metrics_pushgateway: str | None = None
+    #: folder of the health files the chart's probes read (``ready``, ``alive``)
+    health_dir: Path | None = None
+
     # -- faults (see docs/RELIABILITY.md) --------------------------------------------------
     #: seconds a Redis or MinIO outage is waited out (with backoff) before a process gives
     #: up with one error line (FARM_OUTAGE_LIMIT)

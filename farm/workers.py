@@ -69,13 +69,15 @@ class Heartbeat:
 
     def __init__(self, client: Any, info: WorkerInfo, *, interval_s: float = HEARTBEAT_S,
                  stale_s: float = STALE_S, waiter: Waiter | None = None,
-                 on_give_up: Callable[[str], None] | None = None) -> None:
+                 on_give_up: Callable[[str], None] | None = None,
+                 on_beat: Callable[[], None] | None = None) -> None:
         self._client = client
         self._info = info
         self._interval_s = interval_s
         self._stale_s = stale_s
         self._waiter = waiter
         self._on_give_up = on_give_up
+        self._on_beat = on_beat  # called after each beat that reached Redis
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="farm-heartbeat")
 
@@ -91,6 +93,8 @@ class Heartbeat:
         name = workers_key(info.fingerprint)
         self._client.hset(name, info.field, info.model_dump_json())
         self._client.expire(name, int(max(self._stale_s * 4, 60)))
+        if self._on_beat is not None:
+            self._on_beat()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

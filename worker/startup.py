@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 from farm.device import DeviceInfo, discover_devices
@@ -47,17 +49,68 @@ def pick_devices(devices: list[DeviceInfo], fingerprint: str | None) -> list[Dev
     return chosen
 
 
+class _QuietSuccess(logging.Filter):
+    """Celery logs every task's full return value at INFO ("succeeded in ...: {...}"):
+    a chunk's reply is kilobytes of JSON. Keep that line for DEBUG; the compile task
+    logs a one-line count per chunk instead (``worker.app``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from celery.app.trace import LOG_SUCCESS
+
+        if record.msg == LOG_SUCCESS:
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
+def celery_argv(*, concurrency: int, queues: list[str], loglevel: str, hostname: str,
+                events: bool, heartbeat: bool, extra: list[str] | None = None) -> list[str]:
+    """The ``celery worker`` command line; ``extra`` (from ``farm worker -- ...``) last,
+    so an operator's option wins over ours."""
+    argv = ["worker", "--pool=prefork", f"--concurrency={concurrency}",
+            f"--queues={','.join(queues)}", f"--loglevel={loglevel}",
+            f"--hostname={hostname}", "--without-gossip", "--without-mingle"]
+    if events:
+        argv.append("--task-events")
+    if not heartbeat:
+        argv.append("--without-heartbeat")
+    return [*argv, *(extra or [])]
+
+
 def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None = None,
-               queues: list[str] | None = None, loglevel: str = "INFO") -> None:
-    """Run a Celery worker for one fingerprint until it is stopped."""
+               queues: list[str] | None = None, loglevel: str = "INFO",
+               events: bool | None = None, heartbeat: bool | None = None,
+               metrics_port: int | None = None, extra_args: list[str] | None = None) -> None:
+    """Run a Celery worker for one fingerprint until it is stopped.
+
+    ``events``, ``heartbeat`` and ``metrics_port`` default to the settings
+    (FARM_WORKER_EVENTS, FARM_WORKER_HEARTBEAT, FARM_METRICS_PORT); ``extra_args`` go to
+    ``celery worker`` unchanged.
+    """
+    import tempfile
+
+    port = metrics_port if metrics_port is not None else settings.metrics_port
+    metrics_dir = Path(tempfile.gettempdir()) / f"farm-metrics-{os.getpid()}"
+    if port:
+        # Before anything imports prometheus-client: the pool's processes inherit it.
+        from farm.metrics import prepare_multiprocess
+
+        prepare_multiprocess(metrics_dir)
+
     import redis
     from celery import signals
 
+    from farm.health import HealthFiles
+
+    events = settings.worker_events if events is None else events
+    heartbeat = settings.worker_heartbeat if heartbeat is None else heartbeat
     devices = pick_devices(discover_devices(), fingerprint)
     fp = devices[0].fingerprint
     queue_list = queues or [queue_name(fp)]
-    app = make_app(settings)
+    app = make_app(settings.model_copy(update={"worker_events": events}))
     holder: dict[str, WorkerState] = {}
+    health = HealthFiles(settings.health_dir) if settings.health_dir else None
+    if health is not None:
+        health.reset()
 
     def get_state() -> WorkerState:
         return holder["state"]
@@ -65,6 +118,7 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     def init_process(**_: Any) -> None:
         from billiard import current_process
 
+        logging.getLogger("celery.app.trace").addFilter(_QuietSuccess())
         index = getattr(current_process(), "index", 0) or 0
         holder["state"] = open_state(settings, devices, index)
         log.info("process %s opened %s", os.getpid(), holder["state"].device.fingerprint)
@@ -89,11 +143,26 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     signals.worker_process_init.connect(init_process, weak=False)
     signals.worker_process_shutdown.connect(close_process, weak=False)
     signals.task_received.connect(received, weak=False)
+    if health is not None:
+        def on_ready(**_: Any) -> None:
+            health.ready()
+            health.alive()
+
+        signals.worker_ready.connect(on_ready, weak=False)
+        signals.worker_shutting_down.connect(lambda **_: health.not_ready(), weak=False)
+        if heartbeat:  # the consumer's own heartbeat: proves its event loop turns
+            signals.heartbeat_sent.connect(lambda **_: health.alive(), weak=False)
     register_tasks(app, get_state, request_cls=crash_request_class(client))
     app.conf.worker_consumer = "worker.poison:GuardedConsumer"
     # How long the pool waits for a dead process's result before declaring it lost
     # (Celery's default, 10 s, is added to every crash of a crash loop).
     app.conf.worker_lost_wait = 1.0
+
+    if port:
+        from farm.metrics import ClusterCollector, serve
+
+        serve(port, [ClusterCollector(client)], multiprocess=True)
+        log.info("metrics on port %d", port)
 
     gave_up: list[str] = []
 
@@ -107,17 +176,21 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
         stopper.start()
 
     waiter = redis_waiter(settings.redis_url or "", settings.outage_limit)
+    on_beat = health.alive if health is not None and not heartbeat else None
     beat = Heartbeat(client, info, interval_s=settings.heartbeat_interval,
-                     stale_s=settings.dead_worker_grace, waiter=waiter, on_give_up=give_up)
+                     stale_s=settings.dead_worker_grace, waiter=waiter, on_give_up=give_up,
+                     on_beat=on_beat)
     beat.start()  # OutageError (one line, exit 1) when Redis stays away past the limit
     try:
-        app.worker_main(argv=[
-            "worker", "--pool=prefork", f"--concurrency={concurrency}",
-            f"--queues={','.join(queue_list)}", f"--loglevel={loglevel}",
-            f"--hostname=farm-{os.getpid()}@{socket.gethostname()}",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ])
+        app.worker_main(argv=celery_argv(
+            concurrency=concurrency, queues=queue_list, loglevel=loglevel,
+            hostname=f"farm-{os.getpid()}@{socket.gethostname()}", events=events,
+            heartbeat=heartbeat, extra=extra_args))
     finally:
         beat.stop()
+        if health is not None:
+            health.reset()
+        if port:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
         if gave_up:  # also over Celery's own SystemExit: this line is what to report
             raise OutageError(gave_up[0])

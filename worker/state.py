@@ -55,6 +55,7 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     """Open process ``index``'s device (round-robin over ``devices``) and connections."""
     import redis
 
+    from farm.metrics import InstrumentedStore, TimedLeases
     from farm.records.open import open_recorder
     from farm.signing import with_signatures
     from farm.store.minio import MinioStore
@@ -68,7 +69,8 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     return WorkerState(
         settings=settings, registry=Registry.load(settings.family_modules), device=device,
         ctx=ctx, cl_device=cl_device,
-        store=with_signatures(MinioStore.from_settings(settings), settings),
-        leases=Leases(client, ttl_s=settings.lease_ttl, waiter=waiter),
+        store=InstrumentedStore(with_signatures(MinioStore.from_settings(settings), settings),
+                                tier="minio"),
+        leases=TimedLeases(client, ttl_s=settings.lease_ttl, waiter=waiter),
         recorder=open_recorder(settings, label=f"worker {worker_name()}"),
         name=worker_name(), redis=client, redis_waiter=waiter)
