@@ -67,6 +67,7 @@ from pydantic import (
     model_validator,
 )
 
+from farm.defaults import BUNDLE_MAX_BYTES
 from farm.errors import BundleError, InputError
 from farm.hashing import sha256_hex
 from farm.keys import BACKEND, STORE_FORMAT, Namespace, artifact_object
@@ -107,7 +108,7 @@ MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 MAX_ARTIFACTS = 1_000_000
 #: default cap on a bundle file (and on the sum of its artifacts): it is held in memory
 #: while it is verified, because nothing may be written before everything is verified
-DEFAULT_MAX_BYTES = 4 * 1024 * 1024 * 1024
+DEFAULT_MAX_BYTES = BUNDLE_MAX_BYTES
 
 _DIGEST = r"^[0-9a-f]{64}$"
 

@@ -73,6 +73,7 @@ from pydantic import (
 
 from farm.errors import ManifestError, ParameterError, UnknownFamilyError
 from farm.families.registry import Registry
+from farm.manifests import BUILTIN_DIR, builtin_manifests
 from farm.model import ArtifactId, Frozen, LaunchSettings, Variant
 
 __all__ = [
@@ -107,7 +108,6 @@ MATMUL_MAX_DIM = 65536
 #: the matrix shapes of a transformer layer (and its head) that take tuning candidates
 MATRIX_SHAPES: tuple[str, ...] = ("qkv", "o", "gate_up", "down", "lm_head")
 #: the built-in manifests (``tiny``, ``medium``, ``large``) shipped as package data
-BUILTIN_DIR = Path(__file__).with_name("manifests")
 
 Loc = tuple[str | int, ...]
 DType = Literal["float", "half", "double"]
@@ -419,11 +419,6 @@ def _validation_error(exc: ValidationError, shown: str, lines: _LineIndex) -> Ma
 # ----------------------------------------------------------------------------------------
 # Built-in manifests
 # ----------------------------------------------------------------------------------------
-def builtin_manifests() -> dict[str, Path]:
-    """Name -> path of the manifests shipped with the farm (``tiny``, ``medium``...)."""
-    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
-
-
 def resolve_manifest(name_or_path: str) -> Path:
     """A path when one exists, else the built-in manifest of that name.
 

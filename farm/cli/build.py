@@ -5,25 +5,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
 
-from farm.batch import Batch, BatchReport, KernelResult
 from farm.cli.console import err, out, print_json
-from farm.local import local_farm
-from farm.manifest import Manifest, expand, load_manifest, resolve_manifest
-from farm.model import ArtifactId, Outcome
-from farm.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from farm.batch import Batch, BatchReport, KernelResult
+    from farm.manifest import Manifest
+    from farm.model import ArtifactId
+    from farm.settings import Settings
 
 
 def build(
@@ -52,6 +46,10 @@ def build(
         "node-exporter's textfile collector); FARM_METRICS_PUSHGATEWAY pushes it")] = None,
 ) -> None:
     """Build a model's kernels into the store (locally or on the cluster)."""
+    from farm.local import local_farm
+    from farm.manifest import expand, load_manifest, resolve_manifest
+    from farm.settings import load_settings
+
     overrides = {"device": device} if device else {}
     settings = load_settings(**overrides)
     path = resolve_manifest(manifest)
@@ -96,6 +94,7 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     from farm.device import discover_devices, select_device
     from farm.errors import ClusterError, InputError
     from farm.families import Registry
+    from farm.manifest import expand
     from farm.outage import redis_waiter
     from farm.records.open import open_recorder
     from farm.store.open import open_store
@@ -184,6 +183,8 @@ def _publish_metrics(report: BatchReport, settings: Settings, *, manifest: str,
 
 
 def _by_worker(report: BatchReport) -> dict[str, dict[str, float]]:
+    from farm.model import Outcome
+
     out_: dict[str, dict[str, float]] = {}
     for r in report.results:
         if r.worker and r.outcome is not None:
@@ -195,6 +196,8 @@ def _by_worker(report: BatchReport) -> dict[str, dict[str, float]]:
 
 
 def print_workers(report: BatchReport) -> None:
+    from rich.table import Table
+
     table = Table(title="work by worker")
     for col in ("worker", "kernels", "compiled", "work"):
         table.add_column(col, justify="right" if col != "worker" else "left")
@@ -224,6 +227,8 @@ class _Tick:
 @contextlib.contextmanager
 def _progress(total: int, quiet: bool) -> Iterator[_Tick]:
     """A progress bar on stderr; yields the per-kernel callback."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
                   TextColumn("{task.fields[status]}"), console=err,
@@ -238,6 +243,8 @@ def _run_with_progress(batch: Batch, artifacts: list[ArtifactId], quiet: bool) -
 
 
 def print_summary(report: BatchReport, title: str) -> None:
+    from rich.table import Table
+
     s = report.summary()
     table = Table(title=title, show_header=True)
     for col in ("kernels", "loaded", "rekeyed", "compiled", "unsupported", "failed",

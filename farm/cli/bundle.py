@@ -9,23 +9,16 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from farm.bundle import (
-    DEFAULT_MAX_BYTES,
-    export_bundle,
-    import_bundle,
-    parse_namespace,
-    read_bundle,
-    reason,
-)
 from farm.cli.console import err, out, print_json
+from farm.defaults import BUNDLE_MAX_BYTES
 from farm.errors import InputError
-from farm.keys import Namespace
-from farm.settings import load_settings
+
+if TYPE_CHECKING:
+    from farm.keys import Namespace
 
 app = typer.Typer(help="Move artifacts between stores as one file (offline machines).",
                   no_args_is_help=True, add_completion=False,
@@ -38,6 +31,9 @@ MaxSize = Annotated[int, typer.Option(
 
 def _namespace(text: str) -> Namespace:
     """A full namespace (``opencl/v1/<fingerprint>``) or a bare fingerprint."""
+    from farm.bundle import parse_namespace, reason
+    from farm.keys import Namespace
+
     try:
         return parse_namespace(text) if "/" in text else Namespace.for_fingerprint(text)
     except ValueError as exc:
@@ -47,6 +43,8 @@ def _namespace(text: str) -> Namespace:
 def _this_device_namespace(device: str | None) -> Namespace:
     """The namespace of this machine's device, found without initialising OpenCL here."""
     from farm.device import discover_devices, select_device
+    from farm.keys import Namespace
+    from farm.settings import load_settings
 
     settings = load_settings()
     chosen = select_device(discover_devices(), device or settings.device)
@@ -66,6 +64,10 @@ def export(
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
 ) -> None:
     """Export artifacts of the current environment's store to one bundle file."""
+    from rich.table import Table
+
+    from farm.bundle import export_bundle
+    from farm.settings import load_settings
     from farm.store import open_store
 
     if namespace and all_namespaces:
@@ -99,10 +101,14 @@ def export(
 @app.command("import")
 def import_(
     bundle: Annotated[Path, typer.Argument(metavar="FILE", help="bundle file to import")],
-    max_size: MaxSize = DEFAULT_MAX_BYTES,
+    max_size: MaxSize = BUNDLE_MAX_BYTES,
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
 ) -> None:
     """Verify a bundle in full, then import it into the current environment's store."""
+    from rich.table import Table
+
+    from farm.bundle import import_bundle
+    from farm.settings import load_settings
     from farm.store import open_store
 
     store = open_store(load_settings())
@@ -132,10 +138,14 @@ def import_(
 @app.command("show")
 def show(
     bundle: Annotated[Path, typer.Argument(metavar="FILE", help="bundle file")],
-    max_size: MaxSize = DEFAULT_MAX_BYTES,
+    max_size: MaxSize = BUNDLE_MAX_BYTES,
     json_out: Annotated[bool, typer.Option("--json", help="manifest summary as JSON")] = False,
 ) -> None:
     """List what a bundle holds (verifying it in full) without importing it."""
+    from rich.table import Table
+
+    from farm.bundle import parse_namespace, read_bundle
+
     read = read_bundle(bundle, max_bytes=max_size)
     m = read.manifest
     families = Counter((a.namespace, a.meta.family) for a in m.artifacts)

@@ -17,11 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from farm.cli.build import _run_with_progress, print_failures, print_summary
 from farm.cli.console import out, print_json
-from farm.settings import load_settings
 
 if TYPE_CHECKING:
     from farm.model import ArtifactId
@@ -36,9 +34,12 @@ def demo(
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Build MANIFEST on the local device, load every kernel back, run one against numpy."""
+    from rich.table import Table
+
     from farm.local import local_farm
     from farm.manifest import expand, load_manifest, resolve_manifest
     from farm.model import Outcome
+    from farm.settings import load_settings
     from loader import KernelLoader
 
     with tempfile.TemporaryDirectory(prefix="farm-demo-") as tmp:

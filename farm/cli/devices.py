@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from farm.cli.console import out, print_json
-from farm.device import discover_devices
 
 
 def devices(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List OpenCL devices with their fingerprints (probed in a child process)."""
+    from rich.table import Table
+
+    from farm.device import discover_devices
+
     found = discover_devices()
     if json_out:
         print_json([{**d.model_dump(mode="json"), "fingerprint": d.fingerprint}

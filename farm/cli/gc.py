@@ -5,15 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
 from farm.cli.console import out, print_json
 from farm.errors import InputError
-from farm.families import Registry
-from farm.gc import collect
-from farm.keys import Namespace
-from farm.settings import load_settings
-from farm.store.open import open_store
 
 
 def gc(
@@ -23,6 +17,14 @@ def gc(
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Delete stored keys whose family's code has changed since they were built."""
+    from pydantic import ValidationError
+
+    from farm.families import Registry
+    from farm.gc import collect
+    from farm.keys import Namespace
+    from farm.settings import load_settings
+    from farm.store.open import open_store
+
     settings = load_settings()
     try:
         spaces = [Namespace.parse(n) for n in namespace] if namespace else None

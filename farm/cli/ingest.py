@@ -13,40 +13,46 @@ import logging
 import signal
 import threading
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from farm.cli.console import err, print_json
+from farm.defaults import INGEST_BATCH, INGEST_BLOCK_MS, INGEST_CLAIM_IDLE_MS
 from farm.errors import SettingsError
-from farm.health import HealthFiles
-from farm.records.ingest import BATCH, BLOCK_MS, CLAIM_IDLE_MS, Ingester, default_consumer_name
-from farm.records.stream import connect
-from farm.settings import load_settings
+
+if TYPE_CHECKING:
+    from farm.health import HealthFiles
 
 
-class _WatchedIngester(Ingester):
-    """An ingester that touches the probes' health files after each round it completes
-    (a round blocks at most ``block_ms``), so a loop stuck or failing goes stale."""
+def _watched_ingester() -> type:
+    """The Ingester class, extended to touch the probes' health files after each round it
+    completes (a round blocks at most ``block_ms``), so a loop stuck or failing goes
+    stale. Made on demand: the records modules are imported only by this command."""
+    from farm.records.ingest import Ingester
 
-    health: HealthFiles | None = None
+    class _WatchedIngester(Ingester):
+        health: HealthFiles | None = None
 
-    def step(self) -> int:
-        handled = super().step()
-        if self.health is not None:
-            self.health.ready()
-            self.health.alive()
-        return handled
+        def step(self) -> int:
+            handled = super().step()
+            if self.health is not None:
+                self.health.ready()
+                self.health.alive()
+            return handled
+
+    return _WatchedIngester
 
 
 def ingest(
     batch: Annotated[int, typer.Option(
-        "--batch", min=1, help="entries read per stream per round (one commit)")] = BATCH,
+        "--batch", min=1, help="entries read per stream per round (one commit)")] = INGEST_BATCH,
     block_ms: Annotated[int, typer.Option(
-        "--block-ms", min=1, help="longest wait for new entries (and for a stop)")] = BLOCK_MS,
+        "--block-ms", min=1,
+        help="longest wait for new entries (and for a stop)")] = INGEST_BLOCK_MS,
     claim_idle_ms: Annotated[int, typer.Option(
         "--claim-idle-ms", min=0, help="take over entries another ingester left pending "
-        "this long (a dead one's)")] = CLAIM_IDLE_MS,
+        "this long (a dead one's)")] = INGEST_CLAIM_IDLE_MS,
     name: Annotated[str | None, typer.Option(
         help="consumer name (default host:pid); a restart under the same name re-reads "
         "its own pending entries at once")] = None,
@@ -63,6 +69,11 @@ def ingest(
         "(default FARM_METRICS_PORT; unset: none)")] = None,
 ) -> None:
     """Write the records streams into session storage until stopped (SIGTERM/SIGINT)."""
+    from farm.health import HealthFiles
+    from farm.records.ingest import default_consumer_name
+    from farm.records.stream import connect
+    from farm.settings import load_settings
+
     settings = load_settings()
     if not settings.redis_url:
         raise SettingsError("setting FARM_REDIS_URL: the ingester reads the records streams "
@@ -83,7 +94,7 @@ def ingest(
 
     try:
         with SessionStorage(settings.effective_records_url) as storage:
-            ingester = _WatchedIngester(
+            ingester = _watched_ingester()(
                 client, storage, consumer=consumer, batch=batch, block_ms=block_ms,
                 claim_idle_ms=claim_idle_ms,
                 keep_sessions=keep_sessions if keep_sessions is not None

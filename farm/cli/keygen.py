@@ -10,7 +10,6 @@ import typer
 
 from farm.cli.console import out
 from farm.errors import InputError
-from farm.signing import generate_keypair
 
 
 def keygen(out_file: Annotated[Path, typer.Argument(
@@ -20,6 +19,8 @@ def keygen(out_file: Annotated[Path, typer.Argument(
     Writers (workers, build clients) get FARM_SIGNING_KEY from that file (through a
     secret); loaders get FARM_VERIFY_KEY=<the printed public key>.
     """
+    from farm.signing import generate_keypair
+
     if out_file.exists():
         raise InputError(f"{out_file}: exists; refusing to overwrite a key")
     private, public = generate_keypair()

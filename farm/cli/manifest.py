@@ -12,12 +12,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from farm.errors import FarmError
-from farm.families.registry import Registry
-from farm.manifest import builtin_manifests, expand, load_manifest, resolve_manifest, summarize
+from farm.manifests import builtin_manifests
 
 app = typer.Typer(
     help="Inspect model manifests: the kernel instances a build would ask for.",
@@ -40,6 +37,12 @@ def show(
         "--json", help="Print the counts as JSON instead of a table.")] = False,
 ) -> None:
     """How many kernels of which family FILE expands to, and the total."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from farm.families.registry import Registry
+    from farm.manifest import expand, load_manifest, resolve_manifest, summarize
+
     try:
         path = resolve_manifest(file)
         manifest = load_manifest(path)

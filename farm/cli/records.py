@@ -15,17 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from farm.cli.console import out, print_json
 from farm.errors import FarmError, InputError, StoreError
-from farm.records.model import CompilationBatchRecord, CompilationRecord, Record, Session
-from farm.records.query import BuildRef, Summary, load_builds, summarize, timeline
-from farm.records.timeline import write_timeline
-from farm.settings import Settings, load_settings
 
 if TYPE_CHECKING:
+    from farm.records.model import Record, Session
+    from farm.records.query import Summary
     from farm.records.storage import SessionStorage
+    from farm.settings import Settings
 
 app = typer.Typer(help="Read what the farm did: sessions, records, builds, timelines.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -41,6 +39,7 @@ def open_storage(settings: Settings | None = None, *,
     (nor switches to WAL): it checks the database is ours and at this schema version,
     so a read-only or foreign file is diagnosed as what it is."""
     from farm.records.storage import SCHEMA_VERSION, SessionStorage
+    from farm.settings import load_settings
 
     settings = settings or load_settings()
     path = settings.environment_dir / "records.sqlite"
@@ -84,6 +83,8 @@ def sessions(
     json_out: JsonOpt = False,
 ) -> None:
     """List sessions, newest first: label, host, and what each changed."""
+    from rich.table import Table
+
     with open_storage() as storage:
         found = storage.sessions(limit=limit)
         counts = storage.session_counts(s.id for s in found)
@@ -121,6 +122,8 @@ def _record_json(record: Record) -> dict[str, Any]:
 
 
 def _record_what(record: Record) -> str:
+    from farm.records.model import CompilationBatchRecord, CompilationRecord
+
     if isinstance(record, CompilationRecord):
         asked = (f" for {record.requested_by.session}:{record.requested_by.batch}"
                  if record.requested_by else "")
@@ -138,6 +141,8 @@ def show(
     json_out: JsonOpt = False,
 ) -> None:
     """Show one session and its records, in order."""
+    from rich.table import Table
+
     with open_storage() as storage:
         session_id = _session_id(storage, session)
         found = storage.session(session_id)
@@ -165,6 +170,8 @@ def show(
 
 
 def _print_summary(found: Summary) -> None:
+    from rich.table import Table
+
     o = found.outcomes
 
     def pct(value: float | None) -> str:
@@ -214,6 +221,8 @@ def summary(
 
     Every kernel is counted once per build, whichever workers recorded it.
     """
+    from farm.records.query import BuildRef, load_builds, summarize
+
     ref = BuildRef.parse(build) if build else None
     with open_storage() as storage:
         builds = load_builds(storage, ref)
@@ -232,6 +241,9 @@ def timeline_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Draw a build: one lane per worker, a bar per kernel, stragglers outlined."""
+    from farm.records.query import BuildRef, timeline
+    from farm.records.timeline import write_timeline
+
     ref = BuildRef.parse(build)
     with open_storage() as storage:
         data = timeline(storage, ref)

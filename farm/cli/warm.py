@@ -12,12 +12,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from farm.cli.console import err, out, print_json
 from farm.errors import SettingsError
-from farm.settings import load_settings
 
 
 def warm(
@@ -34,6 +31,10 @@ def warm(
     device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
 ) -> None:
     """Warm a manifest: fetch, load and (if missing) compile every kernel."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from farm.settings import load_settings
+
     if on_miss not in ("compile", "farm", "fail"):
         raise SettingsError(f"--on-miss must be compile, farm or fail, not {on_miss!r}")
     settings = load_settings(**({"device": device} if device else {}))
@@ -86,6 +87,8 @@ def warm(
 
 
 def _print_summary(s: dict[str, object]) -> None:
+    from rich.table import Table
+
     table = Table(title=f"farm warm {s['manifest']} on {s['fingerprint']}")
     cols = ("kernels", "memory", "local", "remote", "compiled", "rekeyed", "farm",
             "unsupported", "failed", "wall", "per kernel")

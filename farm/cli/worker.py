@@ -6,11 +6,9 @@ import os
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from farm.cli.console import out, print_json
 from farm.errors import SettingsError
-from farm.settings import load_settings
 
 
 def worker(
@@ -35,6 +33,7 @@ def worker(
         "`farm worker -- --max-tasks-per-child=100`", show_default=False)] = None,
 ) -> None:
     """Run a compile worker for one device fingerprint (needs FARM_REDIS_URL, FARM_MINIO_*)."""
+    from farm.settings import load_settings
     from worker.startup import run_worker
 
     settings = load_settings()
@@ -51,8 +50,10 @@ def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List which fingerprints are served, by which hosts, with how many processes, and
     each fingerprint's queue depth and chunks in flight."""
     import redis
+    from rich.table import Table
 
     from farm.queues import queue_stats
+    from farm.settings import load_settings
     from farm.workers import served
 
     settings = load_settings()

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from farm.defaults import INGEST_BATCH, INGEST_BLOCK_MS, INGEST_CLAIM_IDLE_MS
 from farm.errors import StoreError
 from farm.keys import (
     RECORDS_DEAD_STREAM,
@@ -74,15 +75,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BATCH = 500
+BATCH = INGEST_BATCH
 """Entries read per stream per round: large enough that one commit carries hundreds of
 records (a PostgreSQL commit costs about a millisecond, a row a few microseconds), small
 enough that a batch is written in well under a second."""
 
-BLOCK_MS = 1000
+BLOCK_MS = INGEST_BLOCK_MS
 """Longest wait for new entries in one read; also the longest a stop request waits."""
 
-CLAIM_IDLE_MS = 60_000
+CLAIM_IDLE_MS = INGEST_CLAIM_IDLE_MS
 """How long an entry must have been pending, unacknowledged, before another ingester
 takes it over. Longer than any healthy write of a batch (so a slow but live ingester is
 rarely overtaken, which would only cost a duplicate write), short enough that a dead
