@@ -247,9 +247,6 @@ class Bundle:
     artifacts: list[tuple[Namespace, Artifact]]
     file_bytes: int
 
-    def by_namespace(self) -> dict[str, int]:
-        return dict(Counter(str(ns) for ns, _ in self.artifacts))
-
 
 def reason(exc: BaseException) -> str:
     """One line saying why: pydantic's first error message, else the first line."""

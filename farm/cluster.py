@@ -29,11 +29,11 @@ from farm.batch import BatchReport, KernelResult
 from farm.device import DeviceInfo
 from farm.errors import ClusterError, FarmError, UnsupportedFeature
 from farm.families import Registry
-from farm.keys import Namespace, queue_name, task_holder_key, task_lease_key, workers_key
+from farm.keys import TASK_NAME, Namespace, queue_name, task_holder_key, task_lease_key, workers_key
 from farm.lease import release_lease
 from farm.model import ArtifactId, KernelFailure, Key, Outcome
 from farm.outage import Say, Waiter, redis_waiter
-from farm.payloads import TASK_NAME, CompileReply, CompileRequest, KernelRequest
+from farm.payloads import CompileReply, CompileRequest, KernelRequest
 from farm.records import Recorder
 from farm.records.model import RequestedBy
 from farm.settings import Settings

@@ -47,10 +47,8 @@ class InlineCompiler:
         self._ctx = ctx
         self._device = device
         self._linker: Literal["auto"] | None = "auto" if native else None
-        self.submitted = 0
 
     def submit(self, lowered: Lowered) -> Future[FinalizeResult]:
-        self.submitted += 1
         fut: Future[FinalizeResult] = Future()
         try:
             fut.set_result(finalize_and_validate(self._ctx, self._device, lowered,
@@ -89,7 +87,6 @@ class ProcessPoolCompiler:
     def __init__(self, device: DeviceInfo, workers: int, native: bool = True,
                  crash_limit: int = 2) -> None:
         self.parallelism = max(1, workers)
-        self.submitted = 0
         # Driver cache switches must reach the children before their drivers start.
         env = {k: v for k, v in os.environ.items()
                if k.startswith(("POCL_", "PYOPENCL_", "CUDA_"))}
@@ -98,7 +95,6 @@ class ProcessPoolCompiler:
                                    crash_limit=crash_limit)
 
     def submit(self, lowered: Lowered) -> Future[FinalizeResult]:
-        self.submitted += 1
         raw = self._pool.submit(_pool_finalize, lowered.model_dump_json())
         out: Future[FinalizeResult] = Future()
 
@@ -113,10 +109,6 @@ class ProcessPoolCompiler:
 
         raw.add_done_callback(_done)
         return out
-
-    def warm_up(self) -> None:
-        """Start every process now (so start-up is not billed to the first kernels)."""
-        self._pool.warm_up()
 
     def close(self) -> None:
         self._pool.close()

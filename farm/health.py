@@ -9,7 +9,6 @@ age (``test``/``stat``), so they cost no Python start-up per probe.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 READY = "ready"
@@ -35,13 +34,6 @@ class HealthFiles:
 
     def alive(self) -> None:
         self._touch(ALIVE)
-
-    def age_s(self, name: str) -> float | None:
-        """Seconds since ``name`` was last touched; ``None`` when it is missing."""
-        try:
-            return time.time() - (self.folder / name).stat().st_mtime
-        except FileNotFoundError:
-            return None
 
     def _touch(self, name: str) -> None:
         try:

@@ -42,7 +42,8 @@ A record of kind ``records/v<N>/<name>`` travels on ``farm:records:<name>``
 its kind, so a kind's later format version shares its stream (see docs/RECORDS.md).
 
 Celery queues: ``farm.<fingerprint>`` (one per fingerprint), Redis lists of that name;
-``unacked`` (kombu's hash of delivered, unacknowledged messages).
+``farm.default`` (the app's default, consumed by nobody); ``unacked`` (kombu's hash of
+delivered, unacknowledged messages). The one task: ``farm.compile``.
 
 Records storage: kind ``records/v1/<kind>`` keyed by (session, seq).
 
@@ -203,6 +204,10 @@ def task_lease_key(task_id: str) -> str:
 
 # -- celery ----------------------------------------------------------------------------------
 QUEUE_PREFIX = "farm."
+#: the app's default queue, which no worker consumes (every task names its fingerprint's)
+DEFAULT_QUEUE = f"{QUEUE_PREFIX}default"
+#: the one task a worker runs; a message naming another is refused as malformed
+TASK_NAME = "farm.compile"
 
 
 def queue_name(fingerprint: str) -> str:
@@ -224,7 +229,3 @@ QUEUE_PRIORITY_SEP = "\x06\x16"
 #: kombu's hash of delivered, unacknowledged messages (late acks: chunks in flight)
 CELERY_UNACKED = "unacked"
 
-
-# -- records storage -------------------------------------------------------------------------
-def record_kind(kind: str) -> str:
-    return f"records/v1/{kind}"

@@ -76,14 +76,6 @@ def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
     return LoadedBinary(program, names, "portable", fallback)
 
 
-def load_with_names(ctx: cl.Context, device: cl.Device, binary: bytes,
-                    kernel_names: tuple[str, ...] = (), *, arch: str = ""
-                    ) -> tuple[cl.Program, tuple[str, ...]]:
-    """Like :func:`load`, also returning the names of the program's kernels."""
-    loaded = load_binary(ctx, device, binary, kernel_names, arch=arch)
-    return loaded.program, loaded.names
-
-
 def _load_one(ctx: cl.Context, device: cl.Device, binary: bytes,
               kernel_names: tuple[str, ...]) -> tuple[cl.Program, tuple[str, ...]]:
     import pyopencl as cl

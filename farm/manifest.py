@@ -112,7 +112,6 @@ MATRIX_SHAPES: tuple[str, ...] = ("qkv", "o", "gate_up", "down", "lm_head")
 Loc = tuple[str | int, ...]
 DType = Literal["float", "half", "double"]
 MatrixShape = Literal["qkv", "o", "gate_up", "down", "lm_head", "*"]
-PositiveInt = Annotated[int, Field(ge=1)]
 #: the largest model dimension (hidden, heads, vocab, tokens...) a manifest may give:
 #: far beyond any real model (a 128k vocabulary is 2**17), small enough that planning
 #: (e.g. splitting an LM head into matmul parts) stays small before the kernel cap counts

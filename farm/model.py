@@ -22,9 +22,6 @@ INT64_MAX = 2**63 - 1
 #: a 64-digit lowercase hex SHA-256 (source hashes, digests)
 SHA256_HEX = r"^[0-9a-f]{64}$"
 
-Int64 = Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
-"""An integer that fits every storage column."""
-
 NonNegInt64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
 """A count, a size, a sequence number."""
 

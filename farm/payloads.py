@@ -16,8 +16,6 @@ from farm.keys import Namespace
 from farm.model import ArtifactId, Frozen, KernelFailure, Outcome, ShortText
 from farm.records.model import RequestedBy
 
-TASK_NAME = "farm.compile"
-
 
 class KernelRequest(Frozen):
     artifact: ArtifactId

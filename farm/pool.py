@@ -199,14 +199,6 @@ class CrashSafePool:
                     continue
             self._launch(job)
 
-    def warm_up(self) -> None:
-        """Start every process now (so start-up is not billed to the first jobs)."""
-        with self._lock:
-            gen = self._current()
-        futures = [gen.executor.submit(os.getpid) for _ in range(self.workers)]
-        for f in futures:
-            f.result()
-
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -551,7 +551,7 @@ class KernelLoader:
         from farm.cluster import check_served, cluster_build
 
         if self._celery is None:
-            from worker.app import make_app
+            from farm.celery_app import make_app
 
             self._celery = make_app(self.settings)
         client: Any = redis.Redis.from_url(self.settings.redis_url or "")

@@ -25,13 +25,12 @@ import pytest
 from cluster_helpers import build_json, farm, next_redis_db, write_manifest
 from prometheus_client.parser import text_string_to_metric_families
 
+from farm.celery_app import make_app
 from farm.devservices.cluster import LocalCluster, local_cluster
 from farm.devservices.ports import free_port, log_tail
-from farm.keys import queue_name
-from farm.payloads import TASK_NAME
+from farm.keys import TASK_NAME, queue_name
 from farm.queues import in_flight, queue_depth, queue_stats
 from farm.settings import Settings
-from worker.app import make_app
 from worker.startup import celery_argv
 
 pytestmark = pytest.mark.integration

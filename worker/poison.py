@@ -26,8 +26,8 @@ from typing import Any
 from celery.worker.consumer import Consumer
 from pydantic import ValidationError
 
-from farm.keys import DEAD_LETTERS
-from farm.payloads import TASK_NAME, CompileRequest
+from farm.keys import DEAD_LETTERS, TASK_NAME
+from farm.payloads import CompileRequest
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from farm.celery_app import make_app
 from farm.device import DeviceInfo, discover_devices
 from farm.errors import DeviceError
 from farm.keys import TASK_STATE_TTL_S, queue_name, task_holder_key
@@ -30,7 +31,7 @@ from farm.outage import OutageError, redis_waiter
 from farm.settings import Settings
 from farm.version import __version__
 from farm.workers import Heartbeat, WorkerInfo
-from worker.app import make_app, register_tasks
+from worker.app import register_tasks
 from worker.crashes import crash_request_class
 from worker.state import WorkerState, open_state
 

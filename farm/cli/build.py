@@ -90,6 +90,7 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     """Build through the workers; ``None`` when falling back to a local build."""
     import redis
 
+    from farm.celery_app import make_app
     from farm.cluster import check_served, cluster_build
     from farm.device import discover_devices, select_device
     from farm.errors import ClusterError, InputError
@@ -98,7 +99,6 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     from farm.outage import redis_waiter
     from farm.records.open import open_recorder
     from farm.store.open import open_store
-    from worker.app import make_app
 
     if wait_for_workers and not fingerprint:
         raise InputError("--wait-for-workers needs --fingerprint: with no worker to ask, "

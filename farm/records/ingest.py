@@ -48,7 +48,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -133,14 +133,6 @@ class _Entry:
     fields: dict[Any, Any] | None  # None: trimmed away while pending
     decoded: SessionEntry | Record | None = None
     error: EntryError | None = None
-
-
-@dataclass
-class _Batch:
-    entries: list[_Entry] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.entries)
 
 
 def _text(value: Any) -> str:

@@ -1,0 +1,69 @@
+"""The Celery application: JSON only, late acknowledgement, one queue per fingerprint.
+
+In the core (not in ``worker/``) because both sides need it: a build client or a
+loader sends tasks with it, a worker registers its task on it; neither should import
+the other.
+
+Why these settings:
+
+* ``accept_content=["json"]``: a task is data (family names and parameters), never
+  pickled objects, so a message cannot carry code to the workers.
+* ``task_acks_late`` + ``task_reject_on_worker_lost``: a task is acknowledged only once it
+  finished, so a worker that dies mid-build gives its tasks back.
+* ``worker_prefetch_multiplier=1``: a worker holds one task per process, so a dead worker
+  strands little work and idle workers are not starved by a busy one's prefetch.
+* soft/hard time limits: a hung driver cannot stall a build; a task over its hard limit
+  fails (its kernels are reported failed) instead of being re-queued forever.
+* ``worker_send_task_events`` / ``task_send_sent_event`` (``FARM_WORKER_EVENTS``, on by
+  default): Flower and ``celery events`` see every task; ``celery control
+  enable_events`` works. A chunk is tens of milliseconds to seconds of work, so a few
+  small event messages per chunk cost nothing that shows.
+* ``visibility_timeout``: with Redis as broker, a message taken by a worker whose main
+  process is killed comes back only after this timeout, so it is a setting, chosen
+  longer than the hard time limit (see ``Settings``), not an inherited default.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from farm.errors import SettingsError
+from farm.keys import DEFAULT_QUEUE
+from farm.settings import Settings
+
+
+def make_app(settings: Settings) -> Celery:
+    """A Celery app configured from ``settings`` (used by workers and build clients)."""
+    if not settings.redis_url:
+        raise SettingsError("setting FARM_REDIS_URL: the cluster needs a Redis URL")
+    if settings.visibility_timeout <= settings.compile_hard_time_limit:
+        raise SettingsError("setting FARM_VISIBILITY_TIMEOUT: must exceed "
+                            "FARM_COMPILE_HARD_TIME_LIMIT, or running tasks are re-delivered")
+    app = Celery("kernel_farm", broker=settings.redis_url, backend=settings.redis_url,
+                 set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_soft_time_limit=settings.compile_soft_time_limit,
+        task_time_limit=settings.compile_hard_time_limit,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
+        result_expires=24 * 3600,
+        broker_connection_retry_on_startup=True,
+        # A Redis outage is waited out, not turned into a lost result (RELIABILITY.md).
+        result_backend_always_retry=True,
+        result_backend_max_retries=int(settings.outage_limit) + 10,
+        result_backend_max_sleep_between_retries_ms=2000,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=settings.worker_events,
+        task_send_sent_event=settings.worker_events,
+        task_default_queue=DEFAULT_QUEUE,
+        enable_utc=True,
+    )
+    return app
+
