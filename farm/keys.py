@@ -15,6 +15,9 @@ Object store (MinIO), one bucket (``FARM_MINIO_BUCKET``)::
 A namespace is ``NAMESPACE_LEVELS`` names deep, so the namespaces of a bucket are found
 by listing that many levels of common prefixes (:func:`namespace_from_prefix`).
 
+Embedded files, per environment (``<FARM_HOME>/envs/<name>/``): ``store.sqlite`` (the
+artifact store), ``records.sqlite`` (the records storage).
+
 SQLite store: table ``artifacts`` with columns (namespace, id_hash, build_id, ...), and
 ``sources`` (namespace, source_hash, id_hash, build_id): the namespace is a column.
 
@@ -200,6 +203,20 @@ def task_holder_key(task_id: str) -> str:
 
 def task_lease_key(task_id: str) -> str:
     return f"farm:task:{task_id}:lease"
+
+
+# -- embedded files and the bucket ------------------------------------------------------------
+#: an environment's artifact store and records storage, in ``<FARM_HOME>/envs/<name>/``
+STORE_FILE = "store.sqlite"
+RECORDS_FILE = "records.sqlite"
+#: the MinIO bucket when FARM_MINIO_BUCKET does not name one
+DEFAULT_BUCKET = "kernel-farm"
+
+
+# -- records ---------------------------------------------------------------------------------
+def record_kind(name: str) -> str:
+    """The storage name of a record kind, format version included (``records/v1/<name>``)."""
+    return f"records/v1/{name}"
 
 
 # -- celery ----------------------------------------------------------------------------------

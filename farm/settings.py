@@ -19,6 +19,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farm.errors import SettingsError
+from farm.keys import DEFAULT_BUCKET, RECORDS_FILE, STORE_FILE
 from farm.model import INT64_MAX
 from farm.records.model import RecordLevel
 
@@ -75,7 +76,7 @@ class Settings(BaseSettings):
     minio_endpoint: str | None = Field(default=None, max_length=2000)
     minio_access_key: SecretStr | None = None
     minio_secret_key: SecretStr | None = None
-    minio_bucket: str = Field(default="kernel-farm", pattern=r"^[a-z0-9][a-z0-9.-]{2,62}$")
+    minio_bucket: str = Field(default=DEFAULT_BUCKET, pattern=r"^[a-z0-9][a-z0-9.-]{2,62}$")
     minio_secure: bool = False
     #: seconds a compile may take before a soft / hard time limit stops it
     compile_soft_time_limit: float = Field(default=300.0, ge=1.0, le=_MAX_SECONDS)
@@ -185,11 +186,16 @@ class Settings(BaseSettings):
 
     @property
     def store_path(self) -> Path:
-        return self.environment_dir / "store.sqlite"
+        return self.environment_dir / STORE_FILE
 
     @property
     def effective_records_url(self) -> str:
-        return self.records_url or f"sqlite:///{self.environment_dir / 'records.sqlite'}"
+        return self.records_url or f"sqlite:///{self.records_path}"
+
+    @property
+    def records_path(self) -> Path:
+        """The embedded records file (used unless FARM_RECORDS_URL names another)."""
+        return self.environment_dir / RECORDS_FILE
 
     @property
     def cluster(self) -> bool:

@@ -45,6 +45,7 @@ def up(
     """
     from farm.devservices import export_lines
     from farm.devservices.cluster import local_cluster
+    from farm.keys import RECORDS_FILE
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -55,7 +56,7 @@ def up(
         work = workdir.resolve()
         work.mkdir(parents=True, exist_ok=True)
     with local_cluster(work) as cluster:
-        records_url = f"sqlite:///{work / 'records.sqlite'}"
+        records_url = f"sqlite:///{work / RECORDS_FILE}"
         cluster.extra_env["FARM_RECORDS_URL"] = records_url
         cluster.start_ingester(records_url)
         for _ in range(workers):

@@ -42,7 +42,7 @@ def open_storage(settings: Settings | None = None, *,
     from farm.settings import load_settings
 
     settings = settings or load_settings()
-    path = settings.environment_dir / "records.sqlite"
+    path = settings.records_path
     if settings.records_url is None and not path.exists():
         with SessionStorage("sqlite://") as empty:
             empty.where = f"{path} (no records yet)"

@@ -21,6 +21,7 @@ from typing import Any
 from farm.devservices.minio import MinioServer
 from farm.devservices.ports import ServiceError, log_tail, stop_process
 from farm.devservices.redis import RedisServer
+from farm.keys import DEFAULT_BUCKET
 
 
 @dataclass
@@ -140,7 +141,7 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster(workdir: Path, *, redis: Any = None, minio: Any = None,
-                  bucket: str = "kernel-farm", redis_db: int = 0, **extra_env: str) -> Any:
+                  bucket: str = DEFAULT_BUCKET, redis_db: int = 0, **extra_env: str) -> Any:
     """Start (or reuse the given) Redis and MinIO; yield a LocalCluster; stop it all.
 
     Clusters sharing one Redis stay apart through ``redis_db`` (queues, leases and the

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from farm.keys import record_kind
 from farm.model import INT64_MAX, Key, LogText, NonNegInt64, Outcome, ShortText
 from farm.version import __version__
 
@@ -218,7 +219,7 @@ class CompilationRecord(_Record):
     older or careless writer still read.
     """
 
-    KIND: ClassVar[str] = "records/v1/compilation"
+    KIND: ClassVar[str] = record_kind("compilation")
 
     family: str = Field(max_length=200)
     key: str = Field(max_length=200)
@@ -267,7 +268,7 @@ class CompilationBatchRecord(_Record):
     sum of its kernels' own work, so their ratio shows how well the work was spread.
     """
 
-    KIND: ClassVar[str] = "records/v1/compilation_batch"
+    KIND: ClassVar[str] = record_kind("compilation_batch")
 
     kernels: int = Field(ge=0, le=INT64_MAX, description="kernels asked for, failures included")
     loaded: NonNegInt64 = 0

@@ -51,8 +51,7 @@ def open_sink(settings: Settings) -> RecordSink:
     # writes a session, and then never imports SQLAlchemy. Anything but a new file or
     # one of our own (a foreign or damaged file, PostgreSQL) is opened now, so it is
     # refused now, before a build changes anything.
-    lazy = settings.records_url is None and _ours_or_absent(settings.environment_dir
-                                                             / "records.sqlite")
+    lazy = settings.records_url is None and _ours_or_absent(settings.records_path)
     return StorageSink.open(url, lazy=lazy)
 
 
