@@ -68,7 +68,7 @@ from pydantic import (
 )
 
 from farm.defaults import BUNDLE_MAX_BYTES
-from farm.errors import BundleError, InputError
+from farm.errors import BundleError, InputError, first_error, one_line
 from farm.hashing import sha256_hex
 from farm.keys import BACKEND, STORE_FORMAT, Namespace, artifact_object
 from farm.model import Artifact, ArtifactMeta, Key
@@ -249,15 +249,11 @@ class Bundle:
 
 
 def reason(exc: BaseException) -> str:
-    """One line saying why: pydantic's first error message, else the first line."""
+    """One line saying why: pydantic's first message (without its field), else the
+    first line of the exception's text."""
     if isinstance(exc, ValidationError) and exc.errors():
-        return str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-    return _first_line(exc)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        return first_error(exc)[1]
+    return one_line(exc)
 
 
 def _refuse(path: Path, message: str) -> BundleError:
@@ -294,7 +290,7 @@ def _manifest_from(path: Path, raw: bytes) -> BundleManifest:
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise _refuse(path, f"manifest is not JSON ({_first_line(exc)})") from None
+        raise _refuse(path, f"manifest is not JSON ({one_line(exc)})") from None
     if not isinstance(data, dict):
         raise _refuse(path, "manifest is not a JSON object")
     if data.get("format") != BUNDLE_FORMAT:
@@ -306,9 +302,7 @@ def _manifest_from(path: Path, raw: bytes) -> BundleManifest:
     try:
         return BundleManifest.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "manifest"
-        msg = str(err["msg"]).removeprefix("Value error, ")
+        where, msg = first_error(exc, "manifest")
         raise _refuse(path, f"manifest {where}: {msg}") from None
 
 
@@ -336,7 +330,7 @@ def read_bundle(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Bundle:
     except BundleError:
         raise
     except (tarfile.TarError, EOFError) as exc:
-        raise _refuse(path, f"truncated or corrupt archive ({_first_line(exc)})") from None
+        raise _refuse(path, f"truncated or corrupt archive ({one_line(exc)})") from None
     except OSError as exc:
         raise BundleError(f"bundle {path}: cannot read ({exc.strerror or exc})") from None
 

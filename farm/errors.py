@@ -26,6 +26,8 @@ non-zero exit status, while anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class FarmError(Exception):
     """Base of every error the farm raises on purpose."""
@@ -109,3 +111,30 @@ class DeviceError(FarmError):
 
 class ClusterError(FarmError):
     """The cluster cannot serve a request (no worker for a fingerprint, ...)."""
+
+
+def first_error(exc: Any, default_where: str = "") -> tuple[str, str]:
+    """(where, why) of a pydantic ``ValidationError``'s first error, for one line.
+
+    ``where`` is the dotted field path (``default_where`` when the error is about the
+    whole value), ``why`` pydantic's message without its ``Value error, `` prefix, which
+    reads as noise to a person. The one place that turns a validation error into words:
+    every boundary (settings, manifests, bundles, payloads, records) says it this way.
+    """
+    errors = exc.errors()
+    if not errors:
+        return default_where, one_line(exc)
+    err = errors[0]
+    where = ".".join(str(p) for p in err["loc"]) or default_where
+    return where, str(err["msg"]).removeprefix("Value error, ")
+
+
+def one_line(exc: BaseException) -> str:
+    """Any exception as one line: ``where: why`` for a validation error, else its first
+    line of text (or its type's name when it has none)."""
+    if hasattr(exc, "errors") and callable(exc.errors) and type(exc).__name__ == \
+            "ValidationError":
+        where, why = first_error(exc)
+        return f"{where}: {why}" if where else why
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -71,7 +71,7 @@ from pydantic import (
     model_validator,
 )
 
-from farm.errors import ManifestError, ParameterError, UnknownFamilyError
+from farm.errors import ManifestError, ParameterError, UnknownFamilyError, first_error
 from farm.families.registry import Registry
 from farm.manifests import BUILTIN_DIR, builtin_manifests
 from farm.model import ArtifactId, Frozen, LaunchSettings, Variant
@@ -406,7 +406,7 @@ def _validation_error(exc: ValidationError, shown: str, lines: _LineIndex) -> Ma
     errors = exc.errors(include_url=False)
     err = errors[0]
     loc = _clean_loc(err["loc"])
-    what = str(err["msg"]).removeprefix("Value error, ")
+    what = first_error(exc)[1]
     if err["type"] == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
         what = "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
@@ -650,7 +650,7 @@ def _error(source: str, line: int | None, path: str, what: str) -> ManifestError
 
 
 def _first_message(exc: ValidationError) -> str:
-    return str(exc.errors(include_url=False)[0]["msg"]).removeprefix("Value error, ")
+    return first_error(exc)[1]
 
 
 _PYDANTIC_TAG = re.compile(r"^\[key\]$|^[\w-]+\[.*\]$")

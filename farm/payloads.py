@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from farm.errors import InputError
+from farm.errors import InputError, first_error
 from farm.keys import Namespace
 from farm.model import ArtifactId, Frozen, KernelFailure, Outcome, ShortText
 from farm.records.model import RequestedBy
@@ -47,10 +47,8 @@ def parse_request(payload: Any) -> CompileRequest:
     try:
         return CompileRequest.model_validate(payload)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in err["loc"]) or "payload"
-        msg = " ".join(str(err["msg"]).removeprefix("Value error, ").split())
-        raise PayloadError(f"task payload {where}: {msg}"[:500]) from None
+        where, msg = first_error(exc, "payload")
+        raise PayloadError(f"task payload {where}: {' '.join(msg.split())}"[:500]) from None
 
 
 class KernelReply(Frozen):

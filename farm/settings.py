@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from farm.errors import SettingsError
+from farm.errors import SettingsError, first_error
 from farm.keys import DEFAULT_BUCKET, RECORDS_FILE, STORE_FILE
 from farm.model import INT64_MAX
 from farm.records.model import RecordLevel
@@ -211,9 +211,7 @@ def load_settings(**overrides: object) -> Settings:
     except SourceError as exc:  # a complex value (a list) that is not valid JSON
         raise SettingsError(f"setting {_env_name(str(exc))}: not valid JSON") from None
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        msg = str(err["msg"]).removeprefix("Value error, ")
+        field, msg = first_error(exc)
         raise SettingsError(f"setting FARM_{field.upper()}: {msg}") from None
 
 

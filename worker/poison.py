@@ -26,6 +26,7 @@ from typing import Any
 from celery.worker.consumer import Consumer
 from pydantic import ValidationError
 
+from farm.errors import first_error
 from farm.keys import DEAD_LETTERS, TASK_NAME
 from farm.payloads import CompileRequest
 
@@ -97,9 +98,8 @@ def _body_problem(body: Any) -> str | None:
     try:
         CompileRequest.model_validate(args[0])
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "payload"
-        return f"payload does not validate: {where}: {first['msg']}"
+        where, why = first_error(exc, "payload")
+        return f"payload does not validate: {where}: {why}"
     return None
 
 

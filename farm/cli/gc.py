@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from farm.cli.console import out, print_json
-from farm.errors import InputError
+from farm.errors import InputError, first_error
 
 
 def gc(
@@ -29,7 +29,7 @@ def gc(
     try:
         spaces = [Namespace.parse(n) for n in namespace] if namespace else None
     except ValidationError as exc:
-        raise InputError(f"--namespace: {exc.errors()[0]['msg']}") from None
+        raise InputError(f"--namespace: {first_error(exc)[1]}") from None
     except ValueError as exc:
         raise InputError(f"--namespace: {exc}") from None
     store = open_store(settings)

@@ -18,7 +18,7 @@ from farm.cli.bundle import app as bundle_app
 from farm.cli.cluster import app as cluster_app
 from farm.cli.manifest import app as manifest_app
 from farm.cli.records import app as records_app
-from farm.errors import FarmError
+from farm.errors import FarmError, one_line
 
 app = typer.Typer(help="kernel-farm: a compilation farm for OpenCL kernels.",
                   pretty_exceptions_enable=False, no_args_is_help=True,
@@ -67,7 +67,7 @@ def main() -> None:
         sys.exit(1)
     except Exception as exc:
         if _is_redis_error(exc):  # an unreachable or refusing broker: one line
-            print(f"error: Redis: {_first_line(exc)}", file=sys.stderr)
+            print(f"error: Redis: {one_line(exc)}", file=sys.stderr)
             sys.exit(1)
         # Usage errors (a bad flag value, an unknown option) are click's, raised either by
         # click itself or by the copy of click that typer carries.
@@ -81,14 +81,9 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _os_error(exc: OSError) -> str:
     where = f"{exc.filename}: " if exc.filename else ""
-    return f"{where}{exc.strerror or _first_line(exc)}"
+    return f"{where}{exc.strerror or one_line(exc)}"
 
 
 def _is_redis_error(exc: BaseException) -> bool:

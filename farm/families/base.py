@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from farm.device import DeviceInfo
-from farm.errors import FarmError, KernelError, ParameterError, UnsupportedFeature
+from farm.errors import FarmError, KernelError, ParameterError, UnsupportedFeature, first_error
 from farm.hashing import sha256_hex
 from farm.model import ArtifactId, KernelId, LaunchSettings, Lowered, Variant
 from farm.version import __version__
@@ -89,9 +89,8 @@ class KernelFamily(ABC, Generic[P]):
         try:
             return self.params_model.model_validate(dict(params))  # type: ignore[return-value]
         except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "params"
-            raise ParameterError(f"{self.name}: parameter {where}: {err['msg']}") from None
+            where, why = first_error(exc, "params")
+            raise ParameterError(f"{self.name}: parameter {where}: {why}") from None
         except (TypeError, ArithmeticError, RecursionError) as exc:  # a plugin's validator
             raise ParameterError(f"{self.name}: parameters: {type(exc).__name__}: "
                                  f"{' '.join(str(exc).split())[:200]}") from None

@@ -50,7 +50,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 
-from farm.errors import ForeignStoreError, SettingsError, StoreError
+from farm.errors import ForeignStoreError, SettingsError, StoreError, one_line
 from farm.records.model import (
     RECORD_KINDS,
     STORAGE_COMPONENT,
@@ -531,7 +531,7 @@ class SessionStorage:
             except pydantic.ValidationError as exc:
                 raise StoreError(
                     f"records storage {self.where}: record ({session_id}, {seq}) of kind "
-                    f"{kind} does not validate: {exc.errors()[0]['msg']}"
+                    f"{kind} does not validate: {one_line(exc)}"
                 ) from exc
         return found
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from farm.errors import one_line
 from farm.keys import RECORDS_SESSIONS_STREAM, records_stream_for
 from farm.model import INT64_MAX
 from farm.records.model import RECORD_KINDS, Record, Session, parse_record
@@ -133,7 +134,7 @@ def decode_session(fields: Mapping[Any, Any]) -> SessionEntry:
         return SessionEntry(session=Session.model_validate_json(text.get("session", "")),
                             keep_sessions=int(keep) if keep else None)
     except (ValidationError, ValueError) as exc:
-        raise EntryError(f"session entry does not validate: {_first_error(exc)}") from exc
+        raise EntryError(f"session entry does not validate: {one_line(exc)}") from exc
 
 
 def decode_record(fields: Mapping[Any, Any]) -> Record:
@@ -147,16 +148,7 @@ def decode_record(fields: Mapping[Any, Any]) -> Record:
     try:
         return parse_record(kind, text.get("record", ""))
     except ValidationError as exc:
-        raise EntryError(f"{kind} record does not validate: {_first_error(exc)}") from exc
-
-
-def _first_error(exc: Exception) -> str:
-    """One line for a log: pydantic's first error, or the exception's text."""
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return f"{where}: {first['msg']}" if where else str(first["msg"])
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise EntryError(f"{kind} record does not validate: {one_line(exc)}") from exc
 
 
 def connect(url: str, *, socket_timeout_s: float | None = SOCKET_TIMEOUT_S) -> Any:
