@@ -3,7 +3,7 @@
 One loader holds one OpenCL context on one device and serves kernels from, in order:
 
 1. **memory**: programs this loader already loaded, in a
-   :class:`~farm.environment.GenerationCache` keyed by (generation, key). It keeps the
+   :class:`~farm.generation.GenerationCache` keyed by (generation, key). It keeps the
    *program*, not the artifact's bytes: a loaded program is all a kernel needs, and the
    binary would only double the memory. A generation bump (environment switch) empties
    it, so nothing loaded from the old environment's store is served afterwards;
@@ -51,7 +51,6 @@ from pydantic import BaseModel
 from farm.batch import Batch, BatchReport
 from farm.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
 from farm.device import DeviceContext, DeviceInfo, probe_devices, select_device
-from farm.environment import GenerationCache, generation
 from farm.errors import (
     CompileError,
     FarmError,
@@ -64,6 +63,7 @@ from farm.errors import (
     VersionSkewError,
 )
 from farm.families import Registry
+from farm.generation import GenerationCache, bump_generation, generation
 from farm.keys import Namespace
 from farm.load import LoadedBinary
 from farm.load import load_binary as load_artifact
@@ -245,18 +245,54 @@ class KernelLoader:
             self.registry = registry if registry is not None else \
                 Registry.load(self.settings.family_modules)
             self.namespace = Namespace.for_fingerprint(self._device.fingerprint)
+            #: the store and recorder this loader opened itself (an environment switch
+            #: replaces exactly these); injected ones belong to the caller
+            self._owns_environment = store is None and recorder is None
+            self._environment = contextlib.ExitStack()
+            self._owned.callback(self._environment.close)
             if store is None:
                 store = open_store(self.settings)
-                self._owned.callback(store.close)
+                self._environment.callback(store.close)
             self.store = store
             self.tiers = tiers_of(store)
             if recorder is None:
                 recorder = open_recorder(self.settings, label)
-                self._owned.callback(recorder.close)
+                self._environment.callback(recorder.close)
             self.recorder = recorder
         except BaseException:
             self._owned.close()
             raise
+
+    def switch_environment(self, environment: str) -> None:
+        """Serve from another named environment (``FARM_ENVIRONMENT``) from now on.
+
+        Closes this environment's store and records session, opens the other's, and
+        bumps the process-wide generation (:mod:`farm.generation`): this loader's memory
+        and every other generation-bound cache in the process drop what they hold, so
+        no program loaded from the old environment's store is served in the new one.
+        A loader given its own ``store`` or ``recorder`` cannot switch (they are the
+        caller's).
+        """
+        if not self._owns_environment:
+            raise SettingsError("this loader was given its store or recorder; open a new "
+                                "loader for another environment")
+        settings = load_settings(**{**self.settings.model_dump(exclude_unset=True),
+                                    "environment": environment})
+        store = open_store(settings)
+        try:
+            recorder = open_recorder(settings, self.label)
+        except BaseException:
+            store.close()
+            raise
+        with self._lock:
+            self._environment.close()
+            self._environment = contextlib.ExitStack()
+            self._environment.callback(store.close)
+            self._environment.callback(recorder.close)
+            self._owned.callback(self._environment.close)
+            self.settings, self.store, self.recorder = settings, store, recorder
+            self.tiers = tiers_of(store)
+            bump_generation()
 
     # -- what an application uses ------------------------------------------------------
     @property

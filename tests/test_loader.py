@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import loader.kernel_loader as kl
-from farm.environment import bump_generation
 from farm.errors import UnsupportedFeature
 from farm.families.run import check_example, run_example
+from farm.generation import bump_generation
 from farm.keys import Namespace
 from farm.model import Artifact, ArtifactId, Key, LaunchSettings, Lowered
 from farm.records import Recorder
@@ -184,6 +184,33 @@ def test_second_call_is_a_memory_hit_with_no_store_access(seeded: Settings) -> N
         assert first is not second  # a fresh Kernel per call: set_args is per object
         assert loader.program(family, params) is loader.program(family, params)
     store.close()
+
+
+def test_switching_environment_serves_nothing_of_the_old_one(seeded: Settings) -> None:
+    """The seeded environment holds the kernel; another (empty) one does not: after a
+    switch the loader neither serves it from memory nor finds it, and after switching
+    back it loads it from the first environment's store again."""
+    family, params = SEEDED[0]
+    with KernelLoader(seeded, on_miss="fail") as loader:
+        loader.kernel(family, params)
+        aid = loader.artifact_id(family, params)
+        assert loader.cached(aid)
+        loader.switch_environment("other")
+        assert loader.settings.environment == "other" and not loader.cached(aid)
+        with pytest.raises(ArtifactMissing):
+            loader.kernel(family, params)
+        loader.switch_environment(seeded.environment)
+        loader.kernel(family, params)
+        assert loader.stats.local == 2 and loader.stats.memory == 0
+    assert (seeded.home / "envs" / "other").is_dir()
+
+
+def test_a_loader_given_its_store_cannot_switch(seeded: Settings) -> None:
+    from farm.errors import SettingsError
+
+    with KernelLoader(seeded, store=SQLiteStore(seeded.store_path),
+                      recorder=SpyRecorder()) as loader, pytest.raises(SettingsError):
+        loader.switch_environment("other")
 
 
 def test_generation_bump_drops_the_cache(seeded: Settings) -> None:
