@@ -21,13 +21,6 @@ import binascii
 import logging
 from collections.abc import Iterable, Iterator
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
 from farm.errors import SettingsError
 from farm.keys import Namespace
 from farm.model import Artifact, ArtifactMeta, Key, Lowered
@@ -37,8 +30,15 @@ from farm.store.base import ArtifactStore, PutResult
 log = logging.getLogger(__name__)
 
 
+# cryptography is imported where a key is made or used: a process that neither signs
+# nor verifies (most of them) does not pay for importing it.
+
+
 def generate_keypair() -> tuple[str, str]:
     """(private key, public key), both base64 of their 32 raw bytes."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     private = Ed25519PrivateKey.generate()
     raw_private = private.private_bytes_raw()
     raw_public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
@@ -57,6 +57,8 @@ def _raw(text: str, setting: str) -> bytes:
 
 class Signer:
     def __init__(self, private_b64: str) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         self._key = Ed25519PrivateKey.from_private_bytes(_raw(private_b64, "FARM_SIGNING_KEY"))
 
     def sign(self, meta: ArtifactMeta) -> ArtifactMeta:
@@ -64,15 +66,21 @@ class Signer:
         return meta.model_copy(update={"signature": signature})
 
     def verifier(self) -> Verifier:
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
         raw = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         return Verifier(base64.b64encode(raw).decode())
 
 
 class Verifier:
     def __init__(self, public_b64: str) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
         self._key = Ed25519PublicKey.from_public_bytes(_raw(public_b64, "FARM_VERIFY_KEY"))
 
     def verify(self, meta: ArtifactMeta) -> bool:
+        from cryptography.exceptions import InvalidSignature
+
         if not meta.signature:
             return False
         try:

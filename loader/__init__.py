@@ -10,16 +10,40 @@ An application needs :class:`KernelLoader` (and perhaps :func:`warm`)::
 ``docs/LOADER.md`` has the whole example and the rules (tiers, threads, records).
 """
 
-from loader.kernel_loader import (
-    ArtifactMissing,
-    KernelLoader,
-    LoadedProgram,
-    LoaderStats,
-    OnMiss,
-    Tier,
-    UnknownKernelName,
-)
-from loader.warm import Phase, WarmItem, WarmProgress, WarmReport, warm
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loader.kernel_loader import (
+        ArtifactMissing,
+        KernelLoader,
+        LoadedProgram,
+        LoaderStats,
+        OnMiss,
+        Tier,
+        UnknownKernelName,
+    )
+    from loader.warm import Phase, WarmItem, WarmProgress, WarmReport, warm
+
+# Names are imported on first use (PEP 562), like the farm's own packages.
+_WHERE = {
+    **dict.fromkeys(("ArtifactMissing", "KernelLoader", "LoadedProgram", "LoaderStats",
+                     "OnMiss", "Tier", "UnknownKernelName"), "loader.kernel_loader"),
+    **dict.fromkeys(("Phase", "WarmItem", "WarmProgress", "WarmReport", "warm"),
+                    "loader.warm"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'loader' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ArtifactMissing",
