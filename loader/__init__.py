@@ -16,21 +16,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loader.kernel_loader import (
-        ArtifactMissing,
-        KernelLoader,
-        LoadedProgram,
-        LoaderStats,
-        OnMiss,
-        Tier,
-        UnknownKernelName,
-    )
+    from loader.errors import ArtifactMissing, UnknownKernelName
+    from loader.kernel_loader import KernelLoader, LoaderStats, OnMiss
+    from loader.programs import LoadedProgram
+    from loader.tiers import Tier
     from loader.warm import Phase, WarmItem, WarmProgress, WarmReport, warm
 
 # Names are imported on first use (PEP 562), like the farm's own packages.
 _WHERE = {
-    **dict.fromkeys(("ArtifactMissing", "KernelLoader", "LoadedProgram", "LoaderStats",
-                     "OnMiss", "Tier", "UnknownKernelName"), "loader.kernel_loader"),
+    **dict.fromkeys(("ArtifactMissing", "UnknownKernelName"), "loader.errors"),
+    **dict.fromkeys(("KernelLoader", "LoaderStats", "OnMiss"), "loader.kernel_loader"),
+    "LoadedProgram": "loader.programs",
+    "Tier": "loader.tiers",
     **dict.fromkeys(("Phase", "WarmItem", "WarmProgress", "WarmReport", "warm"),
                     "loader.warm"),
 }

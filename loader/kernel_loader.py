@@ -36,11 +36,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import TracebackType
@@ -51,29 +49,19 @@ from pydantic import BaseModel
 from farm.batch import Batch, BatchReport
 from farm.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
 from farm.device import DeviceContext, DeviceInfo, probe_devices, select_device
-from farm.errors import (
-    CompileError,
-    FarmError,
-    InputError,
-    KernelError,
-    LoadError,
-    ParameterError,
-    SettingsError,
-    UnsupportedFeature,
-    VersionSkewError,
-)
+from farm.errors import KernelError, SettingsError
 from farm.families import Registry
-from farm.generation import GenerationCache, bump_generation, generation
+from farm.generation import bump_generation
 from farm.keys import Namespace
-from farm.load import LoadedBinary
-from farm.load import load_binary as load_artifact
 from farm.manifest import Manifest
-from farm.model import Artifact, ArtifactId, KernelFailure, Key, LaunchSettings, Outcome, Variant
+from farm.model import ArtifactId, Key, LaunchSettings, Outcome, Variant
 from farm.records import Recorder
 from farm.records.open import open_recorder
 from farm.settings import Settings, load_settings
-from farm.signing import SigningStore
-from farm.store import ArtifactStore, MemoryStore, SQLiteStore, TieredStore, open_store
+from farm.store import ArtifactStore, open_store
+from loader.errors import ArtifactMissing, UnknownKernelName, failure_error
+from loader.programs import InFlight, LoadedProgram
+from loader.tiers import Tier, TierFetcher
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -83,47 +71,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OnMiss = Literal["compile", "farm", "fail"]
-TierName = Literal["local", "remote"]
-
-#: what filling a front tier may raise; the load that was served still stands
-_FILL_FAILURES = (FarmError, OSError, sqlite3.Error)
-
-
-def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
-                arch: str = "") -> LoadedBinary:
-    """The program of a binary (a native artifact's machine code first, its portable
-    part when the device refuses that); :class:`LoadError` when nothing loads.
-
-    The one seam through which the loader puts a binary on the device (tests count it).
-    """
-    return load_artifact(ctx, device, binary, arch=arch)
-
-
-class ArtifactMissing(KernelError):
-    """No store tier holds the kernel and the loader was told not to compile it."""
-
-    kind = "missing"
-
-
-class UnknownKernelName(InputError):
-    """The program has no kernel of the name asked for."""
-
-
-_FAILURE_ERRORS: dict[str, type[KernelError]] = {
-    "unsupported": UnsupportedFeature,
-    "compile": CompileError,
-    "load": LoadError,
-    "version-skew": VersionSkewError,
-    "missing": ArtifactMissing,
-}
-
-
-def failure_error(label: str, failure: KernelFailure) -> FarmError:
-    """The exception a failed kernel raises from the loader, build log included."""
-    if failure.kind == "validation":
-        return ParameterError(f"{label}: {failure.message}")
-    cls = _FAILURE_ERRORS.get(failure.kind, KernelError)
-    return cls(f"{label}: {failure.message}", build_log=failure.build_log)
 
 
 @dataclass
@@ -161,43 +108,6 @@ class LoaderStats:
                     if not f.name.startswith("_")}
 
 
-@dataclass(frozen=True)
-class Tier:
-    """One store tier as the loader walks it: a name for summaries, and the store."""
-
-    name: TierName
-    store: ArtifactStore
-
-
-@dataclass(frozen=True)
-class LoadedProgram:
-    """What the memory cache keeps for a key: the program and its kernels' names."""
-
-    program: Any  # pyopencl.Program
-    kernel_names: tuple[str, ...]
-    family: str
-    key: Key
-    #: why the artifact's machine code was refused and its portable part loaded
-    native_fallback: str = ""
-
-
-def tiers_of(store: ArtifactStore) -> list[Tier]:
-    """The tiers of ``store`` front to back, each named ``local`` or ``remote``.
-
-    In a :class:`~farm.store.TieredStore` the last tier is the shared truth (MinIO in a
-    cluster) and is named remote, the ones in front of it local. A plain store is one
-    tier: local when it lives on this machine (SQLite file, memory), else remote.
-    """
-    if isinstance(store, SigningStore):  # the signing rules apply to every tier
-        return [Tier(t.name, SigningStore(t.store, store.signer, store.verifier))
-                for t in tiers_of(store.inner)]
-    if isinstance(store, TieredStore) and len(store.tiers) > 1:
-        return [Tier("local", s) for s in store.tiers[:-1]] + [Tier("remote", store.tiers[-1])]
-    single = store.tiers[0] if isinstance(store, TieredStore) else store
-    return [Tier("local" if isinstance(single, SQLiteStore | MemoryStore) else "remote",
-                 single)]
-
-
 class KernelLoader:
     """Kernels on one OpenCL device, from memory, the store tiers, or a compile.
 
@@ -226,8 +136,8 @@ class KernelLoader:
         self.stats = LoaderStats()
         self._owned = contextlib.ExitStack()
         self._lock = threading.Lock()
-        self._inflight: dict[tuple[int, Key], Future[LoadedProgram]] = {}
-        self._cache: GenerationCache[tuple[int, Key], LoadedProgram] = GenerationCache()
+        #: programs in memory and trips in flight (shared with warm)
+        self.inflight = InFlight()
         self._compiler = compiler
         self._owns_compiler = False
         self._celery: Any = None
@@ -254,7 +164,8 @@ class KernelLoader:
                 store = open_store(self.settings)
                 self._environment.callback(store.close)
             self.store = store
-            self.tiers = tiers_of(store)
+            #: the store tiers, walked front to back (shared with warm)
+            self.fetcher = TierFetcher(store, self.namespace, self._context, self.stats.bump)
             if recorder is None:
                 recorder = open_recorder(self.settings, label)
                 self._environment.callback(recorder.close)
@@ -291,7 +202,7 @@ class KernelLoader:
             self._environment.callback(recorder.close)
             self._owned.callback(self._environment.close)
             self.settings, self.store, self.recorder = settings, store, recorder
-            self.tiers = tiers_of(store)
+            self.fetcher = TierFetcher(store, self.namespace, self._context, self.stats.bump)
             bump_generation()
 
     # -- what an application uses ------------------------------------------------------
@@ -388,8 +299,12 @@ class KernelLoader:
 
     def cached(self, artifact: ArtifactId) -> bool:
         """Whether the artifact's program is in memory now (no trip needed)."""
-        key = self.key_of(artifact)
-        return self._cache.get((generation(), key)) is not None
+        return self.inflight.get(InFlight.key(self.key_of(artifact))) is not None
+
+    @property
+    def tiers(self) -> list[Tier]:
+        """The store tiers this loader walks, front to back."""
+        return self.fetcher.tiers
 
     def close(self) -> None:
         """Close what the loader opened (store, recorder, compile processes). Idempotent.
@@ -426,17 +341,10 @@ class KernelLoader:
     def _obtain(self, artifact: ArtifactId) -> LoadedProgram:
         """Memory, else a trip; concurrent asks for one key share one trip."""
         key = self.key_of(artifact)
-        ck = (generation(), key)
-        hit = self._cache.get(ck)
-        if hit is not None:
-            self.stats.bump("memory")
-            return hit
-        with self._lock:
-            hit = self._cache.get(ck)
-            fut = self._inflight.get(ck)
-            leader = hit is None and fut is None
-            if leader:
-                fut = self._inflight[ck] = Future()
+        ck = InFlight.key(key)
+        hit = self.inflight.get(ck)
+        if hit is None:
+            hit, fut, leader = self.inflight.lead(ck)
         if hit is not None:
             self.stats.bump("memory")
             return hit
@@ -448,19 +356,14 @@ class KernelLoader:
             entry = self._trip(artifact, key)
         except BaseException as exc:
             self.stats.bump("failures")
-            fut.set_exception(exc)
+            self.inflight.settle(ck, fut, None, exc)
             raise
-        else:
-            self._cache.put(ck, entry)
-            fut.set_result(entry)
-            return entry
-        finally:
-            with self._lock:
-                self._inflight.pop(ck, None)
+        self.inflight.settle(ck, fut, entry)
+        return entry
 
     def _trip(self, artifact: ArtifactId, key: Key) -> LoadedProgram:
         start = time.perf_counter()
-        found = self.fetch_and_load(artifact, key)
+        found = self.fetcher.fetch_and_load(artifact, key)
         if found is not None:
             entry, tier = found
             self.stats.bump(tier.name)
@@ -478,7 +381,7 @@ class KernelLoader:
         if res.failure is not None:
             raise failure_error(label, res.failure)
         if self.on_miss == "farm":
-            got = self.fetch_and_load(artifact, key)
+            got = self.fetcher.fetch_and_load(artifact, key)
             if got is None:
                 raise KernelError(f"{label}: the farm reported {res.outcome} but no store "
                                   "tier serves it to this device")
@@ -488,74 +391,7 @@ class KernelLoader:
         assert res.program is not None and res.outcome is not None
         self.stats.bump("compiled" if res.outcome is Outcome.COMPILED else
                         "rekeyed" if res.outcome is Outcome.REKEYED else "local")
-        return self.entry_of(res.program, artifact.kernel.family, key)
-
-    # -- pieces shared with warm -----------------------------------------------------------
-    def entry_of(self, program: Any, family: str, key: Key) -> LoadedProgram:
-        import pyopencl as cl
-
-        names = str(program.get_info(cl.program_info.KERNEL_NAMES))
-        return LoadedProgram(program=program, family=family, key=key,
-                             kernel_names=tuple(n for n in names.split(";") if n))
-
-    def fetch_and_load(self, artifact: ArtifactId, key: Key, first_tier: int = 0,
-                       timings: dict[str, float] | None = None,
-                       prefetched: tuple[Artifact | None, float] | None = None
-                       ) -> tuple[LoadedProgram, Tier] | None:
-        """Walk the tiers from ``first_tier``: get (verified), load, then copy into the
-        tiers in front. ``None`` when no tier holds a binary this device accepts.
-
-        ``timings`` (when given) receives ``fetch_s`` and ``load_s``; ``prefetched`` is
-        ``first_tier``'s answer already read (and its time), which is then not read again.
-        """
-        fetch_s = load_s = 0.0
-        try:
-            for i in range(first_tier, len(self.tiers)):
-                tier = self.tiers[i]
-                if prefetched is not None and i == first_tier:
-                    art, read_s = prefetched
-                    fetch_s += read_s
-                else:
-                    t = time.perf_counter()
-                    art = tier.store.get(self.namespace, key)
-                    fetch_s += time.perf_counter() - t
-                if art is None:
-                    continue
-                if not art.verify() or art.meta.key != key:  # a store that did not verify
-                    log.warning("loader: %s tier returned %s failing its digest; a miss",
-                                tier.name, key)
-                    continue
-                t = time.perf_counter()
-                try:
-                    loaded = load_binary(self._ctx, self._cl_device, art.binary,
-                                         self._device.native_arch)
-                except LoadError as exc:
-                    load_s += time.perf_counter() - t
-                    log.warning("loader: %s refused by the device (%s); a miss", key, exc)
-                    continue
-                load_s += time.perf_counter() - t
-                self.stats.bump("loads")
-                if loaded.fallback:
-                    self.stats.bump("native_fallbacks")
-                self._fill_front(i, art)
-                entry = LoadedProgram(program=loaded.program, kernel_names=loaded.names,
-                                      family=artifact.kernel.family, key=key,
-                                      native_fallback=loaded.fallback)
-                return entry, tier
-            return None
-        finally:
-            if timings is not None:
-                timings["fetch_s"] = fetch_s
-                timings["load_s"] = load_s
-
-    def _fill_front(self, index: int, art: Artifact) -> None:
-        """Copy a hit of tier ``index`` into the tiers in front of it (after its load)."""
-        for front in self.tiers[:index]:
-            try:
-                front.store.put(self.namespace, art)
-            except _FILL_FAILURES as exc:
-                log.warning("loader: could not copy %s into %s (%s)", art.meta.key,
-                            front.store.location, exc)
+        return LoadedProgram.of(res.program, artifact.kernel.family, key)
 
     def record_loaded(self, entry: LoadedProgram, work_s: float) -> None:
         self.recorder.compilation(family=entry.family, key=entry.key, outcome=Outcome.LOADED,
@@ -617,39 +453,3 @@ class KernelLoader:
                     self._owns_compiler = True
                 return self._compiler
         return InlineCompiler(self._ctx, self._cl_device, self.settings.native_binaries)
-
-    # -- the in-flight table, for warm -------------------------------------------------------
-    def cache_key(self, key: Key) -> tuple[int, Key]:
-        return (generation(), key)
-
-    def memory_get(self, ck: tuple[int, Key]) -> LoadedProgram | None:
-        return self._cache.get(ck)
-
-    def claim(self, cks: Iterable[tuple[int, Key]]
-              ) -> tuple[dict[tuple[int, Key], Future[LoadedProgram]],
-                         dict[tuple[int, Key], Future[LoadedProgram]]]:
-        """Register in-flight futures for the keys nobody is fetching; return (claimed,
-        joined): the futures this caller must settle, and others' to wait on."""
-        claimed: dict[tuple[int, Key], Future[LoadedProgram]] = {}
-        joined: dict[tuple[int, Key], Future[LoadedProgram]] = {}
-        with self._lock:
-            for ck in cks:
-                fut = self._inflight.get(ck)
-                if fut is not None:
-                    joined[ck] = fut
-                else:
-                    fut = Future()
-                    self._inflight[ck] = fut
-                    claimed[ck] = fut
-        return claimed, joined
-
-    def settle(self, ck: tuple[int, Key], fut: Future[LoadedProgram],
-               entry: LoadedProgram | None, error: BaseException | None) -> None:
-        """Finish a claimed trip: cache the entry (or pass the error on), release."""
-        if entry is not None:
-            self._cache.put(ck, entry)
-            fut.set_result(entry)
-        else:
-            fut.set_exception(error or KernelError("not obtained"))
-        with self._lock:
-            self._inflight.pop(ck, None)

@@ -37,10 +37,12 @@ from farm.errors import FarmError
 from farm.manifest import Manifest, expand, load_manifest, resolve_manifest
 from farm.model import Artifact, ArtifactId, KernelFailure, Key, Outcome
 from farm.settings import Settings
-from loader.kernel_loader import KernelLoader, LoadedProgram, OnMiss, failure_error
+from loader.errors import failure_error
+from loader.programs import InFlight, LoadedProgram
 
 if TYPE_CHECKING:
     from farm.device import DeviceInfo
+    from loader.kernel_loader import KernelLoader, OnMiss
 
 Source = Literal["memory", "local", "remote", "compiled", "rekeyed", "farm"]
 SOURCES: tuple[Source, ...] = ("memory", "local", "remote", "compiled", "rekeyed", "farm")
@@ -177,6 +179,8 @@ def warm(manifest: Manifest | str | Path | Iterable[ArtifactId], *,
     """
     if loader is not None:
         return warm_loader(loader, manifest, progress=progress, threads=threads, label=label)
+    from loader.kernel_loader import KernelLoader
+
     with KernelLoader(settings, device=device, on_miss=on_miss, label="warm") as own:
         return warm_loader(own, manifest, progress=progress, threads=threads, label=label)
 
@@ -217,7 +221,7 @@ class _Warm:
             self._wait(joined)
         except BaseException as exc:  # never leave another thread waiting on a claim
             for ck, fut in list(self.claimed.values()):
-                self.loader.settle(ck, fut, None, exc)
+                self.loader.inflight.settle(ck, fut, None, exc)
             self.claimed.clear()
             raise
         wall = time.perf_counter() - start
@@ -250,13 +254,13 @@ class _Warm:
             self.groups.setdefault(item.key, []).append(item)
         wanted: list[tuple[int, Key]] = []
         for key, group in self.groups.items():
-            ck = loader.cache_key(key)
-            if loader.memory_get(ck) is not None:
+            ck = InFlight.key(key)
+            if loader.inflight.get(ck) is not None:
                 loader.stats.bump("memory", len(group))
                 self._done(group, "memory")
             else:
                 wanted.append(ck)
-        claimed, joined = loader.claim(wanted)
+        claimed, joined = loader.inflight.claim(wanted)
         self.claimed = {ck[1]: (ck, fut) for ck, fut in claimed.items()}
         remaining = set(self.claimed)
         first_tier: dict[Key, int] = {}
@@ -276,14 +280,12 @@ class _Warm:
                    ) -> tuple[Key, Any, dict[str, float], float]:
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        got = self.loader.fetch_and_load(self.groups[key][0].artifact, key, tier, timings,
+        got = self.loader.fetcher.fetch_and_load(self.groups[key][0].artifact, key, tier, timings,
                                          prefetched=read.result() if read else None)
         return key, got, timings, start
 
     def _read(self, key: Key, tier: int) -> Prefetched:
-        t = time.perf_counter()
-        art = self.loader.tiers[tier].store.get(self.loader.namespace, key)
-        return art, time.perf_counter() - t
+        return self.loader.fetcher.read(tier, key)
 
     def _fetch_all(self, first_tier: dict[Key, int]) -> list[Key]:
         """Fetch and load every held key; return the keys that turned out to be misses."""
@@ -367,7 +369,7 @@ class _Warm:
                           "rekeyed" if res.outcome is Outcome.REKEYED else "local")
         self.loader.stats.bump(source)
         group[0].work_s = res.work_s
-        self._settle(key, self.loader.entry_of(res.program, res.artifact.kernel.family, key))
+        self._settle(key, LoadedProgram.of(res.program, res.artifact.kernel.family, key))
         self._done(group, source)
 
     def _farm_result(self, key: Key, res: KernelResult) -> None:
@@ -376,7 +378,7 @@ class _Warm:
             self._fail(group, res.failure)
             return
         timings: dict[str, float] = {}
-        got = self.loader.fetch_and_load(group[0].artifact, key, 0, timings)
+        got = self.loader.fetcher.fetch_and_load(group[0].artifact, key, 0, timings)
         if got is None:
             self._fail(group, KernelFailure(kind="error", message=f"the farm reported "
                                             f"{res.outcome} but no store tier serves it"))
@@ -406,7 +408,7 @@ class _Warm:
         claim = self.claimed.pop(key, None)
         if claim is not None:
             ck, fut = claim
-            self.loader.settle(ck, fut, entry, error)
+            self.loader.inflight.settle(ck, fut, entry, error)
 
     def _done(self, group: list[WarmItem], source: Source) -> None:
         for item in group:

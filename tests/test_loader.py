@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import loader.kernel_loader as kl
+import loader.tiers as kl
 from farm.errors import UnsupportedFeature
 from farm.families.run import check_example, run_example
 from farm.generation import bump_generation

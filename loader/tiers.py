@@ -1,0 +1,152 @@
+"""The store tiers a loader walks, and the one seam that puts a binary on the device.
+
+A :class:`TierFetcher` walks the tiers front to back: get (every tier verifies the
+digest), load, and copy a later tier's hit into the tiers in front of it *after* it
+loaded, so the next process on this machine needs no network and a binary this device
+refused is never copied.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from farm.errors import FarmError, LoadError
+from farm.keys import Namespace
+from farm.load import LoadedBinary
+from farm.load import load_binary as load_artifact
+from farm.model import Artifact, ArtifactId, Key
+from farm.signing import SigningStore
+from farm.store import ArtifactStore, MemoryStore, SQLiteStore, TieredStore
+from loader.programs import LoadedProgram
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+    from farm.device import DeviceContext
+
+log = logging.getLogger(__name__)
+
+TierName = Literal["local", "remote"]
+
+#: what filling a front tier may raise; the load that was served still stands
+_FILL_FAILURES = (FarmError, OSError, sqlite3.Error)
+
+
+def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
+                arch: str = "") -> LoadedBinary:
+    """The program of a binary (a native artifact's machine code first, its portable
+    part when the device refuses that); :class:`LoadError` when nothing loads.
+
+    The one seam through which the loader puts a binary on the device (tests count it).
+    """
+    return load_artifact(ctx, device, binary, arch=arch)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One store tier as the loader walks it: a name for summaries, and the store."""
+
+    name: TierName
+    store: ArtifactStore
+
+
+def tiers_of(store: ArtifactStore) -> list[Tier]:
+    """The tiers of ``store`` front to back, each named ``local`` or ``remote``.
+
+    In a :class:`~farm.store.TieredStore` the last tier is the shared truth (MinIO in a
+    cluster) and is named remote, the ones in front of it local. A plain store is one
+    tier: local when it lives on this machine (SQLite file, memory), else remote.
+    """
+    if isinstance(store, SigningStore):  # the signing rules apply to every tier
+        return [Tier(t.name, SigningStore(t.store, store.signer, store.verifier))
+                for t in tiers_of(store.inner)]
+    if isinstance(store, TieredStore) and len(store.tiers) > 1:
+        return [Tier("local", s) for s in store.tiers[:-1]] + [Tier("remote", store.tiers[-1])]
+    single = store.tiers[0] if isinstance(store, TieredStore) else store
+    return [Tier("local" if isinstance(single, SQLiteStore | MemoryStore) else "remote",
+                 single)]
+
+
+class TierFetcher:
+    """Fetches an artifact from the first tier that holds one this device loads.
+
+    ``count`` receives the names of what happened (``loads``, ``native_fallbacks``) for
+    the loader's statistics.
+    """
+
+    def __init__(self, store: ArtifactStore, namespace: Namespace, context: DeviceContext,
+                 count: Callable[[str], None]) -> None:
+        self.tiers = tiers_of(store)
+        self.namespace = namespace
+        self._context = context
+        self._count = count
+
+    def read(self, tier: int, key: Key) -> tuple[Artifact | None, float]:
+        """Tier ``tier``'s artifact for ``key`` (verified by the tier), and the read's
+        time: what a warm reads ahead while the device's context is being made."""
+        t = time.perf_counter()
+        art = self.tiers[tier].store.get(self.namespace, key)
+        return art, time.perf_counter() - t
+
+    def fetch_and_load(self, artifact: ArtifactId, key: Key, first_tier: int = 0,
+                       timings: dict[str, float] | None = None,
+                       prefetched: tuple[Artifact | None, float] | None = None
+                       ) -> tuple[LoadedProgram, Tier] | None:
+        """Walk the tiers from ``first_tier``: get (verified), load, then copy into the
+        tiers in front. ``None`` when no tier holds a binary this device accepts.
+
+        ``timings`` (when given) receives ``fetch_s`` and ``load_s``; ``prefetched`` is
+        ``first_tier``'s answer already read (and its time), which is then not read again.
+        """
+        fetch_s = load_s = 0.0
+        try:
+            for i in range(first_tier, len(self.tiers)):
+                tier = self.tiers[i]
+                if prefetched is not None and i == first_tier:
+                    art, read_s = prefetched
+                else:
+                    art, read_s = self.read(i, key)
+                fetch_s += read_s
+                if art is None:
+                    continue
+                if not art.verify() or art.meta.key != key:  # a store that did not verify
+                    log.warning("loader: %s tier returned %s failing its digest; a miss",
+                                tier.name, key)
+                    continue
+                t = time.perf_counter()
+                try:
+                    ctx, cl_device = self._context.get()
+                    loaded = load_binary(ctx, cl_device, art.binary,
+                                         self._context.info.native_arch)
+                except LoadError as exc:
+                    load_s += time.perf_counter() - t
+                    log.warning("loader: %s refused by the device (%s); a miss", key, exc)
+                    continue
+                load_s += time.perf_counter() - t
+                self._count("loads")
+                if loaded.fallback:
+                    self._count("native_fallbacks")
+                self._fill_front(i, art)
+                entry = LoadedProgram(program=loaded.program, kernel_names=loaded.names,
+                                      family=artifact.kernel.family, key=key,
+                                      native_fallback=loaded.fallback)
+                return entry, tier
+            return None
+        finally:
+            if timings is not None:
+                timings["fetch_s"] = fetch_s
+                timings["load_s"] = load_s
+
+    def _fill_front(self, index: int, art: Artifact) -> None:
+        """Copy a hit of tier ``index`` into the tiers in front of it (after its load)."""
+        for front in self.tiers[:index]:
+            try:
+                front.store.put(self.namespace, art)
+            except _FILL_FAILURES as exc:
+                log.warning("loader: could not copy %s into %s (%s)", art.meta.key,
+                            front.store.location, exc)
