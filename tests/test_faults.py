@@ -87,6 +87,10 @@ def _start_build(c: LocalCluster, manifest: Path, home: Path, **env: str) -> Any
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+#: the worker's one line per chunk it finished (worker/app.py), counted to know one did
+CHUNK_DONE = "chunk "
+
+
 def _wait_for(path: Path, text: str, count: int = 1, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while path.read_text(errors="replace").count(text) < count:
@@ -224,9 +228,9 @@ def test_redis_outage_mid_build_is_waited_out(cluster: LocalCluster, redis_own: 
     fp = _fingerprint(cluster)
     manifest = write_manifest(tmp_path / "m.toml", salt=34, count=6)
     worker_log = cluster.workers[0].log
-    done_before = worker_log.read_text(errors="replace").count("succeeded in")
+    done_before = worker_log.read_text(errors="replace").count(CHUNK_DONE)
     client = _start_build(cluster, manifest, tmp_path / "client")
-    _wait_for(worker_log, "succeeded in", done_before + 1)
+    _wait_for(worker_log, CHUNK_DONE, done_before + 1)
     redis_own.halt()
     time.sleep(5)
     redis_own.resume()
@@ -271,9 +275,9 @@ def test_minio_outage_mid_build_is_waited_out(cluster: LocalCluster, minio_own: 
     fp = _fingerprint(cluster)
     manifest = write_manifest(tmp_path / "m.toml", salt=36, count=6)
     worker_log = cluster.workers[0].log
-    done_before = worker_log.read_text(errors="replace").count("succeeded in")
+    done_before = worker_log.read_text(errors="replace").count(CHUNK_DONE)
     client = _start_build(cluster, manifest, tmp_path / "client")
-    _wait_for(worker_log, "succeeded in", done_before + 1)
+    _wait_for(worker_log, CHUNK_DONE, done_before + 1)
     minio_own.halt()
     time.sleep(5)
     minio_own.resume()
