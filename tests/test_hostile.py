@@ -605,11 +605,17 @@ def test_bad_settings_are_one_line_naming_the_variable(tmp_path: Path, name: str
 
 
 def test_an_unreachable_redis_is_one_line(tmp_path: Path) -> None:
+    """An unreachable Redis is an outage: waited out (one progress line says so, see
+    docs/RELIABILITY.md), then one error line and exit 1."""
     manifest = tmp_path / "one.toml"
     manifest.write_text(MANIFEST_ONE)
     proc = farm(tmp_path / "home", "build", str(manifest),
-                FARM_REDIS_URL="redis://127.0.0.1:1/0")
-    one_line_refusal(proc, "Redis")
+                FARM_REDIS_URL="redis://127.0.0.1:1/0", FARM_OUTAGE_LIMIT="1")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and "Redis" in errors[0], proc.stderr
+    assert all(line.startswith("waiting for Redis") for line in lines if line not in errors)
 
 
 def test_a_home_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:

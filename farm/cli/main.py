@@ -58,6 +58,7 @@ def main() -> None:
         # the machine, not the farm: a folder that cannot be made, a read-only disk, a
         # full one. One line naming the file; a bug's traceback is kept (below).
         print(f"error: {_os_error(exc)}", file=sys.stderr)
+        sys.exit(1)
     except ModuleNotFoundError as exc:
         # The device libraries are an extra (the ingester's image has none of them).
         if exc.name != "pyopencl":
