@@ -484,7 +484,7 @@ def _artifact(manifest: Manifest, registry: Registry, planned: _Planned) -> Arti
     """Validate one planned kernel with its family; errors point into the manifest."""
     try:
         family = registry.get(planned.family)
-        return family.artifact_id(planned.params, planned.launch, planned.variant)
+        artifact = family.artifact_id(planned.params, planned.launch, planned.variant)
     except UnknownFamilyError as exc:
         loc = (*planned.loc, "family") if planned.explicit else planned.loc
         known = ", ".join(registry.names())
@@ -498,6 +498,13 @@ def _artifact(manifest: Manifest, registry: Registry, planned: _Planned) -> Arti
         else:
             loc = planned.param_locs.get(name, planned.loc)
         raise _located(manifest, loc, planned, str(exc)) from None
+    if planned.explicit:  # a launch shape the parameters rule out is bad input too
+        try:
+            family.check_launch(planned.params, planned.launch)
+        except ParameterError as exc:
+            where = "local_size" if planned.launch.local_size is not None else "params"
+            raise _located(manifest, (*planned.loc, where), planned, str(exc)) from None
+    return artifact
 
 
 def _located(manifest: Manifest, loc: Loc, planned: _Planned, what: str) -> ManifestError:

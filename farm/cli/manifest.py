@@ -18,6 +18,7 @@ from rich.text import Text
 from farm.errors import FarmError
 from farm.families.registry import Registry
 from farm.manifest import builtin_manifests, expand, load_manifest, resolve_manifest, summarize
+from farm.settings import load_settings
 
 app = typer.Typer(
     help="Inspect model manifests: the kernel instances a build would ask for.",
@@ -43,7 +44,7 @@ def show(
     try:
         path = resolve_manifest(file)
         manifest = load_manifest(path)
-        entries = expand(manifest, Registry.load())
+        entries = expand(manifest, Registry.load(load_settings().family_modules))
     except FarmError as exc:
         # one line on stderr, no traceback: the message already names file, line, field
         typer.echo(" ".join(str(exc).split()), err=True)
