@@ -105,7 +105,7 @@ def _origins(modules: list[str]) -> dict[type, str]:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             provided = ep.load()
-        except Exception:  # noqa: S112 - Registry.load has reported it already
+        except Exception:  # Registry.load has reported it already
             continue
         dist = f" ({ep.dist.name})" if ep.dist is not None else ""
         for cls in provided if not isinstance(provided, type) else [provided]:

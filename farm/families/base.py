@@ -135,7 +135,7 @@ class KernelFamily(ABC, Generic[P]):
             self.lower(self.validate(params), launch, _UNLIMITED)
         except ParameterError:
             raise
-        except Exception:  # noqa: S110 - the real lowering reports it, for its kernel
+        except Exception:  # the real lowering reports it, for its kernel
             return
 
     # -- identity of the code -----------------------------------------------------------
