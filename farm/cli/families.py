@@ -35,10 +35,12 @@ def list_families(
     settings = load_settings()
     registry = Registry.load(settings.family_modules)
     origins = _origins(settings.family_modules)
-    rows = [{"name": f.name, "source": origins.get(type(f), type(f).__module__),
-             "module": type(f).__module__, "build_id": f.build_id,
-             "example": type(f).example is not _base_example()}
-            for f in registry]
+    base_example = _base_example()
+    rows: list[dict[str, Any]] = [
+        {"name": f.name, "source": origins.get(type(f), type(f).__module__),
+         "module": type(f).__module__, "build_id": f.build_id,
+         "example": type(f).example is not base_example}
+        for f in registry]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
