@@ -1,33 +1,68 @@
 """kernel-farm: a distributed compilation farm for OpenCL kernels.
 
 The public API is what ``__all__`` names (a test pins it); everything else is private
-to the farm and may change. Importing ``farm`` never initialises OpenCL.
+to the farm and may change. Importing ``farm`` never initialises OpenCL, and imports
+each name's module only when the name is first used (PEP 562), so that a command that
+needs none of them (``farm --help``, ``farm records``) does not pay for numpy, the
+kernel families or pydantic-settings.
 """
 
-from farm.device import DeviceInfo, discover_devices
-from farm.errors import (
-    BundleError,
-    ClusterError,
-    CompileError,
-    DeviceError,
-    FarmError,
-    ForeignStoreError,
-    InputError,
-    KernelError,
-    LoadError,
-    ManifestError,
-    ParameterError,
-    SettingsError,
-    StoreError,
-    UnknownFamilyError,
-    UnsupportedFeature,
-    VersionSkewError,
-)
-from farm.families import Example, KernelFamily, LocalMem, Params, Registry
-from farm.keys import Namespace
-from farm.model import ArtifactId, KernelId, Key, LaunchSettings, Lowered, Outcome, Variant
-from farm.settings import Settings, load_settings
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from farm.device import DeviceInfo, discover_devices
+    from farm.errors import (
+        BundleError,
+        ClusterError,
+        CompileError,
+        DeviceError,
+        FarmError,
+        ForeignStoreError,
+        InputError,
+        KernelError,
+        LoadError,
+        ManifestError,
+        ParameterError,
+        SettingsError,
+        StoreError,
+        UnknownFamilyError,
+        UnsupportedFeature,
+        VersionSkewError,
+    )
+    from farm.families import Example, KernelFamily, LocalMem, Params, Registry
+    from farm.keys import Namespace
+    from farm.model import ArtifactId, KernelId, Key, LaunchSettings, Lowered, Outcome, Variant
+    from farm.settings import Settings, load_settings
+
 from farm.version import __version__
+
+_WHERE = {
+    **dict.fromkeys(("DeviceInfo", "discover_devices"), "farm.device"),
+    **dict.fromkeys(("BundleError", "ClusterError", "CompileError", "DeviceError",
+                     "FarmError", "ForeignStoreError", "InputError", "KernelError",
+                     "LoadError", "ManifestError", "ParameterError", "SettingsError",
+                     "StoreError", "UnknownFamilyError", "UnsupportedFeature",
+                     "VersionSkewError"), "farm.errors"),
+    **dict.fromkeys(("Example", "KernelFamily", "LocalMem", "Params", "Registry"),
+                    "farm.families"),
+    "Namespace": "farm.keys",
+    **dict.fromkeys(("ArtifactId", "KernelId", "Key", "LaunchSettings", "Lowered", "Outcome",
+                     "Variant"), "farm.model"),
+    **dict.fromkeys(("Settings", "load_settings"), "farm.settings"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'farm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
 
 __all__ = [
     "ArtifactId",

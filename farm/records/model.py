@@ -31,6 +31,10 @@ from pydantic import (
 from farm.model import Key, Outcome
 from farm.version import __version__
 
+#: the row of ``schema_version`` that marks a session storage as ours (read without
+#: SQLAlchemy by ``farm.records.open`` to decide whether opening it can wait)
+STORAGE_COMPONENT = "kernel-farm records"
+
 
 class RecordLevel(StrEnum):
     """How much a session records.

@@ -18,8 +18,11 @@ next kernel or its exit.
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 from farm.errors import SettingsError
-from farm.records.model import RecordsConfig
+from farm.records.model import STORAGE_COMPONENT, RecordsConfig
 from farm.records.recorder import Recorder
 from farm.records.sink import RecordSink, StorageSink
 from farm.settings import Settings
@@ -42,13 +45,31 @@ def open_sink(settings: Settings) -> RecordSink:
 
         return RedisStreamSink.open(settings.redis_url or "")
     url = settings.effective_records_url
-    if not url.startswith(("sqlite:", "postgresql")):
-        raise SettingsError("setting FARM_RECORDS_URL: must start with sqlite:/// or "
-                            "postgresql+psycopg://")
     if settings.records_url is None:
         settings.environment_dir.mkdir(parents=True, exist_ok=True)
-    # Opened at the first write: a process that only loads never writes a session.
-    return StorageSink.open(url, lazy=True)
+    # Opened at the first write where that is safe: a process that only loads never
+    # writes a session, and then never imports SQLAlchemy. Anything but a new file or
+    # one of our own (a foreign or damaged file, PostgreSQL) is opened now, so it is
+    # refused now, before a build changes anything.
+    lazy = settings.records_url is None and _ours_or_absent(settings.environment_dir
+                                                             / "records.sqlite")
+    return StorageSink.open(url, lazy=lazy)
+
+
+def _ours_or_absent(path: Path) -> bool:
+    """Whether ``path`` is missing or plainly a records database of ours (stdlib only)."""
+    if not path.exists():
+        return True
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            row = conn.execute("SELECT version FROM schema_version WHERE component = ?",
+                               (STORAGE_COMPONENT,)).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return row is not None
 
 
 def open_recorder(settings: Settings, label: str) -> Recorder:

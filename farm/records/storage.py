@@ -53,6 +53,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from farm.errors import ForeignStoreError, SettingsError, StoreError
 from farm.records.model import (
     RECORD_KINDS,
+    STORAGE_COMPONENT,
     CompilationBatchRecord,
     CompilationRecord,
     Record,
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 """Version of the tables below. Bump it with a new entry in ``MIGRATIONS``."""
 
-COMPONENT = "kernel-farm records"
+COMPONENT = STORAGE_COMPONENT
 """Our row in ``schema_version``: what tells our database from someone else's."""
 
 BUSY_TIMEOUT_S = 30.0
