@@ -498,12 +498,12 @@ def _artifact(manifest: Manifest, registry: Registry, planned: _Planned) -> Arti
         else:
             loc = planned.param_locs.get(name, planned.loc)
         raise _located(manifest, loc, planned, str(exc)) from None
-    if planned.explicit:  # a launch shape the parameters rule out is bad input too
+    if planned.launch.local_size is not None:  # a shape the parameters rule out: bad input
         try:
             family.check_launch(planned.params, planned.launch)
         except ParameterError as exc:
-            where = "local_size" if planned.launch.local_size is not None else "params"
-            raise _located(manifest, (*planned.loc, where), planned, str(exc)) from None
+            raise _located(manifest, (*planned.loc, "local_size"), planned, str(exc)) \
+                from None
     return artifact
 
 

@@ -73,7 +73,15 @@ class Bare(KernelFamily[AddParams]):
         return _lower("bare")
 
 
-FAMILIES = [Good, Wrong, Bare]
+class Broken(Good):
+    name = "broken"
+
+    def lower(self, params, launch, device):
+        return Lowered(source="__kernel void broken(__global float *x) { x[0] = ; }",
+                       kernel_names=("broken",))
+
+
+FAMILIES = [Good, Wrong, Bare, Broken]
 '''
 
 MANIFEST = """format = 1
@@ -122,15 +130,19 @@ def one_error(proc: subprocess.CompletedProcess[str], rc: int = 2) -> str:
 # -- farm families --------------------------------------------------------------------------
 def test_check_reports_one_line_per_family_and_fails_on_a_difference(
         user_dir: Path, tmp_path: Path) -> None:
-    proc = farm(user_dir, tmp_path, "families", "check", "good", "wrong", "bare", "softmax")
+    proc = farm(user_dir, tmp_path, "families", "check", "good", "wrong", "bare", "broken",
+                "softmax")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = [line.split(None, 2) for line in proc.stdout.splitlines()]
-    assert lines == [
+    assert lines[:3] == [
         ["ok", "good", "its example matches numpy"],
         ["differs", "wrong", "wrong(): argument 0: max abs error 1"],
         ["no-example", "bare", "no example()"],
-        ["ok", "softmax", "its example matches numpy"],
     ]
+    assert lines[3][:2] == ["failed", "broken"]
+    assert lines[3][2].startswith("broken(): RuntimeError: clBuildProgram failed")
+    assert lines[4] == ["ok", "softmax", "its example matches numpy"]
+    assert len(lines) == 5 and "Traceback" not in proc.stderr
 
 
 def test_check_of_good_families_exits_0(user_dir: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from farm.device import DeviceInfo
-from farm.errors import FarmError, ParameterError, UnsupportedFeature
+from farm.errors import ParameterError, UnsupportedFeature
 from farm.families.base import Example, KernelFamily, LocalMem
 from farm.model import LaunchSettings
 
@@ -103,11 +103,11 @@ def check_family(family: KernelFamily[Any], queue: cl.CommandQueue,
                                problems=["no example_params, and its parameters have no "
                                          "defaults to run the example with"])
         launch = LaunchSettings()
-        example = family.example(params, launch, np.random.default_rng(seed))
-        if example is None:
-            return FamilyCheck(family.name, "no-example", problems=["no example()"])
         label = f"{family.name}({','.join(f'{k}={v}' for k, v in raw.items())})"
         try:
+            example = family.example(params, launch, np.random.default_rng(seed))
+            if example is None:
+                return FamilyCheck(family.name, "no-example", problems=["no example()"])
             lowered = family.lower_id(family.artifact_id(raw, launch), device)
             program = cl.Program(queue.context, lowered.source).build(
                 options=list(lowered.options))
@@ -116,8 +116,8 @@ def check_family(family: KernelFamily[Any], queue: cl.CommandQueue,
         except UnsupportedFeature as exc:
             return FamilyCheck(family.name, "unsupported", result.examples,
                                [f"{label}: {exc}"])
-        except (FarmError, cl.Error, AttributeError) as exc:
-            text = " ".join(str(exc).split())[:300]
+        except Exception as exc:  # a family's own code: report it, check the next one
+            text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
             return FamilyCheck(family.name, "failed", result.examples, [f"{label}: {text}"])
         result.examples += 1
         problems = check_example(outputs, example)
