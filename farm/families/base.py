@@ -66,6 +66,16 @@ class Example:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
+#: a device that refuses nothing, for :meth:`KernelFamily.check_launch`
+_UNLIMITED = DeviceInfo(
+    platform_index=0, device_index=0, platform_name="any", platform_version="any",
+    device_name="any", vendor="any", device_version="OpenCL 3.0", driver_version="any",
+    opencl_c_version="OpenCL C 3.0", max_work_group_size=1 << 30,
+    max_work_item_sizes=(1 << 30, 1 << 30, 1 << 30), local_mem_size=1 << 40,
+    global_mem_size=1 << 50, max_compute_units=1,
+    extensions=("cl_khr_fp16", "cl_khr_fp64"))
+
+
 class KernelFamily(ABC, Generic[P]):
     """A registered kernel definition. Subclasses set ``name`` and ``params_model``."""
 
@@ -172,16 +182,6 @@ class KernelFamily(ABC, Generic[P]):
         if dtype == "double" and not device.has_fp64:
             raise UnsupportedFeature("element type double needs cl_khr_fp64, which the "
                                      "device lacks")
-
-
-#: a device that refuses nothing, for :meth:`KernelFamily.check_launch`
-_UNLIMITED = DeviceInfo(
-    platform_index=0, device_index=0, platform_name="any", platform_version="any",
-    device_name="any", vendor="any", device_version="OpenCL 3.0", driver_version="any",
-    opencl_c_version="OpenCL C 3.0", max_work_group_size=1 << 30,
-    max_work_item_sizes=(1 << 30, 1 << 30, 1 << 30), local_mem_size=1 << 40,
-    global_mem_size=1 << 50, max_compute_units=1,
-    extensions=("cl_khr_fp16", "cl_khr_fp64"))
 
 
 @functools.cache
