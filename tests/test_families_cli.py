@@ -259,3 +259,12 @@ def test_validator_messages_carry_no_pydantic_prefix(user_dir: Path, tmp_path: P
     line = one_error(farm(user_dir, tmp_path, "build", str(path)))
     assert line == (f"error: {path}:6: kernels[0].params.group_size: softmax: parameter "
                     "group_size: 48 is not a power of two")
+
+
+def test_every_builtin_family_can_be_checked() -> None:
+    """``farm families check`` needs parameters for each built-in family (they all have
+    required ones): every built-in names some, and they validate."""
+    for family in Registry.load():
+        assert family.example_params, family.name
+        for params in family.example_params:
+            family.validate(params)
