@@ -113,3 +113,16 @@ def test_a_bad_parameter_names_the_field_and_line(plugin: PluginEnv) -> None:
     assert proc.stderr.strip() == (f"error: {bad}:5: kernels[0].params.hi: clamp: "
                                    "parameter hi: must be above lo (2.0)")
 
+
+
+def test_the_guide_shows_the_example_as_it_is() -> None:
+    """docs/PLUGINS.md quotes the family module and the manifest's kernels: they must be
+    the files this test installs, not an older copy."""
+    guide = (EXAMPLE.parents[1] / "docs" / "PLUGINS.md").read_text()
+    family = (EXAMPLE / "clamp_kernels" / "clamp.py").read_text()
+    body = family[family.index("from __future__ import annotations"):]
+    assert f"```python\n{body}```\n" in guide
+    manifest = (EXAMPLE / "clamp.toml").read_text()
+    for entry in manifest.split("[[kernels]]")[1:]:
+        code = "\n".join(line.split("#")[0].rstrip() for line in entry.strip().splitlines())
+        assert f"[[kernels]]\n{code}\n" in guide, code
