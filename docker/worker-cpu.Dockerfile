@@ -1,31 +1,43 @@
 # syntax=docker/dockerfile:1
-# kernel-farm compile worker on the CPU: PoCL (pocl-binary-distribution) through pyopencl.
+# kernel-farm compile worker on the CPU: PoCL, which pyopencl's wheel carries.
 # Build from the repository root (see docker/README.md):
 #   docker build -f docker/worker-cpu.Dockerfile -t kernel-farm/worker-cpu:0.1.0 .
-FROM python:3.11-slim
+#
+# Two stages: `build` installs the locked dependencies (docker/requirements/worker.lock,
+# every file's SHA-256 checked) and then the project into a virtualenv; the final stage
+# copies only that virtualenv, so no pip cache, build tool or source tree ships.
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/farm
+ENV PATH=/opt/farm/bin:$PATH
+# Dependencies before the source: a change of the code rebuilds only the layers below.
+COPY docker/requirements/worker.lock /tmp/requirements.lock
+RUN pip install --no-deps --require-hashes -r /tmp/requirements.lock
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY farm ./farm
+COPY worker ./worker
+COPY loader ./loader
+# The project alone: its dependencies and build backend are already there (the lock).
+RUN pip install --no-deps --no-build-isolation . \
+    && pip check \
+    && python -c "import farm.cli.main, worker.app, loader, pyopencl, celery, minio, psycopg"
+
+FROM ${PYTHON_IMAGE}
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-
+    PATH=/opt/farm/bin:$PATH
 # tini: PID 1 that forwards SIGTERM to the worker (Celery warm shutdown) and reaps.
 # gcc (binutils, libgcc) and libc6-dev: PoCL links every kernel it compiles with the
 # system `ld` against -lgcc -lgcc_s -lc; without them every compile aborts its process.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tini gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
-
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY farm ./farm
-COPY worker ./worker
-COPY loader ./loader
-# Every extra: pocl (pocl-binary-distribution), cluster (Celery, Redis, MinIO), postgres.
-RUN pip install ".[all]" \
-    && rm -rf /src \
-    && python -c "import pyopencl, celery, minio, psycopg; print('kernel-farm imports ok')"
-
+COPY --from=build /opt/farm /opt/farm
 # A non-root user with a fixed uid (the chart's runAsUser).
 RUN groupadd --gid 10001 farm \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/farm --shell /usr/sbin/nologin farm

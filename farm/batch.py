@@ -271,7 +271,7 @@ class Batch:
             return False
         t = time.perf_counter()
         art = self.store.get(self.ns, found)
-        if art is None:
+        if art is None or art.meta.source_hash != source_hash:  # index entries are hints
             return False
         program: Any = None
         if self.keep_programs:
@@ -280,7 +280,7 @@ class Batch:
             except LoadError:
                 return False
         action = rekey_action(found, art.meta.family, res.key, res.artifact.kernel.family)
-        self._put(res, art)
+        self._put(res, art, pending.lowered)
         if action is RekeyAction.MOVE:
             self.store.delete(self.ns, found)
         res.work_s += time.perf_counter() - t
@@ -309,12 +309,12 @@ class Batch:
                               leader.family, built.binary, leader.lowered.source_hash,
                               build_log=built.build_log, host=built.host, worker=built.worker,
                               work_s=built.work_s)
-        self._put(leader.result, art)
+        self._put(leader.result, art, leader.lowered)
         leader.result.worker = built.worker
         leader.result.work_s += built.work_s + (time.perf_counter() - t)
         self._done(leader.result, Outcome.COMPILED, program, notify, leader.lowered)
         for p in leader.followers:
-            self._put(p.result, art)
+            self._put(p.result, art, p.lowered)
             self._done(p.result, Outcome.REKEYED, program, notify, p.lowered)
 
     def _load(self, res: KernelResult, binary: bytes,
@@ -330,13 +330,18 @@ class Batch:
         res.native_fallback = loaded.fallback
         return loaded.program
 
-    def _put(self, res: KernelResult, art: Artifact) -> None:
+    def _put(self, res: KernelResult, art: Artifact, lowered: Lowered | None) -> None:
+        """Store ``art`` under ``res``'s key, indexed by the source *we* lowered for it
+        (never by the hash in a stored artifact's metadata, see farm.store.base)."""
         assert res.key is not None
+        update: dict[str, Any] = {}
         if art.meta.key != res.key or art.meta.family != res.artifact.kernel.family:
-            art = Artifact(meta=art.meta.model_copy(
-                update={"key": res.key, "family": res.artifact.kernel.family}),
-                binary=art.binary)
-        self.store.put(self.ns, art)
+            update.update(key=res.key, family=res.artifact.kernel.family)
+        if lowered is not None and art.meta.source_hash != lowered.source_hash:
+            update["source_hash"] = lowered.source_hash
+        if update:
+            art = Artifact(meta=art.meta.model_copy(update=update), binary=art.binary)
+        self.store.put(self.ns, art, source=lowered)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _done(self, res: KernelResult, outcome: Outcome, program: Any, notify: Progress,

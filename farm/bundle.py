@@ -18,12 +18,15 @@ one :class:`~farm.errors.BundleError` line (the CLI exits 2):
 * not a tar archive (garbage), truncated data, a manifest missing or not first;
 * another format or format version;
 * a member name that is absolute or climbs (``..``), a member that is not a regular
-  file (links, devices), a duplicate member, a member the manifest does not list, an
-  artifact the manifest lists but the bundle lacks;
+  file (links, devices, and *sparse* files, whose few stored bytes expand to any
+  size), a duplicate member, a member the manifest does not list, an artifact the
+  manifest lists but the bundle lacks;
 * a namespace that is not a valid :class:`~farm.keys.Namespace` of this farm's backend
   and store format;
 * a declared size over :data:`MAX_ARTIFACT_BYTES`, a file or a sum of sizes over the
-  total cap (``max_bytes``), a member whose size disagrees with the manifest;
+  total cap (``max_bytes``), a member or a manifest that declares more bytes than the
+  file holds (an uncompressed archive cannot), a member whose size disagrees with the
+  manifest;
 * a digest that does not match the bytes, metadata that disagrees with its entry.
 
 Why uncompressed: the file size then bounds every byte the reader holds, so a small
@@ -279,9 +282,9 @@ def _check_member(path: Path, member: tarfile.TarInfo, limit: int) -> None:
     why = _unsafe_name(member.name)
     if why is not None:
         raise _refuse(path, f"member {member.name!r} is {why}")
-    if not member.isreg():
+    if not member.isreg() or member.issparse() or member.type == tarfile.GNUTYPE_SPARSE:
         raise _refuse(path, f"member {member.name!r} is not a regular file "
-                            "(links, folders and devices are refused)")
+                            "(links, folders, devices and sparse files are refused)")
     if member.size < 0 or member.size > limit:
         raise _refuse(path, f"member {member.name!r} declares {member.size} bytes, over the "
                             f"limit of {limit} bytes")
@@ -357,16 +360,18 @@ def _read_stream(path: Path, fh: io.BufferedReader, max_bytes: int,
                 raise _refuse(path, f"member {first.name!r} is {why}")
             raise _refuse(path, f"not a kernel-farm bundle (first member is "
                                 f"{first.name!r}, not {MANIFEST_MEMBER})")
-        _check_member(path, first, MAX_MANIFEST_BYTES)
+        limit = min(MAX_MANIFEST_BYTES, file_bytes)
+        _check_member(path, first, limit)
         manifest = _manifest_from(path, _read_member(path, tar, first))
-        if manifest.total_bytes > max_bytes:
+        if manifest.total_bytes > min(max_bytes, file_bytes):
             raise _refuse(path, f"declares {manifest.total_bytes} bytes of artifacts, over "
-                                f"the limit of {max_bytes} bytes")
+                                f"the limit of {min(max_bytes, file_bytes)} bytes (the "
+                                "cap, or what the file holds)")
         wanted = {a.member: a for a in manifest.artifacts}
         found: dict[str, Artifact] = {}
         total = 0
         while (member := tar.next()) is not None:
-            _check_member(path, member, MAX_ARTIFACT_BYTES)
+            _check_member(path, member, min(MAX_ARTIFACT_BYTES, file_bytes))
             entry = wanted.get(member.name)
             if entry is None:
                 if member.name in found or member.name == MANIFEST_MEMBER:

@@ -5,6 +5,13 @@ asks the store which keys it holds in one bulk listing, and sends only the misse
 chunks, to the queue of the target fingerprint. Workers do the rest (see
 ``worker.execute``); the client gathers their replies as they arrive.
 
+Faults (docs/RELIABILITY.md): every Redis round trip of the client goes through a
+:class:`~farm.outage.Waiter`, so an outage shorter than ``FARM_OUTAGE_LIMIT`` only
+pauses the build (one line says what is waited for). Each worker notes which tasks it
+holds (``farm:task:<id>:holder``); a chunk whose holder has not heartbeaten for
+``FARM_DEAD_WORKER_GRACE`` seconds is sent again as a new task (first writer wins makes
+a duplicate compile harmless), instead of waiting for the broker's visibility timeout.
+
 Chunks: a task costs a few milliseconds of broker and result round trips, a compile
 tens to hundreds of milliseconds, so a handful of kernels per task keeps the overhead
 small while still spreading work over every worker process (``FARM_CHUNK_SIZE``).
@@ -13,15 +20,19 @@ small while still spreading work over every worker process (``FARM_CHUNK_SIZE``)
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from farm.batch import BatchReport, KernelResult
 from farm.device import DeviceInfo
 from farm.errors import ClusterError, FarmError, UnsupportedFeature
 from farm.families import Registry
-from farm.keys import Namespace, queue_name
+from farm.keys import Namespace, queue_name, task_holder_key, task_lease_key, workers_key
+from farm.lease import release_lease
 from farm.model import ArtifactId, KernelFailure, Key, Outcome
+from farm.outage import Say, Waiter, redis_waiter
 from farm.payloads import TASK_NAME, CompileReply, CompileRequest, KernelRequest
 from farm.records import Recorder
 from farm.records.model import RequestedBy
@@ -32,9 +43,10 @@ from farm.workers import WorkerInfo, served
 Progress = Callable[[KernelResult], None]
 
 
-def check_served(client: Any, fingerprint: str) -> list[WorkerInfo]:
+def check_served(client: Any, fingerprint: str,
+                 stale_s: float | None = None) -> list[WorkerInfo]:
     """The live workers of ``fingerprint``, or a ClusterError naming those served."""
-    workers = served(client)
+    workers = served(client) if stale_s is None else served(client, stale_s)
     if fingerprint not in workers:
         known = ", ".join(sorted(workers)) or "none"
         raise ClusterError(f"no worker serves fingerprint {fingerprint}; fingerprints "
@@ -45,12 +57,19 @@ def check_served(client: Any, fingerprint: str) -> list[WorkerInfo]:
 def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: ArtifactStore,
                   fingerprint: str, artifacts: list[ArtifactId], recorder: Recorder | None,
                   label: str = "", progress: Progress | None = None, verify: bool = False,
-                  device: DeviceInfo | None = None, timeout_s: float = 3600.0) -> BatchReport:
+                  device: DeviceInfo | None = None, timeout_s: float = 3600.0,
+                  say: Say | None = None, status: Say | None = None,
+                  waiter: Waiter | None = None) -> BatchReport:
     """Obtain ``artifacts`` for ``fingerprint`` through the workers.
 
     ``device`` (the target's limits, published by its workers) lets the client count
     kernels that device cannot run as unsupported without sending them: they are never
     stored, so otherwise every build would send them again.
+
+    ``say`` gets the lines worth keeping (an outage waited for, a chunk re-sent),
+    ``status`` the live line (chunks in flight per worker); ``waiter`` waits out Redis
+    outages (one is made from the settings when not given). A Redis outage longer than
+    ``FARM_OUTAGE_LIMIT`` raises :class:`~farm.outage.OutageError`.
     """
     start = time.perf_counter()
     notify = progress or (lambda r: None)
@@ -84,29 +103,19 @@ def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: Ar
     requested_by = None
     if recorder is not None:
         requested_by = RequestedBy(session=recorder.session.id, batch=recorder.reserve_seq())
-    pending: dict[str, list[KernelResult]] = {}
+    gather = _Gatherer(settings, app=app, fingerprint=fingerprint, notify=notify,
+                       say=say, status=status, waiter=waiter)
     size = settings.chunk_size
-    for i in range(0, len(misses), size):
-        chunk = misses[i:i + size]
-        payload = CompileRequest(fingerprint=fingerprint, kernels=[r for _, r in chunk],
-                                 requested_by=requested_by)
-        async_result = app.send_task(TASK_NAME, args=[payload.model_dump(mode="json")],
-                                     queue=queue_name(fingerprint))
-        pending[async_result.id] = [res for res, _ in chunk]
-    tasks_sent = len(pending)
-
-    # One MGET per interval for all pending results, not one round trip per task.
     try:
-        for task_id, meta in app.backend.get_many(set(pending), timeout=timeout_s,
-                                                  interval=0.05):
-            _apply_reply(meta, pending.pop(task_id), notify)
-            app.backend.forget(task_id)
-    except TimeoutError:
-        for chunk_results in pending.values():
-            for res in chunk_results:
-                res.failure = KernelFailure(kind="error", message="no reply from the "
-                                            f"workers within {timeout_s:.0f} s")
-                notify(res)
+        for i in range(0, len(misses), size):
+            chunk = misses[i:i + size]
+            payload = CompileRequest(fingerprint=fingerprint, kernels=[r for _, r in chunk],
+                                     requested_by=requested_by)
+            gather.send(payload.model_dump(mode="json"), [res for res, _ in chunk])
+        gather.run(timeout_s)
+    finally:
+        gather.close()
+    tasks_sent = gather.tasks_sent
 
     wall = time.perf_counter() - start
     report = BatchReport(results=results, wall_s=wall,
@@ -159,3 +168,177 @@ def _apply_reply(meta: dict[str, Any], chunk: list[KernelResult], notify: Progre
             res.work_s = got.work_s
             res.worker = got.worker
         notify(res)
+
+
+#: a chunk is sent at most this often (first send included) before its kernels fail
+MAX_SENDS = 5
+#: seconds between looks at holders and heartbeats (results are polled every 50 ms)
+CHECK_INTERVAL_S = 1.0
+_READY = ("SUCCESS", "FAILURE", "REVOKED")
+
+
+@dataclass
+class _Chunk:
+    payload: dict[str, Any]
+    results: list[KernelResult]
+    sends: int = 0
+
+
+class _Gatherer:
+    """Sends chunks, gathers their replies, re-sends those of dead workers."""
+
+    def __init__(self, settings: Settings, *, app: Any, fingerprint: str, notify: Progress,
+                 say: Say | None, status: Say | None, waiter: Waiter | None) -> None:
+        import redis
+
+        self.settings = settings
+        self.app = app
+        self.fingerprint = fingerprint
+        self.notify = notify
+        self.say = say or (lambda line: None)
+        self.status = status or (lambda line: None)
+        self.waiter = waiter or redis_waiter(settings.redis_url or "", settings.outage_limit,
+                                             say=self.say)
+        self.client: Any = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
+                                                socket_connect_timeout=5)
+        self.pending: dict[str, _Chunk] = {}
+        self.tasks_sent = 0
+        self.resent = 0
+        #: worker field -> (heartbeat last seen, when this client saw it change)
+        self._beats: dict[str, tuple[float, float]] = {}
+        self._outages_seen = 0
+
+    def send(self, payload: dict[str, Any], results: list[KernelResult]) -> str:
+        chunk = _Chunk(payload=payload, results=results)
+        return self._send(chunk)
+
+    def _send(self, chunk: _Chunk) -> str:
+        task_id = str(uuid.uuid4())
+        def send() -> None:
+            self.app.send_task(TASK_NAME, args=[chunk.payload],
+                               queue=queue_name(self.fingerprint), task_id=task_id)
+
+        self.waiter.call(send)
+        chunk.sends += 1
+        self.tasks_sent += 1
+        self.pending[task_id] = chunk
+        return task_id
+
+    def run(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        next_check = time.monotonic() + CHECK_INTERVAL_S
+        backend = self.app.backend
+        while self.pending:
+            if time.monotonic() > deadline:
+                for chunk in self.pending.values():
+                    self._fail(chunk, f"no reply from the workers within {timeout_s:.0f} s")
+                self.pending.clear()
+                return
+            ids = list(self.pending)
+            keys = [backend.get_key_for_task(t) for t in ids]
+            values = self._mget(keys)
+            for task_id, raw in zip(ids, values, strict=True):
+                if raw is None:
+                    continue
+                meta = backend.decode(raw)
+                if not isinstance(meta, dict) or meta.get("status") not in _READY:
+                    continue
+                _apply_reply(meta, self.pending.pop(task_id).results, self.notify)
+                self._forget(task_id)
+            if self.pending and time.monotonic() >= next_check:
+                self._check_holders()
+                next_check = time.monotonic() + CHECK_INTERVAL_S
+            if self.pending:
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _mget(self, keys: list[Any]) -> list[Any]:
+        def mget() -> list[Any]:
+            return list(self.client.mget(keys))
+
+        return self.waiter.call(mget)
+
+    def _forget(self, task_id: str) -> None:
+        key = self.app.backend.get_key_for_task(task_id)
+
+        def forget() -> None:
+            self.client.delete(key, task_holder_key(task_id))
+
+        self.waiter.call(forget)
+
+    def _live(self) -> dict[str, bool]:
+        """Worker field -> alive, judged on this client's clock: a worker is dead once
+        its heartbeat has not changed for the grace (so clock skew does not matter, and
+        the heartbeats missed during an outage of Redis do not count)."""
+        raw = self.waiter.call(lambda: self.client.hgetall(workers_key(self.fingerprint)))
+        now = time.monotonic()
+        if self.waiter.outages != self._outages_seen:  # Redis was away: start afresh
+            self._outages_seen = self.waiter.outages
+            self._beats.clear()
+        seen: dict[str, bool] = {}
+        for name, value in raw.items():
+            field = name.decode() if isinstance(name, bytes) else str(name)
+            try:
+                beat = WorkerInfo.model_validate_json(value).heartbeat
+            except ValueError:
+                continue
+            last = self._beats.get(field)
+            if last is None or last[0] != beat:
+                self._beats[field] = (beat, now)
+            seen[field] = now - self._beats[field][1] <= self.settings.dead_worker_grace
+        return seen
+
+    def _check_holders(self) -> None:
+        ids = list(self.pending)
+        holders = self._mget([task_holder_key(t) for t in ids])
+        live = self._live()
+        in_flight: dict[str, int] = {}
+        for task_id, raw in zip(ids, holders, strict=True):
+            if raw is None:
+                in_flight["queued"] = in_flight.get("queued", 0) + 1
+                continue
+            holder = raw.decode() if isinstance(raw, bytes) else str(raw)
+            alive = live[holder] if holder in live else not self._grace_over(holder)
+            if alive:
+                in_flight[holder] = in_flight.get(holder, 0) + 1
+            else:
+                self._resend(task_id, holder)
+        self.status("in flight: " + ", ".join(f"{k} {v}" for k, v in sorted(in_flight.items()))
+                    if in_flight else "")
+
+    def _grace_over(self, holder: str) -> bool:
+        """A holder this client never saw beat: dead once the grace has passed since
+        it first noticed it (it may be a worker whose registration Redis lost)."""
+        first = self._beats.setdefault(f"unseen:{holder}", (0.0, time.monotonic()))
+        return time.monotonic() - first[1] > self.settings.dead_worker_grace
+
+    def _resend(self, task_id: str, holder: str) -> None:
+        chunk = self.pending.pop(task_id)
+        kernels = len(chunk.results)
+        if chunk.sends >= MAX_SENDS:
+            self._fail(chunk, f"sent {chunk.sends} times, each time to a worker that died")
+            return
+        self.resent += 1
+        self._release_lease_of(task_id)
+        self._send(chunk)
+        self.say(f"re-sent a chunk of {kernels} kernel(s): worker {holder} held it and "
+                 f"has not heartbeaten for {self.settings.dead_worker_grace:.0f} s")
+
+    def _release_lease_of(self, task_id: str) -> None:
+        """Release the compile lease the dead holder noted for the task, so the re-sent
+        chunk does not wait out its time-to-live (the token makes sure it is that one)."""
+        def release() -> None:
+            held = self.client.get(task_lease_key(task_id))
+            if held:
+                text = held.decode() if isinstance(held, bytes) else str(held)
+                name, _, token = text.partition("\n")
+                release_lease(self.client, name, token)
+
+        self.waiter.call(release)
+
+    def _fail(self, chunk: _Chunk, message: str) -> None:
+        for res in chunk.results:
+            res.failure = KernelFailure(kind="error", message=message)
+            self.notify(res)

@@ -4,20 +4,24 @@
   each of which opens its OpenCL context once, in its initializer, and keeps it. Spawn,
   never fork: OpenCL state must not cross a fork, and the parent may already hold a
   context (it loads what the pool compiles).
-* :class:`InlineCompiler` — compile in the calling thread (``--workers 0``, tests).
+  A process that dies while compiling (a compiler abort, an out-of-memory kill) fails
+  only the kernel it held, with kind ``crashed`` after ``crash_limit`` deaths; the pool
+  is rebuilt and the rest of the batch goes on (:mod:`farm.pool`).
+* :class:`InlineCompiler` — compile in the calling thread (``--workers 0``, tests). A
+  compiler that aborts takes the calling process with it: see docs/RELIABILITY.md.
 * The cluster's Celery compiler implements the same protocol in ``worker/``.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from farm.device import DeviceInfo, open_device
 from farm.finalize import FinalizeResult, finalize_and_validate
 from farm.model import Lowered
+from farm.pool import CrashSafePool, JobCrashed
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -82,15 +86,16 @@ def _pool_finalize(lowered_json: str) -> str:
 class ProcessPoolCompiler:
     """``workers`` spawned processes, one OpenCL context each, made at start."""
 
-    def __init__(self, device: DeviceInfo, workers: int, native: bool = True) -> None:
+    def __init__(self, device: DeviceInfo, workers: int, native: bool = True,
+                 crash_limit: int = 2) -> None:
         self.parallelism = max(1, workers)
         self.submitted = 0
         # Driver cache switches must reach the children before their drivers start.
         env = {k: v for k, v in os.environ.items()
                if k.startswith(("POCL_", "PYOPENCL_", "CUDA_"))}
-        self._pool = ProcessPoolExecutor(
-            max_workers=self.parallelism, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_pool_init, initargs=(device.model_dump_json(), env, native))
+        self._pool = CrashSafePool(self.parallelism, initializer=_pool_init,
+                                   initargs=(device.model_dump_json(), env, native),
+                                   crash_limit=crash_limit)
 
     def submit(self, lowered: Lowered) -> Future[FinalizeResult]:
         self.submitted += 1
@@ -99,7 +104,9 @@ class ProcessPoolCompiler:
 
         def _done(f: Future[str]) -> None:
             exc = f.exception()
-            if exc is not None:
+            if isinstance(exc, JobCrashed):
+                out.set_result(FinalizeResult(error=str(exc), error_kind="crashed"))
+            elif exc is not None:
                 out.set_result(FinalizeResult(error=f"compile process failed: {exc}"))
             else:
                 out.set_result(FinalizeResult.model_validate_json(f.result()))
@@ -109,9 +116,7 @@ class ProcessPoolCompiler:
 
     def warm_up(self) -> None:
         """Start every process now (so start-up is not billed to the first kernels)."""
-        futures = [self._pool.submit(os.getpid) for _ in range(self.parallelism)]
-        for f in futures:
-            f.result()
+        self._pool.warm_up()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.close()

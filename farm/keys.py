@@ -28,12 +28,21 @@ Redis (broker and farm state)::
     farm:records:group                            consumer group name of the ingesters
     farm:records:dead                             records stream entries that do not validate
                                                   (kept for a person to read, never retried)
+    farm:dead                                     list of task messages a worker refused as
+                                                  malformed (JSON: reason, headers, body)
+    farm:task:<task id>:deliveries                how often a compile task was started (TTL)
+    farm:task:<task id>:kernel                    id hash of the kernel it is working on now
+    farm:task:<task id>:crashes                   hash id hash -> times its compiling process
+                                                  died; field ``status`` the last exit status
+    farm:task:<task id>:holder                    the worker (host:pid) holding the task
+    farm:task:<task id>:lease                     the compile lease it holds (name, token)
 
 A record of kind ``records/v<N>/<name>`` travels on ``farm:records:<name>``
 (:func:`records_stream_for`): the stream has no version in its name, the entry carries
 its kind, so a kind's later format version shares its stream (see docs/RECORDS.md).
 
-Celery queues: ``farm.<fingerprint>`` (one per fingerprint).
+Celery queues: ``farm.<fingerprint>`` (one per fingerprint), Redis lists of that name;
+``unacked`` (kombu's hash of delivered, unacknowledged messages).
 
 Records storage: kind ``records/v1/<kind>`` keyed by (session, seq).
 
@@ -52,7 +61,8 @@ from farm.model import Key
 BACKEND = "opencl"
 STORE_FORMAT = "v1"
 
-_FINGERPRINT = re.compile(r"^[a-z0-9][a-z0-9-]{0,99}$")
+#: ``fullmatch``: ``$`` with ``re.match`` would let a trailing newline through
+_FINGERPRINT = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")
 
 
 class Namespace(BaseModel):
@@ -67,7 +77,7 @@ class Namespace(BaseModel):
     @field_validator("fingerprint")
     @classmethod
     def _slug(cls, value: str) -> str:
-        if not _FINGERPRINT.match(value):
+        if not isinstance(value, str) or not _FINGERPRINT.fullmatch(value):
             raise ValueError(f"not a device fingerprint: {value!r}")
         return value
 
@@ -76,6 +86,8 @@ class Namespace(BaseModel):
 
     @classmethod
     def parse(cls, text: str) -> Namespace:
+        if not isinstance(text, str):  # a damaged row, a JSON null
+            raise ValueError(f"not a namespace: {text!r:.60}")
         parts = text.split("/")
         if len(parts) != 3:
             raise ValueError(f"not a namespace (backend/format/fingerprint): {text!r}")
@@ -161,9 +173,56 @@ def records_stream_for(kind: str) -> str:
     return records_stream(kind.rsplit("/", 1)[-1])
 
 
+DEAD_LETTERS = "farm:dead"
+"""Task messages refused as malformed, newest first: one JSON object each with the
+reason, the headers and the (cut) body, for a person to read; never retried."""
+
+#: how long the per-task bookkeeping below lives (a day: far longer than any build)
+TASK_STATE_TTL_S = 24 * 3600
+
+
+def task_deliveries_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:deliveries"
+
+
+def task_kernel_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:kernel"
+
+
+def task_crashes_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:crashes"
+
+
+def task_holder_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:holder"
+
+
+def task_lease_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:lease"
+
+
 # -- celery ----------------------------------------------------------------------------------
+QUEUE_PREFIX = "farm."
+
+
 def queue_name(fingerprint: str) -> str:
-    return f"farm.{fingerprint}"
+    return f"{QUEUE_PREFIX}{fingerprint}"
+
+
+def queue_fingerprint(queue: str) -> str | None:
+    """Inverse of :func:`queue_name`; ``None`` for another queue (``farm.default``)."""
+    if not queue.startswith(QUEUE_PREFIX):
+        return None
+    fp = queue[len(QUEUE_PREFIX):]
+    return fp if _FINGERPRINT.match(fp) and fp != "default" else None
+
+
+#: Redis keys of Celery's queues (kombu's Redis transport keeps each queue as a list
+#: named after it, and a priority's messages in ``<queue>\x06\x16<priority>``)
+QUEUE_PATTERN = f"{QUEUE_PREFIX}*"
+QUEUE_PRIORITY_SEP = "\x06\x16"
+#: kombu's hash of delivered, unacknowledged messages (late acks: chunks in flight)
+CELERY_UNACKED = "unacked"
 
 
 # -- records storage -------------------------------------------------------------------------

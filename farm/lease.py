@@ -8,16 +8,24 @@ while the compile runs, so a worker that dies gives its lease up by simply expir
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from farm.keys import Namespace, lease_key
 
 if TYPE_CHECKING:
     import redis
+
+    from farm.outage import Waiter
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
@@ -50,10 +58,20 @@ class Lease:
             except Exception:  # a missed renewal only shortens the lease
                 continue
 
+    @property
+    def token(self) -> str:
+        """What proves this holder's ownership (``release_lease`` needs it)."""
+        return self._token
+
     def release(self) -> None:
+        """Give the lease up; when Redis cannot be reached it expires by itself (its
+        time-to-live), so a failed release costs a waiting worker at most ``ttl``."""
         self._stop.set()
         self._thread.join(timeout=1)
-        self._client.eval(_RELEASE, 1, self.name, self._token)
+        try:
+            self._client.eval(_RELEASE, 1, self.name, self._token)
+        except Exception as exc:  # Redis away: the lease expires on its own
+            log.warning("lease %s not released (%s); it expires by itself", self.name, exc)
 
     def __enter__(self) -> Lease:
         return self
@@ -63,17 +81,29 @@ class Lease:
         self.release()
 
 
+def release_lease(client: redis.Redis, name: str, token: str) -> bool:
+    """Release the lease ``name`` if ``token`` still holds it (for the process that
+    outlived a dead holder: its lease goes now, not after its time-to-live)."""
+    return bool(client.eval(_RELEASE, 1, name, token))
+
+
 class Leases:
     """Takes and waits on compile leases."""
 
-    def __init__(self, client: redis.Redis, ttl_s: float = 30.0) -> None:
+    def __init__(self, client: redis.Redis, ttl_s: float = 30.0,
+                 waiter: Waiter | None = None) -> None:
         self._client = client
         self.ttl_s = ttl_s
+        self._waiter = waiter
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        return self._waiter.call(fn) if self._waiter is not None else fn()
 
     def try_acquire(self, ns: Namespace, source_hash: str) -> Lease | None:
         name = lease_key(ns, source_hash)
         token = uuid.uuid4().hex
-        if self._client.set(name, token, nx=True, px=int(self.ttl_s * 1000)):
+        if self._call(lambda: self._client.set(name, token, nx=True,
+                                               px=int(self.ttl_s * 1000))):
             return Lease(self._client, name, token, self.ttl_s)
         return None
 
@@ -82,7 +112,7 @@ class Leases:
         """Wait until nobody holds the lease; False on timeout."""
         name = lease_key(ns, source_hash)
         deadline = time.monotonic() + timeout_s
-        while self._client.exists(name):
+        while self._call(lambda: self._client.exists(name)):
             if time.monotonic() > deadline:
                 return False
             time.sleep(poll_s)

@@ -63,9 +63,9 @@ def local_farm(settings: Settings, *, label: str, workers: int | None = None,
     n = settings.workers if workers is None else workers
     own: Any = None
     if compiler is None:
-        native = settings.native_binaries
-        own = ProcessPoolCompiler(device, n, native) if n > 0 else \
-            InlineCompiler(*context.get(), native)
+        own = (ProcessPoolCompiler(device, n, settings.native_binaries,
+                                   crash_limit=settings.crash_limit) if n > 0
+               else InlineCompiler(*context.get(), settings.native_binaries))
         compiler = own
     try:
         yield LocalFarm(settings=settings, registry=registry, device=device, context=context,

@@ -113,6 +113,13 @@ Loc = tuple[str | int, ...]
 DType = Literal["float", "half", "double"]
 MatrixShape = Literal["qkv", "o", "gate_up", "down", "lm_head", "*"]
 PositiveInt = Annotated[int, Field(ge=1)]
+#: the largest model dimension (hidden, heads, vocab, tokens...) a manifest may give:
+#: far beyond any real model (a 128k vocabulary is 2**17), small enough that planning
+#: (e.g. splitting an LM head into matmul parts) stays small before the kernel cap counts
+MAX_DIM = 2**24
+Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
+#: matmul tiles and work per thread are powers of two well below this
+TileInt = Annotated[int, Field(ge=1, le=2**16)]
 
 
 # ----------------------------------------------------------------------------------------
@@ -136,11 +143,11 @@ class MatmulTile(_Strict):
     out-of-range candidate is reported at its line here when the manifest is expanded.
     """
 
-    tile_m: PositiveInt | None = None
-    tile_n: PositiveInt | None = None
-    tile_k: PositiveInt | None = None
-    wpt_m: PositiveInt | None = None
-    wpt_n: PositiveInt | None = None
+    tile_m: TileInt | None = None
+    tile_n: TileInt | None = None
+    tile_k: TileInt | None = None
+    wpt_m: TileInt | None = None
+    wpt_n: TileInt | None = None
 
     def params(self) -> dict[str, int]:
         """The matmul parameters this candidate sets."""
@@ -150,16 +157,16 @@ class MatmulTile(_Strict):
 class ModelSpec(_Strict):
     """A Llama-style decoder described by its dimensions; expands to its kernels."""
 
-    name: str = Field(min_length=1)
-    hidden: PositiveInt
-    heads: PositiveInt
-    kv_heads: PositiveInt | None = None
-    head_dim: PositiveInt
-    intermediate: PositiveInt
-    vocab: PositiveInt
+    name: str = Field(min_length=1, max_length=200)
+    hidden: Dim
+    heads: Dim
+    kv_heads: Dim | None = None
+    head_dim: Dim
+    intermediate: Dim
+    vocab: Dim
     dtypes: list[DType] = Field(default_factory=lambda: list[DType](["float"]), min_length=1,
                                 max_length=3)
-    tokens: list[PositiveInt] = Field(min_length=1, max_length=64)
+    tokens: list[Dim] = Field(min_length=1, max_length=64)
     tuning: dict[MatrixShape, Annotated[list[MatmulTile],
                                         Field(min_length=1, max_length=1024)]] = Field(
         default_factory=dict)
@@ -194,11 +201,11 @@ class ModelSpec(_Strict):
 class KernelSpec(_Strict):
     """One explicitly listed kernel instance: family, parameters, launch and variant."""
 
-    family: str = Field(min_length=1)
+    family: str = Field(min_length=1, max_length=200)
     params: dict[str, Any] = Field(default_factory=dict)
     local_size: list[int] | None = None
-    options: list[str] = Field(default_factory=list)
-    alignment: int = Field(default=0, ge=0)
+    options: list[str] = Field(default_factory=list, max_length=256)
+    alignment: int = Field(default=0, ge=0, le=2**20)
 
     @field_validator("local_size")
     @classmethod

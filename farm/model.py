@@ -9,17 +9,44 @@ from __future__ import annotations
 
 import datetime as dt
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from farm.hashing import canonical_json, sha256_hex, stable_hash
 
+#: the largest integer every storage takes (SQLite and PostgreSQL BIGINT): an integer
+#: from outside beyond it is refused where it enters, not by a database later
+INT64_MAX = 2**63 - 1
+
+#: a 64-digit lowercase hex SHA-256 (source hashes, digests)
+SHA256_HEX = r"^[0-9a-f]{64}$"
+
+Int64 = Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
+"""An integer that fits every storage column."""
+
+NonNegInt64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
+"""A count, a size, a sequence number."""
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+"""A family name, a host, a worker: short text for tables and logs."""
+
+ShortText = Annotated[str, StringConstraints(max_length=1000)]
+"""Free text that is not a log: labels, hosts."""
+
+LogText = Annotated[str, StringConstraints(max_length=4 * 1024 * 1024)]
+"""A build log: long, but bounded."""
+
+
+#: a kernel's parameters are a handful of numbers and names
+MAX_PARAMS_JSON = 64 * 1024
+
 
 class Frozen(BaseModel):
-    """Immutable, strict-about-extra-fields base for ids and payloads."""
+    """Immutable, strict-about-extra-fields base for ids and payloads. Floats are finite
+    (JSON has no Infinity or NaN, so a value stored as one could never be read back)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class LaunchSettings(Frozen):
@@ -35,8 +62,9 @@ class LaunchSettings(Frozen):
     @field_validator("local_size")
     @classmethod
     def _positive(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
-        if value is not None and (not 1 <= len(value) <= 3 or any(v < 1 for v in value)):
-            raise ValueError("local_size must be 1 to 3 positive integers")
+        if value is not None and (not 1 <= len(value) <= 3
+                                  or any(not 1 <= v <= 65536 for v in value)):
+            raise ValueError("local_size must be 1 to 3 integers from 1 to 65536")
         return value
 
 
@@ -47,9 +75,23 @@ class KernelId(Frozen):
     (defaults filled in), so two spellings of the same kernel have the same id.
     """
 
-    family: str
+    family: Name
     params: dict[str, Any] = Field(default_factory=dict)
     launch: LaunchSettings = LaunchSettings()
+
+    @field_validator("params")
+    @classmethod
+    def _json_data(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Parameters are hashed as canonical JSON: refuse what has none (Infinity, NaN,
+        objects) here, at the boundary, rather than when the key is computed."""
+        try:
+            text = canonical_json(value)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ValueError(f"parameters are not finite JSON data ({exc})") from None
+        if len(text) > MAX_PARAMS_JSON:
+            raise ValueError(f"parameters take {len(text)} bytes as JSON, over the limit "
+                             f"of {MAX_PARAMS_JSON}")
+        return value
 
     def __hash__(self) -> int:  # dict params are unhashable; hash the canonical form
         return hash(self.id_hash)
@@ -68,8 +110,9 @@ class KernelId(Frozen):
 class Variant(Frozen):
     """What a launch decides that the kernel id does not: build options, alignment."""
 
-    options: tuple[str, ...] = ()
-    alignment: int = 0
+    options: tuple[Annotated[str, StringConstraints(max_length=1000)], ...] = Field(
+        default=(), max_length=256)
+    alignment: int = Field(default=0, ge=0, le=2**20)
 
     @field_validator("options")
     @classmethod
@@ -132,7 +175,8 @@ class Outcome(StrEnum):
     COMPILED = "Compiled"
 
 
-FailureKind = Literal["unsupported", "validation", "compile", "load", "version-skew", "error"]
+FailureKind = Literal["unsupported", "validation", "compile", "load", "version-skew", "crashed",
+                      "store", "error"]
 
 
 class KernelFailure(Frozen):
@@ -147,18 +191,19 @@ class ArtifactMeta(Frozen):
     """Everything stored beside a binary. Its digest is checked before every load."""
 
     key: Key
-    family: str
-    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    size: int = Field(ge=0)
-    source_hash: str
-    build_log: str = ""
-    host: str = ""
-    worker: str = ""
-    work_s: float = 0.0
+    family: Name
+    digest: str = Field(pattern=SHA256_HEX)
+    size: NonNegInt64
+    #: informational: the source index never takes it on trust (see farm.store.base)
+    source_hash: str = Field(pattern=SHA256_HEX)
+    build_log: LogText = ""
+    host: ShortText = ""
+    worker: ShortText = ""
+    work_s: float = Field(default=0.0, ge=0.0, le=1e9)
     created_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
     origin: Literal["compiled", "imported"] = "compiled"
     #: Ed25519 signature of :meth:`signed_bytes` by a writer's key ("" when unsigned)
-    signature: str = ""
+    signature: str = Field(default="", max_length=200)
 
     def signed_bytes(self) -> bytes:
         """What a signature covers: the key, the family, the digest and the size.

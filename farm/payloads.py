@@ -7,9 +7,13 @@ worker running different kernel code refuses instead of storing under a wrong ke
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
 
-from farm.model import ArtifactId, Frozen, KernelFailure, Outcome
+from pydantic import Field, ValidationError, field_validator
+
+from farm.errors import InputError
+from farm.keys import Namespace
+from farm.model import ArtifactId, Frozen, KernelFailure, Outcome, ShortText
 from farm.records.model import RequestedBy
 
 TASK_NAME = "farm.compile"
@@ -27,15 +31,38 @@ class CompileRequest(Frozen):
     kernels: list[KernelRequest] = Field(min_length=1, max_length=1024)
     requested_by: RequestedBy | None = None
 
+    @field_validator("fingerprint")
+    @classmethod
+    def _fingerprint(cls, value: str) -> str:
+        Namespace.for_fingerprint(value)  # the one fingerprint rule
+        return value
+
+
+class PayloadError(InputError):
+    """A task payload that does not validate. One line naming the field: it travels to
+    the client through Celery's JSON as the exception's only argument, where a pydantic
+    ``ValidationError`` (which cannot be rebuilt from JSON) arrived as an empty message."""
+
+
+def parse_request(payload: Any) -> CompileRequest:
+    """The validated request of a task, or :class:`PayloadError` in one line."""
+    try:
+        return CompileRequest.model_validate(payload)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "payload"
+        msg = " ".join(str(err["msg"]).removeprefix("Value error, ").split())
+        raise PayloadError(f"task payload {where}: {msg}"[:500]) from None
+
 
 class KernelReply(Frozen):
-    id_hash: str
-    key: str | None = None
+    id_hash: str = Field(max_length=64)
+    key: str | None = Field(default=None, max_length=200)
     outcome: Outcome | None = None
     failure: KernelFailure | None = None
-    work_s: float = 0.0
-    worker: str = ""
-    host: str = ""
+    work_s: float = Field(default=0.0, ge=0.0)
+    worker: ShortText = ""
+    host: ShortText = ""
 
 
 class CompileReply(Frozen):

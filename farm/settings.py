@@ -10,14 +10,23 @@ embedded default to the cluster.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farm.errors import SettingsError
+from farm.model import INT64_MAX
 from farm.records.model import RecordLevel
+
+#: a dotted Python module name (FARM_FAMILY_MODULES entries)
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+#: a day: no compile, lease or visibility timeout is longer, and none is shorter than
+#: a second (a lease of 1e-9 s expires before it is renewed: every compile fails)
+_MAX_SECONDS = 86_400.0
 
 
 def _default_home() -> Path:
@@ -27,26 +36,29 @@ def _default_home() -> Path:
 class Settings(BaseSettings):
     """All knobs, with the environment variable that sets each (prefix ``FARM_``)."""
 
-    model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore",
+                                      allow_inf_nan=False)
 
     #: where embedded environments live (FARM_HOME)
     home: Path = Field(default_factory=_default_home)
-    #: named environment: one store plus one records storage (FARM_ENVIRONMENT)
-    environment: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    #: named environment: one store plus one records storage (FARM_ENVIRONMENT); a
+    #: folder name under FARM_HOME/envs, so never ``.`` or ``..``
+    environment: str = Field(default="default",
+                             pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     #: records storage URL; default SQLite beside the store (FARM_RECORDS_URL)
-    records_url: str | None = None
+    records_url: str | None = Field(default=None, max_length=2000)
     records_level: RecordLevel = RecordLevel.BASIC
-    keep_sessions: int | None = Field(default=None, ge=0)
+    keep_sessions: int | None = Field(default=None, ge=0, le=INT64_MAX)
     #: where records go (FARM_RECORDS_TRANSPORT): ``auto`` = Redis streams when
     #: FARM_REDIS_URL is set, else straight into storage; ``storage`` / ``stream`` force
     #: one (see farm/records/open.py and docs/RECORDS.md)
     records_transport: Literal["auto", "storage", "stream"] = "auto"
     #: extra modules providing kernel families (FARM_FAMILY_MODULES='["pkg.mod"]')
-    family_modules: list[str] = Field(default_factory=list)
+    family_modules: list[str] = Field(default_factory=list, max_length=256)
     #: OpenCL device: fingerprint, prefix or name substring (FARM_DEVICE)
-    device: str | None = None
+    device: str | None = Field(default=None, max_length=200)
     #: local compile processes (FARM_WORKERS); default: one per core
-    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=0)
+    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=0, le=1024)
 
     #: store the device's machine code beside its portable binary where the device allows
     #: it (NVIDIA: a cubin linked from the PTX by the CUDA driver; farm/native.py), so a
@@ -54,26 +66,118 @@ class Settings(BaseSettings):
     native_binaries: bool = True
 
     #: Ed25519 private key (base64) that signs every stored artifact; writers only
-    signing_key: SecretStr | None = None
+    signing_key: SecretStr | None = Field(default=None, max_length=200)
     #: Ed25519 public key (base64): refuse artifacts not signed by its private key
-    verify_key: str | None = None
+    verify_key: str | None = Field(default=None, max_length=200)
 
     # -- cluster -------------------------------------------------------------------------
-    redis_url: str | None = None
-    minio_endpoint: str | None = None
+    redis_url: str | None = Field(default=None, max_length=2000)
+    minio_endpoint: str | None = Field(default=None, max_length=2000)
     minio_access_key: SecretStr | None = None
     minio_secret_key: SecretStr | None = None
     minio_bucket: str = Field(default="kernel-farm", pattern=r"^[a-z0-9][a-z0-9.-]{2,62}$")
     minio_secure: bool = False
     #: seconds a compile may take before a soft / hard time limit stops it
-    compile_soft_time_limit: float = Field(default=300.0, gt=0)
-    compile_hard_time_limit: float = Field(default=360.0, gt=0)
+    compile_soft_time_limit: float = Field(default=300.0, ge=1.0, le=_MAX_SECONDS)
+    compile_hard_time_limit: float = Field(default=360.0, ge=1.0, le=_MAX_SECONDS)
     #: Redis broker visibility timeout; must exceed the hard time limit (see cluster docs)
-    visibility_timeout: float = Field(default=900.0, gt=0)
+    visibility_timeout: float = Field(default=900.0, ge=1.0, le=7 * _MAX_SECONDS)
     #: seconds a compile lease lives without renewal (a dead worker's lease expires)
-    lease_ttl: float = Field(default=30.0, gt=0)
+    lease_ttl: float = Field(default=30.0, ge=1.0, le=_MAX_SECONDS)
     #: kernels per Celery task (amortises per-task overhead against compile time)
     chunk_size: int = Field(default=4, ge=1, le=256)
+
+    # -- operations (see docs/OPERATIONS.md) ---------------------------------------------
+    #: Celery task events (task-sent/-started/-succeeded...) for Flower and
+    #: ``celery events`` (FARM_WORKER_EVENTS)
+    worker_events: bool = True
+    #: Celery worker heartbeats (worker-online/-heartbeat events; Flower's worker status,
+    #: and the liveness file below) (FARM_WORKER_HEARTBEAT)
+    worker_heartbeat: bool = True
+    #: port of the Prometheus ``/metrics`` endpoint of a worker or ingester; unset: none
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    #: Prometheus Pushgateway URL where ``farm build`` pushes its summary (optional)
+    metrics_pushgateway: str | None = None
+    #: folder of the health files the chart's probes read (``ready``, ``alive``)
+    health_dir: Path | None = None
+
+    # -- faults (see docs/RELIABILITY.md) --------------------------------------------------
+    #: seconds a Redis or MinIO outage is waited out (with backoff) before a process gives
+    #: up with one error line (FARM_OUTAGE_LIMIT)
+    outage_limit: float = Field(default=60.0, gt=0)
+    #: times a kernel may kill its compiling process before it fails as ``crashed``
+    #: (FARM_CRASH_LIMIT)
+    crash_limit: int = Field(default=2, ge=1, le=100)
+    #: seconds between a worker's heartbeats (FARM_HEARTBEAT_INTERVAL)
+    heartbeat_interval: float = Field(default=3.0, gt=0)
+    #: seconds without a heartbeat after which a worker is dead: clients re-send the
+    #: chunks it held, listings drop it (FARM_DEAD_WORKER_GRACE)
+    dead_worker_grace: float = Field(default=20.0, gt=0)
+
+    # -- validation: every value refused here, in one line, never later by a traceback --
+    @field_validator("home")
+    @classmethod
+    def _usable_home(cls, value: Path) -> Path:
+        if str(value) in ("", "."):
+            raise ValueError("must name a folder (an empty value would mean the current "
+                             "folder)")
+        try:
+            if value.exists() and not value.is_dir():
+                raise ValueError("exists and is not a folder")
+        except OSError as exc:  # a name too long, a component that is a file...
+            raise ValueError(f"cannot be used as a folder ({exc.strerror})") from None
+        return value
+
+    @field_validator("family_modules")
+    @classmethod
+    def _module_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not isinstance(name, str) or len(name) > 200 or not _MODULE.fullmatch(name):
+                raise ValueError(f"{str(name)[:60]!r} is not a Python module name")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if not value:
+            return value
+        try:
+            url = urlsplit(value)
+            url.port  # noqa: B018 - parses the port, raising ValueError when it is not one
+        except ValueError:
+            raise ValueError("not a URL with a numeric port (redis://host:port/db)") from None
+        if url.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        if url.scheme != "unix" and not url.hostname:
+            raise ValueError("names no host (redis://host:port/db)")
+        return value
+
+    @field_validator("records_url")
+    @classmethod
+    def _records_url(cls, value: str | None) -> str | None:
+        if not value:
+            return value
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(value)
+            url.port  # noqa: B018
+        except (ArgumentError, ValueError):
+            raise ValueError("not a database URL (sqlite:///<file> or "
+                             "postgresql+psycopg://user@host:port/db, numeric port)") from None
+        if url.get_backend_name() not in ("sqlite", "postgresql"):
+            raise ValueError("use sqlite:///<file> or postgresql+psycopg://...")
+        return value
+
+    @field_validator("minio_endpoint")
+    @classmethod
+    def _no_credentials_in_endpoint(cls, value: str | None) -> str | None:
+        if value and "@" in value.split("/", 3)[2 if "://" in value else 0]:
+            # never echo it: the part before @ is a secret
+            raise ValueError("must not carry credentials (user:password@); set "
+                             "FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY")
+        return value
 
     @property
     def environment_dir(self) -> Path:
@@ -103,7 +207,8 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        raise SettingsError(f"setting FARM_{field.upper()}: {err['msg']}") from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise SettingsError(f"setting FARM_{field.upper()}: {msg}") from None
 
 
 def _env_name(message: str) -> str:

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from farm.errors import SettingsError
 from farm.keys import Namespace
-from farm.model import Artifact, ArtifactMeta, Key
+from farm.model import Artifact, ArtifactMeta, Key, Lowered
 from farm.settings import Settings
 from farm.store.base import ArtifactStore, PutResult
 
@@ -108,11 +108,12 @@ class SigningStore(ArtifactStore):
     def get(self, ns: Namespace, key: Key) -> Artifact | None:
         return self._trusted(ns, self.inner.get(ns, key))
 
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         if self.signer is None:
-            return self.inner.put(ns, artifact)
+            return self.inner.put(ns, artifact, source=source)
         artifact = Artifact(meta=self.signer.sign(artifact.meta), binary=artifact.binary)
-        result = self.inner.put(ns, artifact)
+        result = self.inner.put(ns, artifact, source=source)
         if result is PutResult.STORED or self.verifier is None:
             return result
         # Something was there already (the same binary, or another): keep it only if it
@@ -122,7 +123,7 @@ class SigningStore(ArtifactStore):
         if held is not None and self.verifier.verify(held.meta):
             return result
         self.inner.delete(ns, artifact.meta.key)
-        return self.inner.put(ns, artifact)
+        return self.inner.put(ns, artifact, source=source)
 
     def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
         return self.inner.existing(ns, keys)

@@ -1,23 +1,26 @@
 """Which workers serve which fingerprints: written by workers, read by build clients.
 
 Each worker's main process refreshes one field of ``farm:workers:<fingerprint>`` (see
-``farm.keys``) every few seconds with a :class:`WorkerInfo`. A field whose heartbeat is
-older than :data:`STALE_S` is a dead worker and is ignored (and cleaned up).
+``farm.keys``) every ``FARM_HEARTBEAT_INTERVAL`` seconds with a :class:`WorkerInfo`. A
+field whose heartbeat is older than the grace (``FARM_DEAD_WORKER_GRACE``) is a dead
+worker and is ignored (and cleaned up); a build client re-sends the chunks it held.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from farm.device import DeviceInfo
 from farm.keys import WORKERS_PATTERN, workers_key
+from farm.outage import OutageError, Waiter
 
 HEARTBEAT_S = 3.0
-STALE_S = 15.0
+STALE_S = 20.0
 
 
 class WorkerInfo(BaseModel):
@@ -39,7 +42,7 @@ class WorkerInfo(BaseModel):
         return f"{self.host}:{self.pid}"
 
 
-def served(client: Any) -> dict[str, list[WorkerInfo]]:
+def served(client: Any, stale_s: float = STALE_S) -> dict[str, list[WorkerInfo]]:
     """Fingerprint -> live workers serving it."""
     now = time.time()
     out: dict[str, list[WorkerInfo]] = {}
@@ -50,7 +53,7 @@ def served(client: Any) -> dict[str, list[WorkerInfo]]:
             except ValidationError:
                 client.hdel(name, field)
                 continue
-            if now - info.heartbeat > STALE_S:
+            if now - info.heartbeat > stale_s:
                 client.hdel(name, field)
                 continue
             out.setdefault(info.fingerprint, []).append(info)
@@ -58,30 +61,57 @@ def served(client: Any) -> dict[str, list[WorkerInfo]]:
 
 
 class Heartbeat:
-    """Background thread that keeps a worker's registration fresh until stopped."""
+    """Background thread that keeps a worker's registration fresh until stopped.
 
-    def __init__(self, client: Any, info: WorkerInfo) -> None:
+    With a ``waiter``, the first beat waits out a Redis outage (``OutageError`` past its
+    limit), and later beats that keep failing past the limit call ``on_give_up`` with
+    the one line to report (the worker then stops)."""
+
+    def __init__(self, client: Any, info: WorkerInfo, *, interval_s: float = HEARTBEAT_S,
+                 stale_s: float = STALE_S, waiter: Waiter | None = None,
+                 on_give_up: Callable[[str], None] | None = None,
+                 on_beat: Callable[[], None] | None = None) -> None:
         self._client = client
         self._info = info
+        self._interval_s = interval_s
+        self._stale_s = stale_s
+        self._waiter = waiter
+        self._on_give_up = on_give_up
+        self._on_beat = on_beat  # called after each beat that reached Redis
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="farm-heartbeat")
 
     def start(self) -> None:
-        self._beat()
+        if self._waiter is not None:
+            self._waiter.call(self._beat)
+        else:
+            self._beat()
         self._thread.start()
 
     def _beat(self) -> None:
         info = self._info.model_copy(update={"heartbeat": time.time()})
         name = workers_key(info.fingerprint)
         self._client.hset(name, info.field, info.model_dump_json())
-        self._client.expire(name, int(STALE_S * 4))
+        self._client.expire(name, int(max(self._stale_s * 4, 60)))
+        if self._on_beat is not None:
+            self._on_beat()
 
     def _run(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        while not self._stop.wait(self._interval_s):
             try:
                 self._beat()
-            except Exception:  # Redis away for a moment: beat again later
+            except Exception as exc:  # Redis away for a moment: beat again later
+                if self._waiter is None:
+                    continue
+                try:
+                    self._waiter.check(exc)
+                except OutageError as gone:
+                    if self._on_give_up is not None:
+                        self._on_give_up(str(gone))
+                    return
                 continue
+            if self._waiter is not None:
+                self._waiter.mark_up()
 
     def stop(self) -> None:
         self._stop.set()

@@ -214,7 +214,8 @@ def test_worker_killed_mid_build_loses_nothing(redis_server: Any, minio_server: 
                                                tmp_path: Path) -> None:
     with local_cluster(tmp_path, redis=redis_server, minio=minio_server,
                        bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db(),
-                       **{**LIMITS, "FARM_CHUNK_SIZE": "1"}) as c:
+                       **{**LIMITS, "FARM_CHUNK_SIZE": "1", "FARM_DEAD_WORKER_GRACE": "3",
+                          "FARM_HEARTBEAT_INTERVAL": "0.5"}) as c:
         victim = c.start_worker()
         c.start_worker()
         c.wait_ready()

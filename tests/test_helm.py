@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -33,15 +34,28 @@ from farm.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "kernel-farm"
+EXAMPLES = sorted((ROOT / "helm" / "examples").glob("*.yaml"))
 EXAMPLE = ROOT / "helm" / "examples" / "gpu-and-cpu.yaml"
 DOCKER = ROOT / "docker"
 RELEASE = "farm"
 NAMESPACE = "kernel-farm"
 FULLNAME = "farm-kernel-farm"  # <release>-<chart>
-KUBE_VERSION = "1.29.0"  # schemas shipped by kubernetes-validate; also helm's --kube-version
+KUBE_VERSION = "1.29.0"  # helm's --kube-version
+# The oldest and the newest Kubernetes whose schemas kubernetes-validate ships: every
+# rendered manifest is validated against both.
+KUBE_VERSIONS = sorted({min(kubernetes_validate.utils.all_versions(),
+                            key=lambda v: tuple(int(x) for x in v.split("."))),
+                        kubernetes_validate.latest_version()},
+                       key=lambda v: tuple(int(x) for x in v.split(".")))
+# Custom resources (KEDA, prometheus-operator): no schemas in kubernetes-validate, so
+# their tests below check the fields the operators read.
+CUSTOM_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor", "PrometheusRule"}
+# APIs `helm template` is told the cluster serves (so the chart renders KEDA objects).
+API_VERSIONS = ["keda.sh/v1alpha1", "monitoring.coreos.com/v1"]
 EXISTING_SECRET = "farm-credentials"
 
-# Credentials given as values in the "given-secrets" scenario: each must end up in the
+# Credentials given as values in the "default" scenario (the chart's defaults plus the
+# credentials: under `helm template` the chart generates none): each must end up in the
 # Secret and nowhere else.
 GIVEN_SECRETS = {
     "redisPassword": "redis-pw-Q7x9LmT2vK",
@@ -58,11 +72,11 @@ EXTERNAL_VALUES: dict[str, Any] = {
 }
 
 SCENARIOS: dict[str, dict[str, Any] | Path | None] = {
-    "default": None,
-    "example": EXAMPLE,
+    "default": {"secrets": GIVEN_SECRETS},
     "external": EXTERNAL_VALUES,
-    "given-secrets": {"secrets": GIVEN_SECRETS},
+    **{f"example-{path.stem}": path for path in EXAMPLES},
 }
+EXAMPLE_SCENARIO = "example-gpu-and-cpu"
 
 # Environment variables that carry credentials: always valueFrom.secretKeyRef.
 CREDENTIAL_ENV = {
@@ -70,6 +84,8 @@ CREDENTIAL_ENV = {
     "REDIS_PASSWORD", "REDISCLI_AUTH", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD",
     "POSTGRES_PASSWORD",
 }
+
+HEALTH_DIR = "/tmp/farm-health"  # FARM_HEALTH_DIR in the ConfigMap; the probes read it
 
 HELP = "helm is not installed: run scripts/install-helm (builds it with `go install`)"
 
@@ -132,10 +148,12 @@ def values_args(values: dict[str, Any] | Path | None, tmp: Path, name: str) -> l
     return ["-f", str(path)]
 
 
-def template(values: dict[str, Any] | Path | None, tmp: Path,
-             name: str = "values") -> subprocess.CompletedProcess[str]:
+def template(values: dict[str, Any] | Path | None, tmp: Path, name: str = "values",
+             apis: list[str] = API_VERSIONS) -> subprocess.CompletedProcess[str]:
+    api_args = [arg for api in apis for arg in ("--api-versions", api)]
     return run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-                    "--kube-version", KUBE_VERSION, *values_args(values, tmp, name))
+                    "--kube-version", KUBE_VERSION, *api_args,
+                    *values_args(values, tmp, name))
 
 
 def parse(stdout: str) -> list[dict[str, Any]]:
@@ -227,16 +245,22 @@ def test_helm_lint(scenario: str, helm_bin: str, tmp_path: Path) -> None:
     assert result.returncode == 0, f"helm lint ({scenario}):\n{result.stdout}{result.stderr}"
 
 
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_manifests_match_kubernetes_schemas(scenario: str,
+def test_manifests_match_kubernetes_schemas(scenario: str, version: str,
                                             rendered: dict[str, list[dict]]) -> None:
     problems = []
+    checked = 0
     for doc in rendered[scenario]:
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
         try:
-            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+            kubernetes_validate.validate(doc, version, strict=True)
+            checked += 1
         except kubernetes_validate.ValidationError as exc:
             problems.append(f"{doc['kind']} {doc['metadata']['name']}: {exc.message}")
     assert not problems, "\n".join(problems)
+    assert checked >= 10
 
 
 def test_validation_is_not_vacuous(rendered: dict[str, list[dict]]) -> None:
@@ -255,8 +279,8 @@ def test_validation_is_not_vacuous(rendered: dict[str, list[dict]]) -> None:
 
 
 def test_one_worker_deployment_per_pool(rendered: dict[str, list[dict]]) -> None:
-    pools = chart_values("example")["workers"]["pools"]
-    deployments = workers(rendered["example"])
+    pools = chart_values(EXAMPLE_SCENARIO)["workers"]["pools"]
+    deployments = workers(rendered[EXAMPLE_SCENARIO])
     assert sorted(d["metadata"]["name"] for d in deployments) == \
         sorted(f"{FULLNAME}-worker-{p['name']}" for p in pools)
     for pool in pools:
@@ -309,7 +333,7 @@ def test_grace_period_exceeds_the_hard_time_limit(scenario: str,
 def test_credentials_come_only_from_secrets(scenario: str,
                                             rendered: dict[str, list[dict]]) -> None:
     docs = rendered[scenario]
-    secret_name = EXISTING_SECRET if scenario == "external" else FULLNAME
+    secret_name = chart_values(scenario)["secrets"]["existingSecret"] or FULLNAME
     for where, container in containers(docs):
         assert not any(re.search(r"pass|secret|key|url", a, re.I)
                        for a in container.get("args", []) if a.startswith("--")), where
@@ -330,7 +354,7 @@ def test_credentials_come_only_from_secrets(scenario: str,
 
 
 def test_given_credentials_land_in_the_secret(rendered: dict[str, list[dict]]) -> None:
-    data = secret_values(rendered["given-secrets"])
+    data = secret_values(rendered["default"])
     assert data["redis-password"] == GIVEN_SECRETS["redisPassword"]
     assert data["minio-access-key"] == GIVEN_SECRETS["minioAccessKey"]
     assert data["minio-secret-key"] == GIVEN_SECRETS["minioSecretKey"]
@@ -341,14 +365,52 @@ def test_given_credentials_land_in_the_secret(rendered: dict[str, list[dict]]) -
                                    f"@{FULLNAME}-postgresql:5432/farm")
 
 
-def test_generated_credentials_are_consistent(rendered: dict[str, list[dict]]) -> None:
-    data = secret_values(rendered["default"])
-    assert len(data["redis-password"]) >= 32 and len(data["minio-secret-key"]) >= 32
-    assert f":{data['redis-password']}@" in data["redis-url"]
-    assert f":{data['postgres-password']}@" in data["records-url"]
+def test_generated_credentials_need_a_cluster(helm_bin: str, tmp_path: Path) -> None:
+    """Under `helm template` lookup finds nothing: a generated password would change on
+    every render (Argo CD, Flux), so the chart refuses and says what to set."""
+    for values in (None, {"secrets": {**GIVEN_SECRETS, "postgresPassword": ""}}):
+        result = template(values, tmp_path)
+        assert result.returncode != 0, "rendered credentials that change on every render"
+        assert "secrets.existingSecret" in result.stderr, result.stderr
+        assert "helm template" in result.stderr
+    missing_pg = template({"secrets": {**GIVEN_SECRETS, "postgresPassword": ""}}, tmp_path)
+    assert "secrets.postgresPassword is empty" in missing_pg.stderr
 
 
-@pytest.mark.parametrize("scenario", ["default", "example", "given-secrets"])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_secrets_and_pods_are_stable_across_renders(scenario: str, helm_bin: str,
+                                                   tmp_path: Path,
+                                                   rendered: dict[str, list[dict]]) -> None:
+    """A second render is identical: no credential or checksum rotates on a GitOps sync."""
+    again = template(SCENARIOS[scenario], tmp_path, scenario)
+    assert again.returncode == 0, again.stderr
+    assert parse(again.stdout) == rendered[scenario]
+    secrets = of_kind(rendered[scenario], "Secret")
+    if chart_values(scenario)["secrets"]["existingSecret"]:
+        assert not secrets
+    else:
+        (secret,) = secrets
+        assert secret["data"]["redis-password"]
+
+
+def test_pods_carry_a_checksum_of_the_secret(helm_bin: str, tmp_path: Path,
+                                             rendered: dict[str, list[dict]]) -> None:
+    """Env from a Secret is read at start only: new credentials must roll the pods."""
+    def checksums(docs: list[dict]) -> dict[str, str]:
+        return {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["annotations"]
+                ["checksum/secret"] for d in of_kind(docs, "Deployment")}
+
+    before = checksums(rendered["default"])
+    assert len(before) == 2 and all(before.values())
+    rotated = template({"secrets": {**GIVEN_SECRETS, "redisPassword": "another-pw-Zz91"}},
+                       tmp_path)
+    assert rotated.returncode == 0, rotated.stderr
+    after = checksums(parse(rotated.stdout))
+    assert after.keys() == before.keys()
+    assert all(after[name] != before[name] for name in before)
+
+
+@pytest.mark.parametrize("scenario", ["default"])
 def test_settings_read_the_rendered_environment(scenario: str,
                                                 rendered: dict[str, list[dict]],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
@@ -381,6 +443,9 @@ def test_settings_read_the_rendered_environment(scenario: str,
     assert settings.keep_sessions == farm["keepSessions"]
     assert settings.records_level == farm["recordsLevel"]
     assert settings.family_modules == farm["familyModules"]
+    assert settings.worker_events and settings.worker_heartbeat
+    assert settings.metrics_port == chart_values(scenario)["metrics"]["port"]
+    assert str(settings.health_dir) == HEALTH_DIR
 
 
 # -- bundled or external services --------------------------------------------------------
@@ -403,7 +468,7 @@ def test_external_services_leave_no_bundled_ones(rendered: dict[str, list[dict]]
     assert not of_kind(docs, "StatefulSet")
     assert not of_kind(docs, "Secret"), "existingSecret given: the chart makes no Secret"
     services = [d["metadata"]["name"] for d in of_kind(docs, "Service")]
-    assert services == []
+    assert sorted(services) == [f"{FULLNAME}-ingester-metrics", f"{FULLNAME}-worker-metrics"]
     assert not [c for _, c in containers(docs)
                 if any(x in c["image"] for x in ("redis", "minio", "postgres"))]
     config = named(docs, "ConfigMap", FULLNAME)["data"]
@@ -447,6 +512,13 @@ SCHEMA_REFUSES: dict[str, tuple[dict[str, Any], str]] = {
         {"workers": {"pools": [{"name": "x", "type": "amd", "concurrency": 2}]}}, "type"),
     "records-level": ({"farm": {"recordsLevel": "verbose"}}, "recordsLevel"),
     "misspelled-key": ({"wrokers": {}}, "wrokers"),
+    "digest-not-sha256": (
+        {"images": {"workerCpu": {"repository": "r/w", "digest": "latest"}}}, "digest"),
+    "autoscaling-typo": (
+        {"workers": {"pools": [{"name": "cpu", "concurrency": 2,
+                                "autoscaling": {"enabled": True, "maxReplica": 3}}]}},
+        "maxReplica"),
+    "metrics-port-privileged": ({"metrics": {"enabled": True, "port": 80}}, "port"),
 }
 
 # Values the templates refuse (they compare values, which a JSON schema cannot): `helm
@@ -466,6 +538,21 @@ TEMPLATES_REFUSE: dict[str, tuple[dict[str, Any], str]] = {
         "fingerprint"),
     "external-minio-without-endpoint": (
         {"minio": {"enabled": False}, "secrets": {"existingSecret": "x"}}, "minio.endpoint"),
+    "autoscaling-without-fingerprint": (
+        {"workers": {"pools": [{"name": "cpu", "concurrency": 2,
+                                "autoscaling": {"enabled": True, "maxReplicas": 3}}]}},
+        "set the pool's fingerprint"),
+    "autoscaling-min-above-max": (
+        {"workers": {"pools": [{"name": "cpu", "concurrency": 2, "fingerprint": "pocl-x",
+                                "autoscaling": {"enabled": True, "minReplicas": 5,
+                                                "maxReplicas": 3}}]}},
+        "exceeds maxReplicas"),
+    "keda-external-redis-without-address": (
+        {"redis": {"enabled": False}, "secrets": {"existingSecret": "x"},
+         "workers": {"pools": [{"name": "cpu", "concurrency": 2, "fingerprint": "pocl-x",
+                                "autoscaling": {"enabled": True, "maxReplicas": 3}}]}},
+        "autoscaling.keda.redis.address"),
+    "helm-test-unknown-pool": ({"helmTest": {"pool": "gpu"}}, "helmTest.pool"),
 }
 
 
@@ -484,9 +571,353 @@ def test_values_schema_refuses_bad_values(case: str, helm_bin: str, tmp_path: Pa
 def test_templates_refuse_inconsistent_values(case: str, helm_bin: str,
                                               tmp_path: Path) -> None:
     values, mention = TEMPLATES_REFUSE[case]
+    values = {"secrets": GIVEN_SECRETS, **values}  # fail for this reason, not credentials
     result = template(values, tmp_path)
     assert result.returncode != 0, f"helm template accepted {values}"
     assert mention in result.stderr, result.stderr
+
+
+# -- operations: probes, disruption budgets, autoscaling, network, metrics ---------------
+
+
+def farm_pods(docs: list[dict]) -> list[tuple[dict, dict]]:
+    """(Deployment, its container) for every worker pool and the ingester."""
+    return [(d, d["spec"]["template"]["spec"]["containers"][0])
+            for d in of_kind(docs, "Deployment")]
+
+
+def _probe_command(container: dict, probe: str) -> list[str]:
+    return list(container[probe]["exec"]["command"])
+
+
+def _run_probe(command: list[str], health: Path) -> int:
+    """Run a probe's command here, against a health folder of our own."""
+    local = [part.replace(HEALTH_DIR, str(health)) for part in command]
+    return subprocess.run(local, capture_output=True, timeout=30, check=False).returncode
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_probes_read_the_health_files(scenario: str, rendered: dict[str, list[dict]],
+                                      tmp_path: Path) -> None:
+    """Every worker and ingester pod has startup, readiness and liveness probes, and they
+    do what they promise against the files farm/health.py writes."""
+    from farm.health import HealthFiles
+
+    docs = rendered[scenario]
+    assert named(docs, "ConfigMap", FULLNAME)["data"]["FARM_HEALTH_DIR"] == HEALTH_DIR
+    pods = farm_pods(docs)
+    assert len(pods) >= 2
+    for dep, container in pods:
+        where = dep["metadata"]["name"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert probe in container, f"{where}: no {probe}"
+        health = HealthFiles(tmp_path / where)
+        ready = _probe_command(container, "readinessProbe")
+        alive = _probe_command(container, "livenessProbe")
+        assert _probe_command(container, "startupProbe") == ready
+        assert _run_probe(ready, health.folder) != 0, f"{where}: ready before it started"
+        assert _run_probe(alive, health.folder) != 0, f"{where}: alive with no heartbeat"
+        health.ready()
+        health.alive()
+        assert _run_probe(ready, health.folder) == 0, where
+        assert _run_probe(alive, health.folder) == 0, where
+        stale = time.time() - 3600
+        os.utime(health.folder / "alive", (stale, stale))
+        assert _run_probe(alive, health.folder) != 0, f"{where}: alive on a stale heartbeat"
+        health.not_ready()
+        assert _run_probe(ready, health.folder) != 0, where
+        startup = container["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 60, where
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels, matchExpressions In) selects ``labels``."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        assert expr["operator"] == "In", expr
+        if labels.get(expr["key"]) not in expr["values"]:
+            return False
+    return True
+
+
+def pod_labels(doc: dict) -> dict[str, str]:
+    if doc["kind"] == "Pod":
+        return dict(doc["metadata"]["labels"])
+    return dict(doc["spec"]["template"]["metadata"]["labels"])
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_a_disruption_budget_per_pool(scenario: str, rendered: dict[str, list[dict]]) -> None:
+    docs = rendered[scenario]
+    budgets = of_kind(docs, "PodDisruptionBudget")
+    pools = chart_values(scenario)["workers"]["pools"]
+    for pool in pools:
+        pdb = named(budgets, "PodDisruptionBudget", f"{FULLNAME}-worker-{pool['name']}")
+        chosen = [d["metadata"]["name"] for d in of_kind(docs, "Deployment")
+                  if _selects(pdb["spec"]["selector"], pod_labels(d))]
+        assert chosen == [f"{FULLNAME}-worker-{pool['name']}"]
+        assert pdb["spec"]["maxUnavailable"] == \
+            pool.get("podDisruptionBudget", {}).get("maxUnavailable", 1)
+    ingester = chart_values(scenario)["ingester"]
+    has_ingester_pdb = any(p["metadata"]["name"] == f"{FULLNAME}-ingester" for p in budgets)
+    assert has_ingester_pdb == (ingester["enabled"] and ingester["replicas"] > 1)
+
+
+def test_keda_scales_each_pool_on_its_queue(rendered: dict[str, list[dict]]) -> None:
+    docs = rendered["example-autoscaling-keda"]
+    values = chart_values("example-autoscaling-keda")
+    scaled = of_kind(docs, "ScaledObject")
+    assert len(scaled) == len(values["workers"]["pools"])
+    (auth,) = of_kind(docs, "TriggerAuthentication")
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "password", "name": values["secrets"]["existingSecret"],
+         "key": "redis-password"}]
+    for pool in values["workers"]["pools"]:
+        name = f"{FULLNAME}-worker-{pool['name']}"
+        so = named(scaled, "ScaledObject", name)
+        dep = named(docs, "Deployment", name)
+        assert so["spec"]["scaleTargetRef"] == {"name": name}
+        assert "replicas" not in dep["spec"], "a fixed replica count would fight KEDA"
+        assert so["spec"]["minReplicaCount"] == pool["autoscaling"]["minReplicas"]
+        assert so["spec"]["maxReplicaCount"] == pool["autoscaling"]["maxReplicas"]
+        (trigger,) = so["spec"]["triggers"]
+        assert trigger["type"] == "redis"
+        meta = trigger["metadata"]
+        assert meta["listName"] == f"farm.{pool['fingerprint']}"
+        assert meta["address"] == f"{FULLNAME}-redis:6379"
+        assert meta["listLength"] == str(pool["autoscaling"]["chunksPerReplica"])
+        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    h200 = named(scaled, "ScaledObject", f"{FULLNAME}-worker-h200")
+    assert h200["spec"]["minReplicaCount"] == 0  # a GPU pool scales to zero
+    # The KEDA operator may reach Redis (and only Redis) to read the queues.
+    keda_peer = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": values["autoscaling"]["keda"]["namespace"]}}}
+    for service in ("redis", "minio", "postgresql"):
+        (rule,) = named(docs, "NetworkPolicy", f"{FULLNAME}-{service}")["spec"]["ingress"]
+        assert (keda_peer in rule["from"]) == (service == "redis"), service
+
+
+def test_hpa_where_keda_is_absent(helm_bin: str, tmp_path: Path) -> None:
+    """Without the KEDA API (mode auto) the same pools get HPAs on the external metric
+    farm_queue_depth; a pool that must scale to zero is refused, with the reason."""
+    values = yaml.safe_load((ROOT / "helm/examples/autoscaling-keda.yaml").read_text())
+    values["autoscaling"]["mode"] = "auto"
+    result = template(values, tmp_path, apis=[])
+    assert result.returncode != 0 and "minReplicas is 0" in result.stderr
+    assert "KEDA" in result.stderr
+    values["workers"]["pools"][1]["autoscaling"]["minReplicas"] = 1
+    result = template(values, tmp_path, apis=[])
+    assert result.returncode == 0, result.stderr
+    docs = parse(result.stdout)
+    assert not of_kind(docs, "ScaledObject") and not of_kind(docs, "TriggerAuthentication")
+    hpas = of_kind(docs, "HorizontalPodAutoscaler")
+    assert len(hpas) == 2
+    for pool in values["workers"]["pools"]:
+        hpa = named(hpas, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-{pool['name']}")
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(hpa, version, strict=True)
+        assert hpa["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-{pool['name']}"
+        (metric,) = hpa["spec"]["metrics"]
+        assert metric["external"]["metric"] == {
+            "name": "farm_queue_depth",
+            "selector": {"matchLabels": {"fingerprint": pool["fingerprint"]}}}
+        assert metric["external"]["target"]["averageValue"] == \
+            str(pool["autoscaling"]["chunksPerReplica"])
+
+
+def _egress_targets(policy: dict, docs: list[dict]) -> set[str]:
+    """Components a policy's egress reaches (by pod selector), 'dns', or 'any:<port>'."""
+    reach: set[str] = set()
+    for rule in policy["spec"]["egress"]:
+        ports = {p["port"] for p in rule["ports"]}
+        if ports == {53}:
+            reach.add("dns")
+            continue
+        if "to" not in rule:
+            reach |= {f"any:{p}" for p in ports}
+            continue
+        for peer in rule["to"]:
+            if "podSelector" in peer:
+                hit = {pod_labels(d)["app.kubernetes.io/component"]
+                       for d in docs if d["kind"] in ("StatefulSet", "Deployment")
+                       and _selects(peer["podSelector"], pod_labels(d))}
+                assert hit, f"{policy['metadata']['name']}: a selector that selects nothing"
+                reach |= hit
+            else:
+                reach.add(f"{next(iter(peer))}:{sorted(ports)[0]}")
+    return reach
+
+
+@pytest.mark.parametrize("scenario", ["default", "external"])
+def test_network_policies_allow_only_what_each_pod_uses(
+        scenario: str, rendered: dict[str, list[dict]]) -> None:
+    docs = rendered[scenario]
+    policies = of_kind(docs, "NetworkPolicy")
+    worker_np = named(policies, "NetworkPolicy", f"{FULLNAME}-worker")
+    ingester_np = named(policies, "NetworkPolicy", f"{FULLNAME}-ingester")
+    # Which pods each policy governs: every worker pool and the test pod; the ingester.
+    test_pod = next(d for d in of_kind(docs, "Pod"))
+    for dep in workers(docs):
+        assert _selects(worker_np["spec"]["podSelector"], pod_labels(dep))
+        assert not _selects(ingester_np["spec"]["podSelector"], pod_labels(dep))
+    assert _selects(worker_np["spec"]["podSelector"], pod_labels(test_pod))
+    ingester = named(docs, "Deployment", f"{FULLNAME}-ingester")
+    assert _selects(ingester_np["spec"]["podSelector"], pod_labels(ingester))
+    assert not _selects(worker_np["spec"]["podSelector"], pod_labels(ingester))
+    for policy in (worker_np, ingester_np):
+        assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        (ingress,) = policy["spec"]["ingress"]
+        assert [p["port"] for p in ingress["ports"]] == [9808]  # metrics only
+    if scenario == "default":
+        assert _egress_targets(worker_np, docs) == {"dns", "redis", "minio"}
+        assert _egress_targets(ingester_np, docs) == {"dns", "redis", "postgresql"}
+        pg = named(policies, "NetworkPolicy", f"{FULLNAME}-postgresql")
+        (rule,) = pg["spec"]["ingress"]
+        allowed = {d["metadata"]["name"] for d in of_kind(docs, "Deployment")
+                   if any(_selects(peer["podSelector"], pod_labels(d)) for peer in rule["from"])}
+        assert allowed == {f"{FULLNAME}-ingester"}
+        minio = named(policies, "NetworkPolicy", f"{FULLNAME}-minio")
+        (rule,) = minio["spec"]["ingress"]
+        allowed = {d["metadata"]["name"] for d in of_kind(docs, "Deployment")
+                   if any(_selects(peer["podSelector"], pod_labels(d)) for peer in rule["from"])}
+        assert allowed == {d["metadata"]["name"] for d in workers(docs)}
+    else:  # external services: any destination, on their ports only
+        assert _egress_targets(worker_np, docs) == {"dns", "any:6379", "any:443"}
+        assert _egress_targets(ingester_np, docs) == {"dns", "any:6379", "any:5432"}
+
+
+def test_network_policies_to_external_services_name_them(
+        rendered: dict[str, list[dict]]) -> None:
+    docs = rendered["example-external-services"]
+    worker_np = named(docs, "NetworkPolicy", f"{FULLNAME}-worker")
+    assert _egress_targets(worker_np, docs) == {"dns", "ipBlock:6380", "ipBlock:443"}
+    cidrs = {peer["ipBlock"]["cidr"] for rule in worker_np["spec"]["egress"]
+             for peer in rule.get("to", [])}
+    assert cidrs == {"10.20.0.0/24", "10.30.0.0/24"}
+
+
+def test_service_monitor_scrapes_workers_and_ingester(rendered: dict[str, list[dict]]) -> None:
+    docs = rendered["example-autoscaling-keda"]
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    services = [s for s in of_kind(docs, "Service")
+                if _selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+    components = set()
+    for service in services:
+        (port,) = service["spec"]["ports"]
+        assert port["name"] == monitor["spec"]["endpoints"][0]["port"] == "metrics"
+        backing = [d for d in of_kind(docs, "Deployment")
+                   if _selects({"matchLabels": service["spec"]["selector"]}, pod_labels(d))]
+        assert backing
+        for dep in backing:
+            (container,) = dep["spec"]["template"]["spec"]["containers"]
+            assert {"name": "metrics", "containerPort": 9808} in container["ports"]
+            components.add(pod_labels(dep)["app.kubernetes.io/component"])
+    assert components == {"worker", "ingester"}
+
+
+def exported_metrics() -> set[str]:
+    """Metric names farm/metrics.py exports (without _total/_bucket/... suffixes)."""
+    source = (ROOT / "farm" / "metrics.py").read_text()
+    counters = source.split("COUNTERS = (")[1].split(")")[0]
+    return set(re.findall(r'"(farm_[a-z_]+)', source)) | \
+        {f"farm_ingest_{c}" for c in re.findall(r'"([a-z]+)"', counters)}
+
+
+def metric_names(expr: str) -> set[str]:
+    return {re.sub(r"_(bucket|total|sum|count)$", "", n)
+            for n in re.findall(r"\b(farm_[a-z_]+)", expr)}
+
+
+def test_grafana_dashboard_uses_the_exported_metrics(rendered: dict[str, list[dict]]) -> None:
+    docs = rendered["example-autoscaling-keda"]
+    board = named(docs, "ConfigMap", f"{FULLNAME}-dashboard")
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(board["data"]["kernel-farm.json"])
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    names = set().union(*(metric_names(e) for e in exprs))
+    assert names <= exported_metrics(), names - exported_metrics()
+    assert {"farm_queue_depth", "farm_kernels", "farm_compile_seconds",
+            "farm_ingest_lag_entries"} <= names
+
+
+def test_alerts_use_the_exported_metrics_and_are_documented(
+        rendered: dict[str, list[dict]]) -> None:
+    (rule,) = of_kind(rendered["example-autoscaling-keda"], "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert len(rules) >= 8
+    operations = (ROOT / "docs" / "OPERATIONS.md").read_text()
+    for alert in rules:
+        names = metric_names(alert["expr"])
+        assert names and names <= exported_metrics(), alert["alert"]
+        assert f'namespace="{NAMESPACE}"' in alert["expr"]
+        assert f"`{alert['alert']}`" in operations, f"{alert['alert']} is not in OPERATIONS.md"
+    assert not of_kind(rendered["default"], "PrometheusRule")  # off unless asked for
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_images_are_pinned(scenario: str, rendered: dict[str, list[dict]]) -> None:
+    for where, container in containers(rendered[scenario]):
+        image = container["image"]
+        name, _, tag = image.split("@")[0].rpartition(":")
+        assert name and tag and tag != "latest", f"{where}: {image} floats"
+        if any(x in name for x in ("redis", "postgres")):
+            assert re.fullmatch(r"\d+\.\d+(\.\d+)?", tag) and tag.count(".") >= 1, image
+    values = chart_values(scenario)
+    digest = values["images"]["workerCpu"].get("digest")
+    if digest:
+        cpu = [c["image"] for _, c in containers(rendered[scenario])
+               if "worker-cpu" in c["image"]]
+        assert cpu and all(image.endswith(f"@{digest}") for image in cpu)
+
+
+def test_helm_test_builds_against_the_release(rendered: dict[str, list[dict]]) -> None:
+    docs = rendered["example-autoscaling-keda"]
+    (pod,) = of_kind(docs, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][-1] == "farm"
+    args = container["args"]
+    assert args[:3] == ["build", "tiny", "--cluster"]
+    pool = next(p for p in chart_values("example-autoscaling-keda")["workers"]["pools"]
+                if p["name"] == "cpu-pocl")
+    assert flag(args, "--fingerprint") == pool["fingerprint"]
+    assert "--wait-for-workers" in args
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in container["env"]}
+    assert refs == {"FARM_REDIS_URL": "redis-url", "FARM_MINIO_ACCESS_KEY": "minio-access-key",
+                    "FARM_MINIO_SECRET_KEY": "minio-secret-key"}
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_nvidia_pools_keep_the_cuda_cache_on_the_node(rendered: dict[str, list[dict]]) -> None:
+    values = chart_values(EXAMPLE_SCENARIO)
+    for pool in values["workers"]["pools"]:
+        dep = named(rendered[EXAMPLE_SCENARIO], "Deployment",
+                    f"{FULLNAME}-worker-{pool['name']}")
+        spec = dep["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        if pool["type"] == "nvidia":
+            mount = next(m for m in container["volumeMounts"] if m["name"] == "cuda-cache")
+            assert env["CUDA_CACHE_PATH"] == mount["mountPath"]
+            assert volumes["cuda-cache"]["hostPath"] == {
+                "path": values["cudaCache"]["hostPath"], "type": "DirectoryOrCreate"}
+            (init,) = spec["initContainers"]
+            assert init["command"][:2] == ["chown", "10001:10001"]
+            assert init["securityContext"]["capabilities"]["add"] == ["CHOWN"]
+        else:
+            assert "CUDA_CACHE_PATH" not in env and "cuda-cache" not in volumes
+
+
+def test_celery_args_pass_through(rendered: dict[str, list[dict]]) -> None:
+    dep = named(rendered["example-autoscaling-keda"], "Deployment",
+                f"{FULLNAME}-worker-cpu-pocl")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--") + 1:] == ["--max-tasks-per-child=500"]
 
 
 # -- the images the chart runs -----------------------------------------------------------
@@ -523,8 +954,8 @@ def test_images_fit_the_chart(name: str, command: list[str]) -> None:
         assert any("NVIDIA_DRIVER_CAPABILITIES=compute,utility" in e
                    for e in instructions["ENV"])
     if name == "worker-cpu.Dockerfile":
-        assert instructions["FROM"][0].startswith("python:3.11-slim")
+        assert any(a.startswith("PYTHON_IMAGE=python:3.11") for a in instructions["ARG"])
         run = " ".join(instructions["RUN"])
-        assert '".[all]"' in run
+        assert "requirements.lock" in run and "--require-hashes" in run
         # PoCL links each kernel with the system `ld` against -lgcc -lgcc_s -lc.
         assert "gcc" in run.split() and "libc6-dev" in run.split()

@@ -259,7 +259,7 @@ def test_keep_sessions_is_applied_by_the_ingester(
             assert storage.count_records(gone) == 0
 
 
-def test_bad_entries_are_set_aside_and_newer_ones_left_for_a_newer_ingester(
+def test_bad_and_newer_entries_are_set_aside_never_left_pending(
     client: Any, redis_url: str, tmp_path: Path
 ) -> None:
     url = f"sqlite:///{tmp_path / 'records.sqlite'}"
@@ -272,10 +272,12 @@ def test_bad_entries_are_set_aside_and_newer_ones_left_for_a_newer_ingester(
 
     counts = drain(service_env(redis_url, url, tmp_path), tmp_path / "ingest.log")
     assert (counts["records"], counts["dead"], counts["deferred"]) == (1, 1, 1)
-    (dead,) = client.xrange(RECORDS_DEAD_STREAM)
+    dead, newer = client.xrange(RECORDS_DEAD_STREAM)
     assert b"does not validate" in dead[1][b"dead:error"]
     assert dead[1][b"dead:stream"] == COMPILATION_STREAM.encode()
-    assert pending_total(client) == 1  # the newer entry waits, unacknowledged
+    assert b"dead:newer" not in dead[1]
+    assert newer[1][b"dead:newer"] == b"1" and newer[1][b"kind"] == b"records/v9/compilation"
+    assert pending_total(client) == 0  # nothing waits for ever
     with SessionStorage(url) as storage:
         assert storage.records(1) == [record]  # the bad one blocked nothing
 

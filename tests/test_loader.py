@@ -25,7 +25,7 @@ from farm.environment import bump_generation
 from farm.errors import UnsupportedFeature
 from farm.families.run import check_example, run_example
 from farm.keys import Namespace
-from farm.model import Artifact, ArtifactId, Key, LaunchSettings
+from farm.model import Artifact, ArtifactId, Key, LaunchSettings, Lowered
 from farm.records import Recorder
 from farm.records.model import Session
 from farm.settings import Settings
@@ -94,9 +94,10 @@ class CountingStore(ArtifactStore):
         self.calls["get"] += 1
         return self.inner.get(ns, key)
 
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         self.calls["put"] += 1
-        return self.inner.put(ns, artifact)
+        return self.inner.put(ns, artifact, source=source)
 
     def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
         self.calls["existing"] += 1
@@ -253,9 +254,10 @@ def test_full_miss_compiles_then_stores_after_the_load(tmp_path: Path,
         events.append("load")
         return program
 
-    def put(self: SQLiteStore, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self: SQLiteStore, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         events.append("put")
-        return real_put(self, ns, artifact)
+        return real_put(self, ns, artifact, source=source)
 
     monkeypatch.setattr(farm.batch, "load_binary", load)
     monkeypatch.setattr(SQLiteStore, "put", put)

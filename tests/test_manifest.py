@@ -270,7 +270,7 @@ _MALFORMED: dict[str, tuple[str | bytes, int | None, str]] = {
     "bad build option": ("format = 1\n" + _KERNEL.replace("}\n", '}\noptions = ["fast"]\n'), 5,
                          "kernels[0].options: build option 'fast' must be a single '-' flag"),
     "bad local size": ("format = 1\n" + _KERNEL.replace("}\n", "}\nlocal_size = [0]\n"), 5,
-                       "kernels[0].local_size: local_size must be 1 to 3 positive integers"),
+                       "kernels[0].local_size: local_size must be 1 to 3 integers from 1 to 65536"),
     "other format": ("format = 2\n" + _KERNEL, 1, "format: format 2 is not supported"),
     "truncated file": ('format = 1\n[[kernels]]\nfamily = "softmax"\nparams = { cols = 6', 4,
                        "TOML syntax error: Unclosed inline table (at end of file: truncated?)"),

@@ -326,20 +326,26 @@ class StorageContract:
         self, storage: SessionStorage
     ) -> None:
         # A long observing process starts first but changes something last.
+        first = self._session_with_records(storage, RecordsConfig())
         early = self.recorder(storage, RecordsConfig(keep_sessions=1))
         load(early)
         later = [self._session_with_records(storage, RecordsConfig()) for _ in range(2)]
         assert early.session.id < later[0].session.id
         compile_(early)
         early.close()
-        assert storage.sessions() == [early.session]
+        # it survives; the older session goes; the sessions that started after it are
+        # never pruned on its account (issue 9: an old id must not wipe newer sessions)
+        assert [s.id for s in storage.sessions()] == [
+            later[1].session.id, later[0].session.id, early.session.id]
+        assert storage.session(first.session.id) is None
         assert seqs(storage.records(early.session.id)) == [1, 2]
 
     def test_prune_directly(self, storage: SessionStorage) -> None:
         made = [self._session_with_records(storage, RecordsConfig(), n=2) for _ in range(4)]
         assert storage.prune(10) == 0
-        assert storage.prune(2, protect=made[0].session.id) == 2
-        assert [s.id for s in storage.sessions()] == [made[3].session.id, made[0].session.id]
+        assert storage.prune(1, protect=made[0].session.id) == 0  # never the newer ones
+        assert storage.prune(2, protect=made[2].session.id) == 2
+        assert [s.id for s in storage.sessions()] == [made[3].session.id, made[2].session.id]
         assert storage.prune(0) == 1
         assert [s.id for s in storage.sessions()] == [made[3].session.id]
         assert storage.count_records() == 2

@@ -280,3 +280,21 @@ def test_errors_are_one_line_and_an_exit_status(sqlite_filled: Filled, tmp_path:
                               text=True, timeout=60, check=False)
         assert proc.returncode == 2, (args, proc.stderr)
         assert proc.stderr.strip().count("\n") == 0 and needle in proc.stderr, proc.stderr
+
+
+def test_summary_counts_a_stored_kernel_whose_record_never_came(tmp_path: Path) -> None:
+    """``missing``: the client counted two kernels as compiled, one record arrived."""
+    from farm.records.query import summarize
+
+    with SessionStorage(f"sqlite:///{tmp_path / 'r.sqlite'}") as storage:
+        client, _ = _recorder(storage, "build", 0.0)
+        asked = RequestedBy(session=client.session.id, batch=client.reserve_seq())
+        worker, _ = _recorder(storage, "worker", 0.1)
+        worker.compilation(family="matmul", key="k1", outcome=Outcome.COMPILED, work_s=0.1,
+                           worker="w", requested_by=asked)
+        worker.close()  # the record of k2 never came (its process was killed)
+        client.batch(kernels=3, compiled=2, loaded=1, wall_s=0.2, seq=asked.batch)
+        client.close()
+        found = summarize(group_builds(storage.all_records()))
+    assert found.missing == 1
+    assert found.outcomes.compiled == 2

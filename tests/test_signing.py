@@ -18,7 +18,7 @@ KEY = Key(id_hash="a" * 32, build_id="b" * 24)
 
 
 def art(payload: bytes = b"binary", key: Key = KEY) -> Artifact:
-    return Artifact.create(key, "fam", payload, "s" * 64)
+    return Artifact.create(key, "fam", payload, "5" * 64)
 
 
 @pytest.fixture

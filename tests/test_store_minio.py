@@ -27,7 +27,7 @@ from farm.devservices import MinioServer
 from farm.devservices.ports import LOOPBACK, free_port
 from farm.errors import SettingsError, StoreError
 from farm.keys import Namespace, artifact_object, source_object
-from farm.model import Artifact, Key
+from farm.model import Artifact, Key, Lowered
 from farm.settings import Settings
 from farm.store import PutResult, SQLiteStore, TieredStore, open_store
 from farm.store.minio import MAGIC, MinioStore, encode_artifact
@@ -38,11 +38,20 @@ NS = Namespace.for_fingerprint("pocl-test-device-0123456789ab")
 OTHER_NS = Namespace.for_fingerprint("nvidia-h200-0123456789ab")
 
 
+def lowered(text: str) -> Lowered:
+    """A source as a batch lowers it: the only way an artifact enters the source index."""
+    return Lowered(source=text, kernel_names=("k",))
+
+
+LOW = lowered("__kernel void k() {}")
+SRC = LOW.source_hash
+
+
 def key(i: int, build: str = "b1b1b1b1") -> Key:
     return Key(id_hash=f"{i:032x}", build_id=build)
 
 
-def art(k: Key, payload: bytes = b"binary", source: str = "s" * 64, **extra: Any) -> Artifact:
+def art(k: Key, payload: bytes = b"binary", source: str = SRC, **extra: Any) -> Artifact:
     return Artifact.create(k, "fam", payload, source, **extra)
 
 
@@ -139,7 +148,7 @@ def test_creates_bucket_and_roundtrips_full_metadata(store: MinioStore, raw: Min
     assert headers["x-amz-meta-farm-digest"] == a.meta.digest
     assert headers["x-amz-meta-farm-size"] == str(a.meta.size)
     assert headers["x-amz-meta-farm-build-id"] == "b1b1b1b1"
-    assert headers["x-amz-meta-farm-source-hash"] == "s" * 64
+    assert headers["x-amz-meta-farm-source-hash"] == SRC
     assert headers["x-amz-meta-farm-family"] == "fam"
     assert headers["x-amz-meta-farm-host"] == "node-7"
     assert headers["x-amz-meta-farm-worker"] == "w-3"
@@ -284,20 +293,21 @@ def test_concurrent_repairs_of_one_corrupt_object_store_once(
 # -- source index and rekey ----------------------------------------------------------------
 def test_source_index_and_rekey_copy_and_move(store: MinioStore, raw: Minio,
                                               bucket: str) -> None:
-    src = "a" * 64
-    store.put(NS, art(key(1, "b1b1b1b1"), b"x", src))
+    low = lowered("a")
+    src = low.source_hash
+    store.put(NS, art(key(1, "b1b1b1b1"), b"x", src), source=low)
     assert store.find_source(NS, src) == key(1, "b1b1b1b1")
     index = raw.get_object(bucket, source_object(NS, src)).read()
     assert index == str(key(1, "b1b1b1b1")).encode()  # the index entry is the key text
     assert store.find_source(NS, "f" * 64) is None
 
-    copied = store.rekey(NS, key(1, "b1b1b1b1"), key(2, "b1b1b1b1"), move=False)
+    copied = store.rekey(NS, key(1, "b1b1b1b1"), key(2, "b1b1b1b1"), move=False, source=low)
     assert copied is not None and copied.meta.key == key(2, "b1b1b1b1")
     assert store.get(NS, key(1, "b1b1b1b1")) is not None
     got = store.get(NS, key(2, "b1b1b1b1"))
     assert got is not None and got.binary == b"x" and got.meta.key == key(2, "b1b1b1b1")
 
-    moved = store.rekey(NS, key(2, "b1b1b1b1"), key(2, "b2b2b2b2"), move=True)
+    moved = store.rekey(NS, key(2, "b1b1b1b1"), key(2, "b2b2b2b2"), move=True, source=low)
     assert moved is not None and moved.meta.key == key(2, "b2b2b2b2")
     assert store.get(NS, key(2, "b1b1b1b1")) is None
     assert not exists(raw, bucket, artifact_object(NS, key(2, "b1b1b1b1")))
@@ -306,8 +316,8 @@ def test_source_index_and_rekey_copy_and_move(store: MinioStore, raw: Minio,
 
 
 def test_rekey_onto_a_taken_key_keeps_the_first_writer(store: MinioStore) -> None:
-    store.put(NS, art(key(1), b"one", "a" * 64))
-    store.put(NS, art(key(2), b"two", "b" * 64))
+    store.put(NS, art(key(1), b"one", lowered("a").source_hash))
+    store.put(NS, art(key(2), b"two", lowered("b").source_hash))
     kept = store.rekey(NS, key(1), key(2), move=False)
     assert kept is not None and kept.binary == b"two"
     assert store.stats.refused == 1
@@ -315,8 +325,9 @@ def test_rekey_onto_a_taken_key_keeps_the_first_writer(store: MinioStore) -> Non
 
 def test_delete_removes_the_object_and_its_index_entry(store: MinioStore, raw: Minio,
                                                        bucket: str) -> None:
-    src = "c" * 64
-    store.put(NS, art(key(1), b"x", src))
+    low = lowered("c")
+    src = low.source_hash
+    store.put(NS, art(key(1), b"x", src), source=low)
     store.delete(NS, key(1))
     assert not exists(raw, bucket, artifact_object(NS, key(1)))
     assert not exists(raw, bucket, source_object(NS, src))
@@ -326,9 +337,10 @@ def test_delete_removes_the_object_and_its_index_entry(store: MinioStore, raw: M
 
 
 def test_delete_keeps_an_index_entry_that_points_elsewhere(store: MinioStore) -> None:
-    src = "d" * 64
-    store.put(NS, art(key(1), b"x", src))
-    store.put(NS, art(key(2), b"x", src))  # the index now points at key 2
+    low = lowered("d")
+    src = low.source_hash
+    store.put(NS, art(key(1), b"x", src), source=low)
+    store.put(NS, art(key(2), b"x", src), source=low)  # the index now points at key 2
     store.delete(NS, key(1))
     assert store.find_source(NS, src) == key(2)
 

@@ -9,18 +9,27 @@ import pytest
 
 from farm.errors import ForeignStoreError
 from farm.keys import Namespace
-from farm.model import Artifact, Key
+from farm.model import Artifact, Key, Lowered
 from farm.store import PutResult, SQLiteStore
 
 NS = Namespace.for_fingerprint("pocl-test-device-0123456789ab")
 OTHER_NS = Namespace.for_fingerprint("nvidia-h200-0123456789ab")
 
 
+def lowered(text: str) -> Lowered:
+    """A source as a batch lowers it: the only way an artifact enters the source index."""
+    return Lowered(source=text, kernel_names=("k",))
+
+
+LOW = lowered("__kernel void k() {}")
+SRC = LOW.source_hash
+
+
 def key(i: int, build: str = "b1b1b1b1") -> Key:
     return Key(id_hash=f"{i:032x}", build_id=build)
 
 
-def art(k: Key, payload: bytes = b"binary", source: str = "s" * 64) -> Artifact:
+def art(k: Key, payload: bytes = b"binary", source: str = SRC) -> Artifact:
     return Artifact.create(k, "fam", payload, source)
 
 
@@ -67,13 +76,14 @@ def test_corrupt_artifact_is_a_miss_and_put_repairs_it(store: SQLiteStore,
 
 
 def test_source_index_and_rekey_copy_and_move(store: SQLiteStore) -> None:
-    src = "a" * 64
-    store.put(NS, art(key(1, "b1b1b1b1"), b"x", src))
+    low = lowered("a")
+    src = low.source_hash
+    store.put(NS, art(key(1, "b1b1b1b1"), b"x", src), source=low)
     assert store.find_source(NS, src) == key(1, "b1b1b1b1")
-    copied = store.rekey(NS, key(1, "b1b1b1b1"), key(2, "b1b1b1b1"), move=False)
+    copied = store.rekey(NS, key(1, "b1b1b1b1"), key(2, "b1b1b1b1"), move=False, source=low)
     assert copied is not None and copied.meta.key == key(2, "b1b1b1b1")
     assert store.get(NS, key(1, "b1b1b1b1")) is not None
-    moved = store.rekey(NS, key(2, "b1b1b1b1"), key(2, "b2b2b2b2"), move=True)
+    moved = store.rekey(NS, key(2, "b1b1b1b1"), key(2, "b2b2b2b2"), move=True, source=low)
     assert moved is not None
     assert store.get(NS, key(2, "b1b1b1b1")) is None
     assert store.find_source(NS, src) == key(2, "b2b2b2b2")

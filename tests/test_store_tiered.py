@@ -21,7 +21,7 @@ import urllib3
 
 from farm.devservices import MinioServer
 from farm.keys import Namespace
-from farm.model import Artifact, Key
+from farm.model import Artifact, Key, Lowered
 from farm.store import ArtifactStore, MemoryStore, PutResult, SQLiteStore, TieredStore
 from farm.store.minio import MinioStore
 
@@ -29,11 +29,20 @@ NS = Namespace.for_fingerprint("pocl-test-device-0123456789ab")
 OTHER_NS = Namespace.for_fingerprint("nvidia-h200-0123456789ab")
 
 
+def lowered(text: str) -> Lowered:
+    """A source as a batch lowers it: the only way an artifact enters the source index."""
+    return Lowered(source=text, kernel_names=("k",))
+
+
+LOW = lowered("__kernel void k() {}")
+SRC = LOW.source_hash
+
+
 def key(i: int, build: str = "b1b1b1b1") -> Key:
     return Key(id_hash=f"{i:032x}", build_id=build)
 
 
-def art(k: Key, payload: bytes = b"binary", source: str = "s" * 64, **extra: Any) -> Artifact:
+def art(k: Key, payload: bytes = b"binary", source: str = SRC, **extra: Any) -> Artifact:
     return Artifact.create(k, "fam", payload, source, **extra)
 
 
@@ -109,13 +118,15 @@ def tiered(local: SQLiteStore, remote: MinioStore) -> TieredStore:
 def test_remote_hit_is_copied_into_the_local_tier(tiered: TieredStore, local: SQLiteStore,
                                                   other_machine: MinioStore,
                                                   pool: CountingPool) -> None:
-    other_machine.put(NS, art(key(1), b"compiled elsewhere", host="node-2"))
+    other_machine.put(NS, art(key(1), b"compiled elsewhere", host="node-2"), source=LOW)
     assert local.get(NS, key(1)) is None
     got = tiered.get(NS, key(1))
     assert got is not None and got.binary == b"compiled elsewhere"
     copy = local.get(NS, key(1))
     assert copy is not None and copy.meta == got.meta  # host, log, digest: all kept
-    assert local.find_source(NS, "s" * 64) == key(1)
+    # a cache fill never indexes: the local index holds only sources lowered here
+    assert local.find_source(NS, SRC) is None
+    assert tiered.find_source(NS, SRC) == key(1)
     pool.reset()
     again = tiered.get(NS, key(1))
     assert again is not None and again.binary == b"compiled elsewhere"
@@ -157,10 +168,10 @@ def test_local_value_that_disagrees_is_replaced_on_put(tiered: TieredStore,
     later joined to a cluster) holds another value: a put settles it on the winner's."""
     local.put(NS, art(key(1), b"local from before"))
     other_machine.put(NS, art(key(1), b"shared winner"))
-    assert tiered.put(NS, art(key(1), b"a third")) is PutResult.REFUSED
+    assert tiered.put(NS, art(key(1), b"a third"), source=LOW) is PutResult.REFUSED
     got = local.get(NS, key(1))
     assert got is not None and got.binary == b"shared winner"
-    assert local.find_source(NS, "s" * 64) == key(1)
+    assert local.find_source(NS, SRC) is None  # the winner's metadata is not ours to index
 
 
 @pytest.mark.integration
@@ -197,10 +208,11 @@ def test_find_source_delete_and_rekey_through_the_tiers(tiered: TieredStore,
                                                         local: SQLiteStore,
                                                         remote: MinioStore,
                                                         other_machine: MinioStore) -> None:
-    src = "a" * 64
-    other_machine.put(NS, art(key(1), b"x", src))
+    low = lowered("a")
+    src = low.source_hash
+    other_machine.put(NS, art(key(1), b"x", src), source=low)
     assert tiered.find_source(NS, src) == key(1)  # the local tier has no entry: remote
-    moved = tiered.rekey(NS, key(1), key(1, "b2b2b2b2"), move=True)
+    moved = tiered.rekey(NS, key(1), key(1, "b2b2b2b2"), move=True, source=low)
     assert moved is not None and moved.meta.key == key(1, "b2b2b2b2")
     for tier in (local, remote):
         assert tier.get(NS, key(1)) is None
@@ -226,7 +238,8 @@ def test_location_and_repr_name_the_tiers_without_credentials(
 class _FailingFill(MemoryStore):
     """A front tier whose writes fail (a full disk)."""
 
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         raise OSError(28, "No space left on device")
 
 
@@ -258,7 +271,8 @@ def test_a_winner_gone_corrupt_is_not_kept_locally() -> None:
     keeps nothing rather than a value the shared tier does not hold."""
 
     class RefusesThenMisses(MemoryStore):
-        def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+        def put(self, ns: Namespace, artifact: Artifact, *,
+                source: Lowered | None = None) -> PutResult:
             return PutResult.REFUSED
 
         def get(self, ns: Namespace, key: Key) -> Artifact | None:
@@ -278,15 +292,15 @@ def test_tiered_needs_a_tier() -> None:
 
 def test_memory_store_keeps_the_rules() -> None:
     store: ArtifactStore = MemoryStore()
-    assert store.put(NS, art(key(1), b"first")) is PutResult.STORED
+    assert store.put(NS, art(key(1), b"first"), source=LOW) is PutResult.STORED
     assert store.put(NS, art(key(1), b"first")) is PutResult.SAME
     assert store.put(NS, art(key(1), b"second")) is PutResult.REFUSED
     assert store.stats.refused == 1
     assert store.existing(NS, [key(1), key(2)]) == {key(1)}
-    assert store.find_source(NS, "s" * 64) == key(1)
-    moved = store.rekey(NS, key(1), key(1, "b2b2b2b2"), move=True)
+    assert store.find_source(NS, SRC) == key(1)
+    moved = store.rekey(NS, key(1), key(1, "b2b2b2b2"), move=True, source=LOW)
     assert moved is not None and store.get(NS, key(1)) is None
-    assert store.find_source(NS, "s" * 64) == key(1, "b2b2b2b2")
+    assert store.find_source(NS, SRC) == key(1, "b2b2b2b2")
     assert store.namespaces() == [NS] and list(store.keys(NS)) == [key(1, "b2b2b2b2")]
 
 
@@ -304,9 +318,11 @@ def test_memory_store_corrupt_entry_is_a_miss_and_repaired() -> None:
 def test_memory_store_evicts_least_recently_used() -> None:
     store = MemoryStore(max_bytes=20)
     for i in range(3):
-        store.put(NS, art(key(i), bytes(8), source=f"{i:064x}"))
+        low = lowered(str(i))
+        store.put(NS, art(key(i), bytes(8), source=low.source_hash), source=low)
     assert store.existing(NS, [key(0), key(1), key(2)]) == {key(1), key(2)}
-    assert store.find_source(NS, f"{0:064x}") is None  # its index entry went with it
+    assert store.find_source(NS, lowered("0").source_hash) is None  # went with it
+    assert store.find_source(NS, lowered("1").source_hash) == key(1)
     store.get(NS, key(1))  # key 1 is now the most recently used
-    store.put(NS, art(key(3), bytes(8), source=f"{3:064x}"))
+    store.put(NS, art(key(3), bytes(8), source=lowered("3").source_hash))
     assert store.existing(NS, [key(1), key(2), key(3)]) == {key(1), key(3)}

@@ -10,6 +10,10 @@ Why these settings:
   strands little work and idle workers are not starved by a busy one's prefetch.
 * soft/hard time limits: a hung driver cannot stall a build; a task over its hard limit
   fails (its kernels are reported failed) instead of being re-queued forever.
+* ``worker_send_task_events`` / ``task_send_sent_event`` (``FARM_WORKER_EVENTS``, on by
+  default): Flower and ``celery events`` see every task; ``celery control
+  enable_events`` works. A chunk is tens of milliseconds to seconds of work, so a few
+  small event messages per chunk cost nothing that shows.
 * ``visibility_timeout``: with Redis as broker, a message taken by a worker whose main
   process is killed comes back only after this timeout, so it is a setting, chosen
   longer than the hard time limit (see ``Settings``), not an inherited default.
@@ -17,13 +21,18 @@ Why these settings:
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from typing import Any
 
 from celery import Celery
 
 from farm.errors import SettingsError
+from farm.metrics import outcome_label
 from farm.payloads import TASK_NAME
 from farm.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def make_app(settings: Settings) -> Celery:
@@ -49,29 +58,56 @@ def make_app(settings: Settings) -> Celery:
         result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
         result_expires=24 * 3600,
         broker_connection_retry_on_startup=True,
+        # A Redis outage is waited out, not turned into a lost result (RELIABILITY.md).
+        result_backend_always_retry=True,
+        result_backend_max_retries=int(settings.outage_limit) + 10,
+        result_backend_max_sleep_between_retries_ms=2000,
         worker_hijack_root_logger=False,
-        worker_send_task_events=False,
+        worker_send_task_events=settings.worker_events,
+        task_send_sent_event=settings.worker_events,
         task_default_queue="farm.default",
         enable_utc=True,
     )
     return app
 
 
-def register_tasks(app: Celery, get_state: Any) -> None:
-    """Register the compile task; ``get_state()`` gives the process's ``WorkerState``."""
+def register_tasks(app: Celery, get_state: Any, request_cls: Any = None) -> None:
+    """Register the compile task; ``get_state()`` gives the process's ``WorkerState``;
+    ``request_cls`` is the worker's Celery ``Request`` (crash bookkeeping).
+
+    Each chunk is counted in the worker's metrics (``farm.metrics``) and logged as one
+    line of counts: Celery's own "succeeded" line, which carries the whole reply, is
+    kept at DEBUG (see ``worker.startup``).
+    """
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from farm.payloads import CompileRequest
+    from farm.metrics import worker_metrics
+    from farm.payloads import parse_request
     from worker.execute import execute_job
 
     transient: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
 
-    @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True)
+    options = {"Request": request_cls} if request_cls is not None else {}
+
+    @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True, **options)
     def compile_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        request = CompileRequest.model_validate(payload)
+        request = parse_request(payload)  # a bad payload: one line back to the client
+        metrics = worker_metrics()
         try:
-            return execute_job(request, get_state()).model_dump(mode="json")
+            reply = execute_job(request, get_state(), task_id=self.request.id)
         except SoftTimeLimitExceeded:
+            metrics.task(request.fingerprint, "failure")
             raise
         except transient as exc:  # store or broker hiccup: retry, never for a bad kernel
+            metrics.task(request.fingerprint, "retry")
             raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
+        except BaseException:
+            metrics.task(request.fingerprint, "failure")
+            raise
+        metrics.task(request.fingerprint, "success")
+        metrics.reply(request.fingerprint, reply)
+        counts = Counter(outcome_label(k.outcome, k.failure.kind if k.failure else None)
+                         for k in reply.results)
+        log.info("chunk %s: %s", self.request.id,
+                 ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
+        return reply.model_dump(mode="json")

@@ -16,6 +16,7 @@ from farm.families import Registry
 from farm.finalize import worker_name
 from farm.keys import Namespace
 from farm.lease import Leases
+from farm.outage import Waiter, redis_waiter
 from farm.records import Recorder
 from farm.settings import Settings
 from farm.store import ArtifactStore
@@ -35,6 +36,11 @@ class WorkerState:
     leases: Leases
     recorder: Recorder
     name: str
+    #: the farm's Redis (leases, crash bookkeeping) and the waiter of its outages
+    redis: Any = None
+    redis_waiter: Waiter | None = None
+    #: the running task's crash bookkeeping (a pool process runs one task at a time)
+    ledger: Any = None
 
     @property
     def ns(self) -> Namespace:
@@ -49,6 +55,7 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     """Open process ``index``'s device (round-robin over ``devices``) and connections."""
     import redis
 
+    from farm.metrics import InstrumentedStore, TimedLeases
     from farm.records.open import open_recorder
     from farm.signing import with_signatures
     from farm.store.minio import MinioStore
@@ -56,11 +63,14 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     device = devices[index % len(devices)]
     ctx, cl_device = open_device(device)
     assert settings.redis_url, "a worker needs FARM_REDIS_URL"
-    client: Any = redis.Redis.from_url(settings.redis_url)
+    client: Any = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
+                                       socket_connect_timeout=5)
+    waiter = redis_waiter(settings.redis_url, settings.outage_limit)
     return WorkerState(
         settings=settings, registry=Registry.load(settings.family_modules), device=device,
         ctx=ctx, cl_device=cl_device,
-        store=with_signatures(MinioStore.from_settings(settings), settings),
-        leases=Leases(client, ttl_s=settings.lease_ttl),
+        store=InstrumentedStore(with_signatures(MinioStore.from_settings(settings), settings),
+                                tier="minio"),
+        leases=TimedLeases(client, ttl_s=settings.lease_ttl, waiter=waiter),
         recorder=open_recorder(settings, label=f"worker {worker_name()}"),
-        name=worker_name())
+        name=worker_name(), redis=client, redis_waiter=waiter)

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import Annotated
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from farm.batch import Batch, BatchReport, KernelResult
@@ -35,6 +43,13 @@ def build(
         help="cluster: compile locally when no worker serves the fingerprint")] = False,
     verify: Annotated[bool, typer.Option(
         help="cluster: read and verify every stored artifact's digest")] = False,
+    wait_for_workers: Annotated[bool, typer.Option(
+        "--wait-for-workers", help="cluster: queue the kernels even when no worker serves "
+        "the fingerprint now (a pool that scales from zero starts on its queue's "
+        "length); needs --fingerprint")] = False,
+    metrics_file: Annotated[Path | None, typer.Option(
+        "--metrics-file", help="write the build's summary as Prometheus text here (for "
+        "node-exporter's textfile collector); FARM_METRICS_PUSHGATEWAY pushes it")] = None,
 ) -> None:
     """Build a model's kernels into the store (locally or on the cluster)."""
     overrides = {"device": device} if device else {}
@@ -46,13 +61,16 @@ def build(
     report: BatchReport | None = None
     if use_cluster:
         report, fp = _cluster_build(settings, loaded, label, fingerprint, fallback_local,
-                                    verify, json_out)
+                                    verify, json_out, wait_for_workers=wait_for_workers)
     if report is None:
         with local_farm(settings, label=label, workers=workers) as farm:
             artifacts = [e.artifact for e in expand(loaded, farm.registry)]
             report = _run_with_progress(farm.batch(label=label), artifacts, quiet=json_out)
             fp = farm.device.fingerprint
     failed = report.failed + (report.unsupported if strict else [])
+    if metrics_file is not None or settings.metrics_pushgateway:
+        _publish_metrics(report, settings, manifest=loaded.name or path.stem, fingerprint=fp,
+                         cluster=use_cluster, textfile=metrics_file)
     if json_out:
         print_json({"manifest": str(path), "fingerprint": fp, "cluster": use_cluster,
                     "summary": report.summary(), "workers": _by_worker(report),
@@ -69,35 +87,49 @@ def build(
 
 def _cluster_build(settings: Settings, loaded: Manifest, label: str,
                    fingerprint: str | None, fallback_local: bool, verify: bool,
-                   quiet: bool) -> tuple[BatchReport | None, str]:
+                   quiet: bool, *, wait_for_workers: bool = False
+                   ) -> tuple[BatchReport | None, str]:
     """Build through the workers; ``None`` when falling back to a local build."""
-    from typing import Any
-
     import redis
 
     from farm.cluster import check_served, cluster_build
     from farm.device import discover_devices, select_device
-    from farm.errors import ClusterError
+    from farm.errors import ClusterError, InputError
     from farm.families import Registry
+    from farm.outage import redis_waiter
     from farm.records.open import open_recorder
     from farm.store.open import open_store
     from worker.app import make_app
 
+    if wait_for_workers and not fingerprint:
+        raise InputError("--wait-for-workers needs --fingerprint: with no worker to ask, "
+                         "the target device must be named")
     local_fp = select_device(discover_devices(), settings.device).fingerprint \
         if fallback_local or not fingerprint else None
     fp = fingerprint or local_fp or ""
-    client: Any = redis.Redis.from_url(settings.redis_url or "")
+    client: Any = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
+                                       socket_connect_timeout=5)
+
+    def say(line: str) -> None:  # kept on stderr, also under --json
+        err.print(line, markup=False, soft_wrap=True)
+
+    waiter = redis_waiter(settings.redis_url or "", settings.outage_limit, say=say)
     try:
-        served_by = check_served(client, fp)
+        served_by = waiter.call(lambda: check_served(client, fp, settings.dead_worker_grace))
     except ClusterError as exc:
-        if not fallback_local:
-            raise
-        if local_fp != fp:
-            raise ClusterError(f"{exc}; and the local device ({local_fp}) cannot compile "
-                               f"for {fp}") from None
-        err.print(f"{exc}: compiling locally (--fallback-local)", markup=False,
-                  soft_wrap=True)
-        return None, fp
+        if wait_for_workers:
+            served_by = []
+            err.print(f"{exc}: queueing for the workers to come (--wait-for-workers)",
+                      markup=False, soft_wrap=True)
+        else:
+            if not fallback_local:
+                raise
+            if local_fp != fp:
+                raise ClusterError(f"{exc}; and the local device ({local_fp}) cannot "
+                                   f"compile for {fp}") from None
+            err.print(f"{exc}: compiling locally (--fallback-local)", markup=False,
+                      soft_wrap=True)
+            return None, fp
     registry = Registry.load(settings.family_modules)
     artifacts = [e.artifact for e in expand(loaded, registry)]
     store = open_store(settings)
@@ -109,11 +141,46 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
                                    fingerprint=fp, artifacts=artifacts, recorder=recorder,
                                    label=label, progress=tick, verify=verify,
                                    device=next((w.device for w in served_by if w.device),
-                                               None))
-    finally:
+                                               None),
+                                   say=say, status=tick.status, waiter=waiter)
+    except BaseException:
+        _close_quietly(recorder)  # the error on its way out is the one line to show
+        raise
+    else:
         recorder.close()
+    finally:
         store.close()
     return report, fp
+
+
+def _close_quietly(recorder: Any) -> None:
+    try:
+        recorder.close()
+    except Exception as exc:  # e.g. Redis gone too: the records stay unsent
+        err.print(f"records of this build not sent: {exc}", markup=False, soft_wrap=True)
+
+
+def _publish_metrics(report: BatchReport, settings: Settings, *, manifest: str,
+                     fingerprint: str, cluster: bool, textfile: Path | None) -> None:
+    """The summary as Prometheus metrics. A Pushgateway that fails is a warning (the
+    build succeeded and its artifacts are stored); a file that cannot be written is an
+    error of the option."""
+    from farm.errors import InputError
+    from farm.metrics import build_registry, publish_build
+
+    registry = build_registry(report.summary(), manifest=manifest, fingerprint=fingerprint,
+                              cluster=cluster)
+    try:
+        publish_build(registry, manifest=manifest, gateway=None, textfile=textfile)
+    except OSError as exc:
+        raise InputError(f"--metrics-file {textfile}: {exc.strerror or exc}") from None
+    if settings.metrics_pushgateway:
+        try:
+            publish_build(registry, manifest=manifest, gateway=settings.metrics_pushgateway,
+                          textfile=None)
+        except OSError as exc:
+            err.print(f"warning: could not push the build's metrics to "
+                      f"FARM_METRICS_PUSHGATEWAY: {exc}", markup=False, soft_wrap=True)
 
 
 def _by_worker(report: BatchReport) -> dict[str, dict[str, float]]:
@@ -137,20 +204,32 @@ def print_workers(report: BatchReport) -> None:
     out.print(table)
 
 
+class _Tick:
+    """The per-kernel progress callback, and ``status`` for the cluster's live line
+    (chunks in flight per worker)."""
+
+    def __init__(self, bar: Progress, task: TaskID) -> None:
+        self._bar = bar
+        self._task = task
+
+    def __call__(self, res: KernelResult) -> None:
+        what = res.outcome.value if res.outcome else (res.failure.kind if res.failure
+                                                       else "")
+        self._bar.update(self._task, advance=1, last=f"{what} {res.label}"[:60])
+
+    def status(self, line: str) -> None:
+        self._bar.update(self._task, status=line[:80])
+
+
 @contextlib.contextmanager
-def _progress(total: int, quiet: bool) -> Iterator[Callable[[KernelResult], None]]:
+def _progress(total: int, quiet: bool) -> Iterator[_Tick]:
     """A progress bar on stderr; yields the per-kernel callback."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=err,
+                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
+                  TextColumn("{task.fields[status]}"), console=err,
                   disable=quiet, transient=True) as bar:
-        task = bar.add_task("building", total=total, last="")
-
-        def tick(res: KernelResult) -> None:
-            what = res.outcome.value if res.outcome else (res.failure.kind if res.failure
-                                                           else "")
-            bar.update(task, advance=1, last=f"{what} {res.label}"[:60])
-
-        yield tick
+        task = bar.add_task("building", total=total, last="", status="")
+        yield _Tick(bar, task)
 
 
 def _run_with_progress(batch: Batch, artifacts: list[ArtifactId], quiet: bool) -> BatchReport:

@@ -31,32 +31,50 @@ def up(
     workers: Annotated[int, typer.Option("--workers", "-n", help="worker processes")] = 2,
     concurrency: Annotated[int, typer.Option(help="pool processes per worker")] = 1,
     env_file: Annotated[Path | None, typer.Option(
-        help="write the settings here (mode 0600; default: a temporary file)")] = None,
+        help="write the settings here (mode 0600; default: cluster.env in the work "
+        "folder)")] = None,
+    workdir: Annotated[Path | None, typer.Option(
+        help="folder for the logs, the records and the settings (default: a new "
+        "farm-cluster-* folder in the temporary folder); kept after the cluster stops")
+    ] = None,
 ) -> None:
-    """Start Redis, MinIO and N workers; print the settings; stop all on Ctrl-C."""
+    """Start Redis, MinIO and N workers; print the settings; stop all on Ctrl-C.
+
+    The logs (worker-N.log, ingester-0.log) and the records stay in the work folder
+    after the cluster stops: that is where to look when something went wrong.
+    """
+    from farm.devservices import export_lines
     from farm.devservices.cluster import local_cluster
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with tempfile.TemporaryDirectory(prefix="farm-cluster-") as tmp, \
-            local_cluster(Path(tmp)) as cluster:
-        records_url = f"sqlite:///{Path(tmp) / 'records.sqlite'}"
+    if workdir is None:
+        work = Path(tempfile.mkdtemp(prefix="farm-cluster-"))
+    else:
+        work = workdir.resolve()
+        work.mkdir(parents=True, exist_ok=True)
+    with local_cluster(work) as cluster:
+        records_url = f"sqlite:///{work / 'records.sqlite'}"
         cluster.extra_env["FARM_RECORDS_URL"] = records_url
         cluster.start_ingester(records_url)
         for _ in range(workers):
             cluster.start_worker(concurrency=concurrency)
         cluster.wait_ready()
         env = cluster.env()
-        lines = [f"export {k}={env[k]}" for k in sorted(env) if k.startswith("FARM_")]
+        lines = export_lines({k: env[k] for k in sorted(env) if k.startswith("FARM_")})
         # Credentials go to a 0600 file, never to the terminal or a log.
-        target = env_file or Path(tmp) / "cluster.env"
+        target = env_file or work / "cluster.env"
         target.touch(mode=0o600)
         target.chmod(0o600)
         target.write_text("\n".join(lines) + "\n")
         out.print(f"# {workers} worker(s) ready. In another shell:", markup=False)
         out.print(f"source {target}", markup=False, soft_wrap=True)
         out.print("farm workers && farm build tiny --cluster", markup=False)
+        out.print("celery -A worker inspect ping    # Celery's own view", markup=False)
+        out.print(f"# logs: {work}/worker-*.log, {work}/ingester-0.log (kept after stop)",
+                  markup=False, soft_wrap=True)
         out.print("# Ctrl-C stops the cluster", markup=False)
         stop.wait()
-    out.print("cluster stopped")
+    out.print(f"cluster stopped; logs and records kept in {work}", markup=False,
+              soft_wrap=True)

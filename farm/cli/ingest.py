@@ -19,9 +19,24 @@ import typer
 
 from farm.cli.console import err, print_json
 from farm.errors import SettingsError
+from farm.health import HealthFiles
 from farm.records.ingest import BATCH, BLOCK_MS, CLAIM_IDLE_MS, Ingester, default_consumer_name
 from farm.records.stream import connect
 from farm.settings import load_settings
+
+
+class _WatchedIngester(Ingester):
+    """An ingester that touches the probes' health files after each round it completes
+    (a round blocks at most ``block_ms``), so a loop stuck or failing goes stale."""
+
+    health: HealthFiles | None = None
+
+    def step(self) -> int:
+        handled = super().step()
+        if self.health is not None:
+            self.health.ready()
+            self.health.alive()
+        return handled
 
 
 def ingest(
@@ -43,6 +58,9 @@ def ingest(
     json_out: Annotated[bool, typer.Option(
         "--json", help="print the final counts as JSON on stdout")] = False,
     loglevel: Annotated[str, typer.Option(help="log level on stderr")] = "INFO",
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=1, max=65535, help="serve Prometheus metrics on this port "
+        "(default FARM_METRICS_PORT; unset: none)")] = None,
 ) -> None:
     """Write the records streams into session storage until stopped (SIGTERM/SIGINT)."""
     settings = load_settings()
@@ -65,11 +83,19 @@ def ingest(
 
     try:
         with SessionStorage(settings.effective_records_url) as storage:
-            ingester = Ingester(
+            ingester = _WatchedIngester(
                 client, storage, consumer=consumer, batch=batch, block_ms=block_ms,
                 claim_idle_ms=claim_idle_ms,
                 keep_sessions=keep_sessions if keep_sessions is not None
                 else settings.keep_sessions)
+            if settings.health_dir is not None:
+                ingester.health = HealthFiles(settings.health_dir)
+                ingester.health.reset()
+            port = metrics_port or settings.metrics_port
+            if port:
+                from farm.metrics import ClusterCollector, IngestCollector, serve
+
+                serve(port, [IngestCollector(ingester, client), ClusterCollector(client)])
             err.print(f"ingester {consumer}: {settings.redis_url.split('@')[-1]} -> "
                       f"{storage.where}", markup=False, soft_wrap=True)
             stats = ingester.run(stop, drain=drain)

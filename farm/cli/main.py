@@ -46,7 +46,7 @@ def main() -> None:
         # Without standalone mode click returns the exit code of ``typer.Exit``.
         code = app(standalone_mode=False)
     except FarmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)  # always one line
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -56,7 +56,21 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except OSError as exc:
+        # the machine, not the farm: a folder that cannot be made, a read-only disk, a
+        # full one. One line naming the file; a bug's traceback is kept (below).
+        print(f"error: {_os_error(exc)}", file=sys.stderr)
+    except ModuleNotFoundError as exc:
+        # The device libraries are an extra (the ingester's image has none of them).
+        if exc.name != "pyopencl":
+            raise
+        print("error: pyopencl is not installed: this command needs an OpenCL device "
+              "(pip install 'kernel-farm[opencl]')", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:
+        if _is_redis_error(exc):  # an unreachable or refusing broker: one line
+            print(f"error: Redis: {_first_line(exc)}", file=sys.stderr)
+            sys.exit(1)
         # Usage errors (a bad flag value, an unknown option) are click's, raised either by
         # click itself or by the copy of click that typer carries.
         import click
@@ -67,3 +81,19 @@ def main() -> None:
             sys.exit(getattr(exc, "exit_code", 2))
         raise
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _os_error(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or _first_line(exc)}"
+
+
+def _is_redis_error(exc: BaseException) -> bool:
+    """``redis.RedisError``, without importing redis (the ``cluster`` extra) here."""
+    return any(c.__module__.startswith("redis") and c.__name__ == "RedisError"
+               for c in type(exc).__mro__)

@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from farm.cli.console import out, print_json
-from farm.errors import FarmError, InputError
+from farm.errors import FarmError, InputError, StoreError
 from farm.records.model import CompilationBatchRecord, CompilationRecord, Record, Session
 from farm.records.query import BuildRef, Summary, load_builds, summarize, timeline
 from farm.records.timeline import write_timeline
@@ -34,10 +34,13 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output o
 
 
 @contextmanager
-def open_storage(settings: Settings | None = None) -> Iterator[SessionStorage]:
+def open_storage(settings: Settings | None = None, *,
+                 write: bool = False) -> Iterator[SessionStorage]:
     """The environment's session storage. An embedded environment with no records file
-    yet reads as empty (a read command creates no file)."""
-    from farm.records.storage import SessionStorage
+    yet reads as empty (a read command creates no file). A read command never migrates
+    (nor switches to WAL): it checks the database is ours and at this schema version,
+    so a read-only or foreign file is diagnosed as what it is."""
+    from farm.records.storage import SCHEMA_VERSION, SessionStorage
 
     settings = settings or load_settings()
     path = settings.environment_dir / "records.sqlite"
@@ -46,7 +49,13 @@ def open_storage(settings: Settings | None = None) -> Iterator[SessionStorage]:
             empty.where = f"{path} (no records yet)"
             yield empty
         return
-    with SessionStorage(settings.effective_records_url) as storage:
+    with SessionStorage(settings.effective_records_url, migrate=write) as storage:
+        if not write:
+            version = storage.schema_version()
+            if version != SCHEMA_VERSION:
+                raise StoreError(f"records storage {storage.where} is at schema version "
+                                 f"{version}, this farm reads {SCHEMA_VERSION}: a writing "
+                                 "command (farm build, farm ingest) upgrades it")
         yield storage
 
 
@@ -172,6 +181,8 @@ def _print_summary(found: Summary) -> None:
                    pct(found.compiler_avoided_rate), f"{found.work_s:.2f} s",
                    f"{found.wall_s:.2f} s", ratio)
     out.print(totals)
+    out.print(f"missing: {found.missing} (stored kernels whose record never came)",
+              markup=False)
     for title, groups in (("by family", found.by_family), ("by worker", found.by_worker)):
         table = Table(title=title)
         for column in ("name", "kernels", "loaded", "rekeyed", "compiled", "work", "slowest"):
@@ -237,11 +248,12 @@ def timeline_cmd(
 
 @app.command("prune")
 def prune(
-    keep: Annotated[int, typer.Option("--keep", min=0, help="sessions to keep (0 acts as 1)")],
+    keep: Annotated[int, typer.Option("--keep", min=0, max=2**63 - 1,
+                                      help="sessions to keep (0 acts as 1)")],
     json_out: JsonOpt = False,
 ) -> None:
     """Delete the oldest sessions beyond KEEP, with all their records."""
-    with open_storage() as storage:
+    with open_storage(write=True) as storage:
         deleted = storage.prune(keep)
         left = storage.count_sessions()
     if json_out:

@@ -21,6 +21,18 @@ def worker(
     queues: Annotated[str | None, typer.Option(
         help="comma-separated queues instead of the fingerprint's")] = None,
     loglevel: Annotated[str, typer.Option()] = "INFO",
+    events: Annotated[bool | None, typer.Option(
+        "--events/--no-events", help="send Celery task events, for Flower and `celery "
+        "events` (default FARM_WORKER_EVENTS, on)")] = None,
+    heartbeat: Annotated[bool | None, typer.Option(
+        "--heartbeat/--no-heartbeat", help="send Celery worker heartbeats (default "
+        "FARM_WORKER_HEARTBEAT, on)")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=1, max=65535, help="serve Prometheus metrics on this port "
+        "(default FARM_METRICS_PORT; unset: none)")] = None,
+    celery_args: Annotated[list[str] | None, typer.Argument(
+        help="after `--`: options passed unchanged to `celery worker`, e.g. "
+        "`farm worker -- --max-tasks-per-child=100`", show_default=False)] = None,
 ) -> None:
     """Run a compile worker for one device fingerprint (needs FARM_REDIS_URL, FARM_MINIO_*)."""
     from worker.startup import run_worker
@@ -31,22 +43,39 @@ def worker(
                             "the broker and the artifact store")
     run_worker(settings, concurrency=concurrency or os.cpu_count() or 1,
                fingerprint=fingerprint, queues=queues.split(",") if queues else None,
-               loglevel=loglevel)
+               loglevel=loglevel, events=events, heartbeat=heartbeat,
+               metrics_port=metrics_port, extra_args=list(celery_args or []))
 
 
 def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List which fingerprints are served, by which hosts, with how many processes."""
+    """List which fingerprints are served, by which hosts, with how many processes, and
+    each fingerprint's queue depth and chunks in flight."""
     import redis
 
+    from farm.queues import queue_stats
     from farm.workers import served
 
     settings = load_settings()
     if not settings.redis_url:
         raise SettingsError("setting FARM_REDIS_URL: needed to list the workers")
-    client: Any = redis.Redis.from_url(settings.redis_url)
-    found = served(client)
+    from farm.errors import ClusterError
+    from farm.outage import is_redis_down, redis_location
+
+    client: Any = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
+                                       socket_connect_timeout=5)
+    try:
+        found = served(client, settings.dead_worker_grace)
+    except Exception as exc:
+        if not is_redis_down(exc):
+            raise
+        raise ClusterError(f"{redis_location(settings.redis_url)} is unreachable "
+                           f"({type(exc).__name__}); is it running? (FARM_REDIS_URL)") from None
+    queues = queue_stats(client)
     if json_out:
-        print_json({fp: [w.model_dump() for w in ws] for fp, ws in sorted(found.items())})
+        # One entry per fingerprint that has live workers, waiting or in-flight chunks.
+        print_json({fp: {"workers": [w.model_dump(mode="json") for w in found.get(fp, [])],
+                         "depth": q.depth, "in_flight": q.in_flight}
+                    for fp, q in sorted(queues.items())})
         return
     table = Table(title="workers")
     for col in ("fingerprint", "host", "pid", "processes", "device", "version"):
@@ -57,3 +86,11 @@ def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     out.print(table)
     if not found:
         out.print("no worker is running")
+    if queues:
+        qtable = Table(title="queues")
+        for col in ("fingerprint", "waiting chunks", "in flight", "workers", "processes"):
+            qtable.add_column(col, justify="left" if col == "fingerprint" else "right")
+        for fp, q in queues.items():
+            qtable.add_row(fp, str(q.depth), str(q.in_flight), str(q.workers),
+                           str(q.processes))
+        out.print(qtable)

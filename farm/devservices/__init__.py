@@ -7,10 +7,28 @@ long as the object (or `with` block) that started it. `python -m farm.devservice
 runs them for a developer's shell.
 """
 
+import re
+import shlex
+from collections.abc import Mapping
+
 from farm.devservices.minio import MinioServer, ensure_minio
 from farm.devservices.ports import ServiceError, free_port, port_answers
 from farm.devservices.postgres import PostgresServer, ensure_postgres
 from farm.devservices.redis import RedisServer, ensure_redis
+
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def export_lines(settings: Mapping[str, str]) -> list[str]:
+    """``export NAME='value'`` lines a shell can ``source``: every value quoted, so a
+    ``$(...)`` or a backquote inside one is text, never a command run when sourced."""
+    lines = []
+    for name, value in settings.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"not an environment variable name: {name!r}")
+        lines.append(f"export {name}={shlex.quote(value)}")
+    return lines
+
 
 __all__ = [
     "MinioServer",
@@ -20,6 +38,7 @@ __all__ = [
     "ensure_minio",
     "ensure_postgres",
     "ensure_redis",
+    "export_lines",
     "free_port",
     "port_answers",
 ]

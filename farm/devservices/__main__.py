@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import signal
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 
+from farm.devservices import export_lines
 from farm.devservices.minio import MinioServer
 from farm.devservices.ports import ServiceError
 from farm.devservices.postgres import PostgresServer
@@ -71,7 +71,7 @@ def _exports(
         settings["FARM_MINIO_SECURE"] = "false"
     if postgres is not None:
         settings["FARM_RECORDS_URL"] = postgres.url
-    return [f"export {name}={shlex.quote(value)}" for name, value in settings.items()]
+    return export_lines(settings)
 
 
 def _write_env_file(path: Path, lines: list[str]) -> None:

@@ -76,14 +76,18 @@ class LocalCluster:
         env.update(extra)
         return env
 
-    def start_worker(self, concurrency: int = 1, **extra_env: str) -> WorkerProcess:
+    def start_worker(self, concurrency: int = 1, args: tuple[str, ...] = (),
+                     **extra_env: str) -> WorkerProcess:
+        """A ``farm worker``; ``args`` are more of its command line (``--`` and Celery's
+        own options among them)."""
         index = len(self.workers)
         home = self.workdir / f"worker-{index}"
         home.mkdir(parents=True, exist_ok=True)
         log = self.workdir / f"worker-{index}.log"
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "farm", "worker", f"--concurrency={concurrency}"],
+                [sys.executable, "-m", "farm", "worker", f"--concurrency={concurrency}",
+                 *args],
                 env=self.env(home, **extra_env), stdout=fh, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         worker = WorkerProcess(process=proc, log=log, home=home, concurrency=concurrency)

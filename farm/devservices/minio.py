@@ -145,8 +145,9 @@ class MinioServer(LocalServer):
         return ensure_minio()
 
     def _launch(self, installed: Path) -> None:
-        self._access_key = "farm-" + secrets.token_hex(6)
-        self._secret_key = secrets.token_urlsafe(24)
+        if self._access_key is None or self._secret_key is None:  # kept by resume()
+            self._access_key = "farm-" + secrets.token_hex(6)
+            self._secret_key = secrets.token_urlsafe(24)
         # Only the settings given here: a developer's own MINIO_* must not leak in.
         env = {key: value for key, value in os.environ.items() if not key.startswith("MINIO_")}
         env.update(

@@ -109,6 +109,27 @@ class LocalServer:
             self._directory = None
         self._port = None
 
+    def halt(self) -> None:
+        """Stop the server process only (SIGTERM, a clean shutdown), keeping its folder,
+        data, port and credentials, so that :meth:`resume` brings the same server back:
+        how the fault tests make an outage."""
+        self._shut_down()
+
+    def resume(self) -> Self:
+        """Start a halted server again on the same port, with its data; wait until ready."""
+        installed = self._install()
+        port = self.port
+        self._launch(installed)
+        wait_until(
+            lambda: self._ready(port),
+            what=f"{self.label} on {LOOPBACK}:{port}",
+            timeout=self.start_timeout,
+            process=self._process,
+            log=self.log_path,
+            interval=self.poll_interval,
+        )
+        return self
+
     def __enter__(self) -> Self:
         return self.start()
 

@@ -4,28 +4,35 @@ A family is a registered kernel definition. A task names a family and carries it
 parameters as data; a worker only ever expands families its registry knows, so no code
 travels with a task.
 
-A family's *build id* hashes the code that defines it (its module's source, and the
-modules it names in ``depends_on``) together with the farm version. Changing a kernel's
-definition therefore gives new keys, and its old artifacts are never served. Keep one
-family per module so that changing one family leaves the others' build ids alone.
+A family's *build id* hashes every file of the package the family comes from (the
+outermost regular package of its module, and of each module it names in
+``depends_on``): Python modules and data files alike, e.g. a ``.cl`` file the family
+reads its OpenCL C from, or a helper module that builds the source. Together with the
+farm version. Changing anything that could change a generated source therefore gives
+new keys, and old artifacts are never served as ``Loaded`` (a change that leaves the
+source as it was costs only a rekey, never a compile). Why the whole package rather
+than the family's module: a stale binary must be impossible by construction, not by a
+family author remembering to list every file it reads in ``depends_on``.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
-import inspect
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from farm.device import DeviceInfo
-from farm.errors import ParameterError, UnsupportedFeature
+from farm.errors import FarmError, KernelError, ParameterError, UnsupportedFeature
 from farm.hashing import sha256_hex
 from farm.model import ArtifactId, KernelId, LaunchSettings, Lowered, Variant
 from farm.version import __version__
@@ -34,7 +41,7 @@ from farm.version import __version__
 class Params(BaseModel):
     """Base of every family's parameter model: strict, immutable, no unknown fields."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 P = TypeVar("P", bound=Params)
@@ -99,6 +106,9 @@ class KernelFamily(ABC, Generic[P]):
             where = ".".join(str(p) for p in err["loc"]) or "params"
             what = str(err["msg"]).removeprefix("Value error, ")  # pydantic's prefix
             raise ParameterError(f"{self.name}: parameter {where}: {what}") from None
+        except (TypeError, ArithmeticError, RecursionError) as exc:  # a plugin's validator
+            raise ParameterError(f"{self.name}: parameters: {type(exc).__name__}: "
+                                 f"{' '.join(str(exc).split())[:200]}") from None
 
     def kernel_id(self, params: Mapping[str, Any],
                   launch: LaunchSettings | None = None) -> KernelId:
@@ -113,9 +123,23 @@ class KernelFamily(ABC, Generic[P]):
 
     # -- lowering ---------------------------------------------------------------------
     def lower_id(self, artifact: ArtifactId, device: DeviceInfo) -> Lowered:
-        """Lower an artifact id: validate, check limits, expand to OpenCL C."""
+        """Lower an artifact id: validate, check limits, expand to OpenCL C.
+
+        A family may be a plugin's code: an exception it raises that is not one of the
+        farm's becomes a :class:`KernelError` of this kernel (the batch goes on), and so
+        does a ``lower`` that returns something other than a :class:`Lowered`."""
         params = self.validate(artifact.kernel.params)
-        lowered = self.lower(params, artifact.kernel.launch, device)
+        try:
+            lowered = self.lower(params, artifact.kernel.launch, device)
+        except FarmError:
+            raise
+        except Exception as exc:
+            text = " ".join(str(exc).split())[:300]
+            raise KernelError(f"family {self.name}: lower() raised "
+                              f"{type(exc).__name__}: {text}") from exc
+        if not isinstance(lowered, Lowered):
+            raise KernelError(f"family {self.name}: lower() returned "
+                              f"{type(lowered).__name__}, not Lowered")
         options = tuple(self.base_options) + lowered.options + artifact.variant.options
         return lowered.model_copy(update={"options": options})
 
@@ -186,14 +210,65 @@ class KernelFamily(ABC, Generic[P]):
 
 @functools.cache
 def _build_id(cls: type) -> str:
-    """Hash module sources; cached per process because source files do not change under
-    a running process (a changed family is seen by the next process)."""
+    """Hash the code roots of the family's module and of its ``depends_on``; cached per
+    process because files do not change under a running process (a changed family is
+    seen by the next process)."""
     parts = [f"farm {__version__}"]
-    modules = [cls.__module__, *getattr(cls, "depends_on", ())]
-    for name in modules:
+    roots: list[str] = []
+    for name in [cls.__module__, *getattr(cls, "depends_on", ())]:
         module = sys.modules.get(name) or importlib.import_module(name)
-        try:
-            parts.append(inspect.getsource(module))
-        except (OSError, TypeError):
-            parts.append(f"{name}:{getattr(module, '__file__', '')}")
+        for root in _code_roots(module):
+            if root not in roots:
+                roots.append(root)
+    parts += [_root_digest(root) for root in roots]
     return sha256_hex("\n\0".join(parts))[:24]
+
+
+#: never part of a package's code: byte-code caches, editor and VCS litter
+_SKIPPED_DIRS = frozenset({"__pycache__"})
+_SKIPPED_SUFFIXES = (".pyc", ".pyo", "~", ".swp")
+
+
+def _code_roots(module: ModuleType) -> list[str]:
+    """What can change ``module``'s behaviour: its outermost regular package (folders
+    with every file in them), or the module file itself when it is in no package."""
+    parts = module.__name__.split(".")
+    for depth in range(1, len(parts) + 1):
+        outer = sys.modules.get(".".join(parts[:depth]))
+        if outer is None:
+            break
+        outer_file = getattr(outer, "__file__", None)
+        if outer_file is None:
+            continue  # a namespace package spans unrelated projects: look one level down
+        paths = list(getattr(outer, "__path__", []) or [])
+        return [str(Path(p).resolve()) for p in paths] or [str(Path(outer_file).resolve())]
+    file = getattr(module, "__file__", None)
+    return [str(Path(file).resolve())] if file else [f"module:{module.__name__}"]
+
+
+@functools.cache
+def _root_digest(root: str) -> str:
+    """SHA-256 over every file under ``root`` (or of the file ``root``): relative names
+    and contents, in a fixed order, read in chunks so that size costs no memory."""
+    digest = hashlib.sha256()
+    path = Path(root)
+    if root.startswith("module:") or not path.exists():
+        digest.update(root.encode())
+        return digest.hexdigest()
+    files = [path] if path.is_file() else sorted(
+        f for f in path.rglob("*")
+        if f.is_file() and not f.name.startswith(".")
+        and not f.name.endswith(_SKIPPED_SUFFIXES)
+        and not _SKIPPED_DIRS.intersection(f.relative_to(path).parts)
+        and not any(part.startswith(".") for part in f.relative_to(path).parts))
+    for f in files:
+        name = f.name if f == path else f.relative_to(path).as_posix()
+        digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
+        try:
+            with f.open("rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    digest.update(chunk)
+        except OSError as exc:  # unreadable: its name and the reason still count
+            digest.update(f"unreadable {exc.errno}".encode())
+        digest.update(b"\0")
+    return digest.hexdigest()

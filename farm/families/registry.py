@@ -7,11 +7,19 @@ picked up without any change to the farm. An entry point or module provides eith
 ``KernelFamily`` subclass or an iterable of them (a module: its ``FAMILIES`` attribute).
 
 A registry is built once per process and passed explicitly; there is no global one.
+
+A plugin is code from outside the farm, so loading one is a trust boundary of its own:
+an entry point that names a missing module or attribute, that fails while importing, or
+that provides something other than ``KernelFamily`` subclasses is *skipped* with one
+warning line (kept in :attr:`Registry.broken`), never a traceback from every command:
+a manifest that does not use it must still build. Asking for a family such a plugin
+would have provided says which entry point failed and why.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Iterable, Iterator
 from importlib.metadata import entry_points
 from typing import Any
@@ -21,12 +29,16 @@ from farm.families.base import KernelFamily
 
 ENTRY_POINT_GROUP = "kernel_farm.families"
 
+log = logging.getLogger(__name__)
+
 
 class Registry:
     """Name -> family instance. Two families of one name is a configuration error."""
 
     def __init__(self, families: Iterable[KernelFamily[Any]] = ()) -> None:
         self._families: dict[str, KernelFamily[Any]] = {}
+        #: entry point name -> why it could not be loaded
+        self.broken: dict[str, str] = {}
         for family in families:
             self.add(family)
 
@@ -41,7 +53,13 @@ class Registry:
         try:
             return self._families[name]
         except KeyError:
-            raise UnknownFamilyError(f"unknown kernel family {name!r}") from None
+            hint = ""
+            if self.broken:
+                first = next(iter(self.broken.items()))
+                hint = (f" (the family plugin {first[0]!r} could not be loaded: "
+                        f"{first[1]})")
+            raise UnknownFamilyError(f"unknown kernel family {str(name)[:100]!r}{hint}"
+                                     ) from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._families
@@ -60,8 +78,16 @@ class Registry:
         """Built-in families, every entry point, and ``extra_modules``."""
         registry = cls()
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            for family_cls in _family_classes(ep.load(), f"entry point {ep.name}"):
-                registry.add(family_cls())
+            try:
+                provided = _family_classes(ep.load(), f"entry point {ep.name}")
+                instances = [family_cls() for family_cls in provided]
+            except Exception as exc:  # plugin code: anything it raises is its own fault
+                why = _why(exc)
+                registry.broken[ep.name] = why
+                log.warning("family plugin %s (%s) skipped: %s", ep.name, ep.value, why)
+                continue
+            for family in instances:
+                registry.add(family)
         if "builtin" not in {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}:
             from farm.families.builtin import FAMILIES  # not installed as a distribution
 
@@ -70,18 +96,36 @@ class Registry:
         for name in extra_modules:
             try:
                 module = importlib.import_module(name)
-            except ImportError as exc:
-                raise SettingsError(f"family module {name!r} cannot be imported: {exc}") from None
-            provided = getattr(module, "FAMILIES", None)
-            if provided is None:
+            except Exception as exc:  # the module's own code runs here
+                raise SettingsError(f"family module {name!r} cannot be imported: "
+                                    f"{_why(exc)}") from None
+            listed = getattr(module, "FAMILIES", None)
+            if listed is None:
                 raise SettingsError(f"family module {name!r} has no FAMILIES list")
-            for family_cls in _family_classes(provided, f"module {name}"):
-                registry.add(family_cls())
+            try:
+                instances = [c() for c in _family_classes(listed, f"module {name}")]
+            except SettingsError:
+                raise
+            except Exception as exc:
+                raise SettingsError(f"family module {name!r}: {_why(exc)}") from None
+            for family in instances:
+                registry.add(family)
         return registry
 
 
+def _why(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
+
+
 def _family_classes(obj: object, where: str) -> list[type[KernelFamily[Any]]]:
-    items = [obj] if isinstance(obj, type) else list(obj)  # type: ignore[call-overload]
+    if isinstance(obj, type):
+        items: list[Any] = [obj]
+    elif isinstance(obj, list | tuple | set | frozenset):
+        items = list(obj)
+    else:  # a module, a function, a string: not what the entry point should name
+        raise SettingsError(f"{where} provides {type(obj).__name__} {obj!r:.80}, not a "
+                            "KernelFamily subclass or a list of them")
     for item in items:
         if not (isinstance(item, type) and issubclass(item, KernelFamily)):
             raise SettingsError(f"{where} provides {item!r}, not a KernelFamily subclass")

@@ -31,11 +31,13 @@ Guarantees, and what gives each one:
   dropped: after a prune, records of sessions older than every kept session are not
   written, and the next prune deletes any another ingester wrote.
 
-Entries that do not validate go to ``farm:records:dead`` (with the reason) and are
-acknowledged, so one bad entry neither blocks the stream nor is retried for ever.
-Entries of a newer format (a record kind or envelope version this version does not
-know) are left pending instead: a newer ingester claims and writes them after an
-upgrade (upgrade the ingesters first, then the producers).
+Entries that do not validate (not UTF-8, out-of-range integers, non-finite floats, an
+unknown kind) go to ``farm:records:dead`` (with the reason) and are acknowledged, so
+one bad entry neither blocks the stream nor is retried for ever. Entries that a newer
+farm may have written (a record kind or envelope version this version does not know)
+go there too, flagged ``dead:newer``: left pending they would be claimed and re-read
+by every ingester for ever. Upgrade the ingesters before the producers; entries set
+aside meanwhile can be sent again from the dead stream (docs/RECORDS.md).
 """
 
 from __future__ import annotations
@@ -142,6 +144,12 @@ class _Batch:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _is_ours(name: Any) -> bool:
+    """A field the dead stream adds itself (a producer's copy of it is dropped)."""
+    text = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+    return text.startswith("dead:")
 
 
 def _id_tuple(entry_id: str) -> tuple[int, int]:
@@ -358,9 +366,6 @@ class Ingester:
                 else:
                     records.append(decode_record(entry.fields))
             except EntryError as exc:
-                if exc.retry_later:
-                    self._defer(entry, exc)
-                    continue
                 entry.error = exc
                 dead.append(entry)
             ack.setdefault(entry.stream, []).append(entry.id)
@@ -375,20 +380,29 @@ class Ingester:
         self._prune(sessions)
         pipe = self.client.pipeline(transaction=False)
         for entry in dead:
-            fields = {_text(k): _text(v) for k, v in (entry.fields or {}).items()}
+            # the fields as they came (bytes that are not UTF-8 included), then ours
+            fields: dict[Any, Any] = {k: v for k, v in (entry.fields or {}).items()
+                                      if not _is_ours(k)}
             fields.update({"dead:stream": entry.stream, "dead:id": entry.id,
                            "dead:error": str(entry.error)})
+            if entry.error is not None and entry.error.retry_later:
+                fields["dead:newer"] = "1"
             pipe.xadd(RECORDS_DEAD_STREAM, fields, maxlen=self.maxlen, approximate=True)
         for stream, ids in ack.items():
             pipe.xack(stream, RECORDS_GROUP, *ids)
         pipe.execute()
+        newer = [e for e in dead if e.error is not None and e.error.retry_later]
         for entry in dead:
-            log.error("ingester %s: entry %s of %s set aside in %s: %s", self.consumer,
-                      entry.id, entry.stream, RECORDS_DEAD_STREAM, entry.error)
+            if entry in newer:
+                self._defer(entry)
+            else:
+                log.error("ingester %s: entry %s of %s set aside in %s: %s", self.consumer,
+                          entry.id, entry.stream, RECORDS_DEAD_STREAM, entry.error)
         self.stats.batches += 1
         self.stats.sessions += len(sessions)
         self.stats.records += len(records)
-        self.stats.dead += len(dead)
+        self.stats.dead += len(dead) - len(newer)
+        self.stats.deferred += len(newer)
         return len(entries)
 
     def _prune(self, sessions: list[SessionEntry]) -> None:
@@ -406,14 +420,16 @@ class Ingester:
                             self.consumer, keep, exc)
             return
 
-    def _defer(self, entry: _Entry, exc: EntryError) -> None:
-        """Leave an entry of a newer format pending for a newer ingester."""
-        self.stats.deferred += 1
-        reason = str(exc)
+    def _defer(self, entry: _Entry) -> None:
+        """Log (once per reason) an entry of a newer format set aside for a newer
+        ingester: in the dead stream flagged ``dead:newer``, never left pending, where
+        every claim would hand it out again for ever."""
+        reason = str(entry.error)
         if reason not in self._deferred_logged:
             self._deferred_logged.add(reason)
-            log.warning("ingester %s: leaving entries pending for a newer ingester: %s",
-                        self.consumer, reason)
+            log.warning("ingester %s: setting aside entries for a newer ingester in %s "
+                        "(flagged dead:newer): %s", self.consumer, RECORDS_DEAD_STREAM,
+                        reason)
 
     # -- looking after the group ----------------------------------------------------------
 

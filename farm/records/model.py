@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from farm.model import Key, Outcome
+from farm.model import INT64_MAX, Key, LogText, NonNegInt64, Outcome, ShortText
 from farm.version import __version__
 
 #: the row of ``schema_version`` that marks a session storage as ours (read without
@@ -69,12 +69,14 @@ class RecordsConfig(BaseModel):
     keep_sessions: int | None = Field(
         default=None,
         ge=0,
+        le=INT64_MAX,
         description="Sessions kept when a new one is written; unset keeps every session, "
         "0 acts as 1 (the session being written always survives).",
     )
     max_held: int = Field(
         default=10_000,
         ge=0,
+        le=INT64_MAX,
         description="Observed records held in memory while the session is not written "
         "yet; beyond it the oldest are dropped (and counted), so a process that only "
         "loads can run for ever in bounded memory.",
@@ -134,16 +136,16 @@ class Session(BaseModel):
     coordination between machines, and fit a signed 64-bit column until the year 2262.
     """
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
-    id: int = Field(gt=0)
+    id: int = Field(gt=0, le=INT64_MAX)
     started_at: AwareDatetime
-    farm_version: str = __version__
-    label: str = ""
-    pid: int = 0
-    os: str = ""
-    arch: str = ""
-    host: str = ""
+    farm_version: str = Field(default=__version__, max_length=100)
+    label: ShortText = ""
+    pid: NonNegInt64 = 0
+    os: ShortText = ""
+    arch: ShortText = ""
+    host: ShortText = ""
 
     @classmethod
     def start(cls, label: str = "", clock: Clock | None = None) -> Session:
@@ -170,11 +172,11 @@ class Stamp(BaseModel):
     read back in the order they happened, whatever their kind.
     """
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
-    session: int
-    seq: int = Field(ge=0)
-    offset_s: float = Field(ge=0.0)
+    session: int = Field(gt=0, le=INT64_MAX)
+    seq: NonNegInt64
+    offset_s: float = Field(ge=0.0, le=1e12)
 
 
 class RequestedBy(BaseModel):
@@ -182,14 +184,14 @@ class RequestedBy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    session: int
-    batch: int
+    session: int = Field(gt=0, le=INT64_MAX)
+    batch: NonNegInt64
 
 
 class _Record(BaseModel):
     """Common base of the record kinds. ``extra="ignore"``: newer writers may add fields."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
     KIND: ClassVar[str]
 
@@ -218,14 +220,14 @@ class CompilationRecord(_Record):
 
     KIND: ClassVar[str] = "records/v1/compilation"
 
-    family: str
-    key: str
+    family: str = Field(max_length=200)
+    key: str = Field(max_length=200)
     outcome: Outcome
-    work_s: float = Field(ge=0.0, validation_alias=AliasChoices("work_s", "duration"))
-    worker: str = ""
-    host: str = ""
-    source: str | None = None
-    options: list[str] | None = None
+    work_s: float = Field(ge=0.0, le=1e12, validation_alias=AliasChoices("work_s", "duration"))
+    worker: ShortText = ""
+    host: ShortText = ""
+    source: LogText | None = None
+    options: list[str] | None = Field(default=None, max_length=256)
     requested_by: RequestedBy | None = None
     #: a native artifact whose machine code the device refused: why (its portable
     #: binary was loaded instead; see farm/native.py). "" for every normal load.
@@ -267,16 +269,18 @@ class CompilationBatchRecord(_Record):
 
     KIND: ClassVar[str] = "records/v1/compilation_batch"
 
-    kernels: int = Field(ge=0, description="kernels asked for, failures included")
-    loaded: int = Field(default=0, ge=0)
-    rekeyed: int = Field(default=0, ge=0)
-    compiled: int = Field(default=0, ge=0)
-    unsupported: int = Field(default=0, ge=0)
-    failed: int = Field(default=0, ge=0)
-    parallelism: int = Field(default=1, ge=0, description="threads/workers that compiled at once")
-    wall_s: float = Field(ge=0.0)
-    work_s: float = Field(default=0.0, ge=0.0, validation_alias=AliasChoices("work_s", "duration"))
-    label: str = ""
+    kernels: int = Field(ge=0, le=INT64_MAX, description="kernels asked for, failures included")
+    loaded: NonNegInt64 = 0
+    rekeyed: NonNegInt64 = 0
+    compiled: NonNegInt64 = 0
+    unsupported: NonNegInt64 = 0
+    failed: NonNegInt64 = 0
+    parallelism: int = Field(default=1, ge=0, le=INT64_MAX,
+                             description="threads/workers that compiled at once")
+    wall_s: float = Field(ge=0.0, le=1e12)
+    work_s: float = Field(default=0.0, ge=0.0, le=1e12,
+                          validation_alias=AliasChoices("work_s", "duration"))
+    label: ShortText = ""
 
     @property
     def effect(self) -> Effect:

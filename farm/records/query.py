@@ -131,6 +131,9 @@ class Summary(BaseModel):
     outcomes: Outcomes
     unattributed: int = Field(description="kernels of a build with no compilation record: "
                               "found in the store by the client itself, or failed")
+    missing: int = Field(default=0, description="kernels a build's batch record counts as "
+                         "compiled or rekeyed (an artifact was stored) with no Compiled or "
+                         "Rekeyed record: records that never came")
     store_hit_rate: float | None = Field(description="loaded / (loaded+rekeyed+compiled)")
     compiler_avoided_rate: float | None = Field(
         description="(loaded+rekeyed) / (loaded+rekeyed+compiled)")
@@ -179,6 +182,16 @@ class Build:
         for run in self.kernels.values():
             counted.count(run.outcome)
         return counted
+
+
+    def missing(self) -> int:
+        """Kernels the client counts as stored (compiled or rekeyed) that no record
+        says were: a compile whose artifact is stored but whose record never came.
+        (Workers send such a record before they store; see docs/RELIABILITY.md.)"""
+        if self.batch is None:
+            return 0
+        recorded = sum(1 for r in self.kernels.values() if r.outcome is not Outcome.LOADED)
+        return max(0, self.batch.compiled + self.batch.rekeyed - recorded)
 
 
 def group_builds(records: Iterable[Record]) -> list[Build]:
@@ -256,7 +269,7 @@ def summarize(builds: Sequence[Build], *, scope: str = "all", top: int = 10) -> 
     workers: dict[str, GroupSummary] = {}
     lines: list[KernelLine] = []
     sessions: set[int] = set()
-    unattributed = 0
+    unattributed = missing = 0
     work = wall = 0.0
     for build in builds:
         sessions |= build.sessions
@@ -264,6 +277,7 @@ def summarize(builds: Sequence[Build], *, scope: str = "all", top: int = 10) -> 
         outcomes.add(counted)
         kernels = build.kernels
         unattributed += max(0, counted.kernels - len(kernels))
+        missing += build.missing()
         for run in kernels.values():
             worker = run.worker or run.host or f"session {run.stamp.session}"
             for group, name in ((families, run.family), (workers, worker)):
@@ -286,6 +300,7 @@ def summarize(builds: Sequence[Build], *, scope: str = "all", top: int = 10) -> 
         kernels=outcomes.kernels,
         outcomes=outcomes,
         unattributed=unattributed,
+        missing=missing,
         store_hit_rate=_ratio(outcomes.loaded, obtained),
         compiler_avoided_rate=_ratio(outcomes.loaded + outcomes.rekeyed, obtained),
         work_s=round(work, 6),

@@ -365,8 +365,10 @@ class SessionStorage:
         ``protect`` (the session just written) always survives and counts as one of the
         kept; the rest are the newest others. Why protect and not just "newest": a long
         observing process writes its session only when it first changes something, so
-        the session being kept may be older than others already stored. ``keep`` 0 acts
-        as 1. Returns the number of sessions deleted.
+        the session being kept may be older than others already stored. Sessions newer
+        than ``protect`` are never deleted by its prune: a session entry that arrives
+        late (or carries an old id) must not wipe out the sessions that started after
+        it. ``keep`` 0 acts as 1. Returns the number of sessions deleted.
 
         Records whose session row is not there are left alone when they may belong to a
         session still on its way (an ingester may store records before their session),
@@ -392,7 +394,7 @@ class SessionStorage:
                 doomed = None if row is None else ids < row[0]
             if doomed is not None:
                 if protect is not None:
-                    doomed = doomed & (ids != protect)
+                    doomed = doomed & (ids < protect)
                 conn.execute(
                     delete(_RECORDS_T).where(
                         _RECORDS_T.c.session_id.in_(select(ids).where(doomed).scalar_subquery())
@@ -561,6 +563,9 @@ class SessionStorage:
             raise StoreError(f"records storage {self.where}: {doing} failed: "
                              f"{_one_line(exc)}") from exc
         except sa_exc.SQLAlchemyError as exc:
+            raise StoreError(f"records storage {self.where}: {doing} failed: "
+                             f"{_one_line(exc)}") from exc
+        except OverflowError as exc:  # an integer no column holds (models bound them)
             raise StoreError(f"records storage {self.where}: {doing} failed: "
                              f"{_one_line(exc)}") from exc
 

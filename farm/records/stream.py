@@ -35,6 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.keys import RECORDS_SESSIONS_STREAM, records_stream_for
+from farm.model import INT64_MAX
 from farm.records.model import RECORD_KINDS, Record, Session, parse_record
 
 STREAM_MAXLEN = 100_000
@@ -55,9 +56,10 @@ the records to retry): a records problem must not hang a build."""
 class EntryError(ValueError):
     """A stream entry that does not validate (malformed, or of an unknown format).
 
-    ``retry_later`` is true when a newer farm version wrote it (a kind or envelope
-    version this one does not know): a newer ingester can read it, so it is left for
-    one rather than set aside.
+    ``retry_later`` is true when a newer farm version may have written it (a kind or
+    envelope version this one does not know). The ingester sets it aside in the dead
+    stream like any other, flagged, so that it neither blocks nor is re-read for ever;
+    after an upgrade it can be sent again from there (docs/RECORDS.md).
     """
 
     def __init__(self, message: str, *, retry_later: bool = False) -> None:
@@ -71,7 +73,7 @@ class SessionEntry(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     session: Session
-    keep_sessions: int | None = Field(default=None, ge=0)
+    keep_sessions: int | None = Field(default=None, ge=0, le=INT64_MAX)
 
 
 def encode_session(session: Session, keep_sessions: int | None) -> dict[str, str]:
@@ -88,20 +90,36 @@ def encode_record(record: Record) -> dict[str, str]:
     return {"v": str(ENVELOPE_VERSION), "kind": record.KIND, "record": record.model_dump_json()}
 
 
+MAX_FIELD_BYTES = 32 * 1024 * 1024
+"""Largest entry field read (a Full record's source is kilobytes)."""
+
+
 def _text_fields(fields: Mapping[Any, Any]) -> dict[str, str]:
-    """Entry fields as text, whether the client decodes responses or not."""
+    """Entry fields as text, whether the client decodes responses or not; ``EntryError``
+    for bytes that are not UTF-8 or a field over :data:`MAX_FIELD_BYTES`."""
     out: dict[str, str] = {}
     for name, value in fields.items():
-        key = name.decode() if isinstance(name, bytes) else str(name)
-        out[key] = value.decode() if isinstance(value, bytes) else str(value)
+        try:
+            key = name.decode("utf-8") if isinstance(name, bytes) else str(name)
+            text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        except UnicodeDecodeError as exc:
+            raise EntryError(f"entry field {name!r} is not UTF-8 text ({exc.reason} at "
+                             f"byte {exc.start})") from None
+        if len(text) > MAX_FIELD_BYTES:
+            raise EntryError(f"entry field {key!r} holds {len(text)} characters, over "
+                             f"the limit of {MAX_FIELD_BYTES}")
+        out[key] = text
     return out
 
 
 def _check_version(fields: dict[str, str]) -> None:
     version = fields.get("v", "")
     if version != str(ENVELOPE_VERSION):
-        raise EntryError(f"envelope version {version!r} is not {ENVELOPE_VERSION}",
-                         retry_later=version.isdigit() and int(version) > ENVELOPE_VERSION)
+        # ASCII digits only: "²".isdigit() is true and int() of 5000 digits raises
+        newer = (version.isascii() and version.isdigit() and len(version) <= 9
+                 and int(version) > ENVELOPE_VERSION)
+        raise EntryError(f"envelope version {version[:20]!r} is not {ENVELOPE_VERSION}",
+                         retry_later=newer)
 
 
 def decode_session(fields: Mapping[Any, Any]) -> SessionEntry:
@@ -110,6 +128,8 @@ def decode_session(fields: Mapping[Any, Any]) -> SessionEntry:
     _check_version(text)
     keep = text.get("keep_sessions", "")
     try:
+        if keep and not (keep.isascii() and keep.isdigit() and len(keep) <= 19):
+            raise ValueError(f"keep_sessions {keep[:20]!r} is not a count")
         return SessionEntry(session=Session.model_validate_json(text.get("session", "")),
                             keep_sessions=int(keep) if keep else None)
     except (ValidationError, ValueError) as exc:
@@ -122,7 +142,7 @@ def decode_record(fields: Mapping[Any, Any]) -> Record:
     _check_version(text)
     kind = text.get("kind", "")
     if kind not in RECORD_KINDS:
-        raise EntryError(f"record kind {kind!r} is not known to this farm version",
+        raise EntryError(f"record kind {kind[:100]!r} is not known to this farm version",
                          retry_later=kind.startswith("records/"))
     try:
         return parse_record(kind, text.get("record", ""))

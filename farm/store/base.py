@@ -8,8 +8,12 @@ Rules every backend keeps (see docs/ARCHITECTURE.md, "The artifact store"):
   is not a value: ``put`` repairs it.
 * **Integrity.** ``get`` verifies size and SHA-256 before returning; a mismatch is
   counted (:attr:`StoreStats.corrupt`) and answered as a miss, never raised.
-* **Source index.** Every stored artifact is indexed by the hash of its source, so a
-  key that misses can be served by rekeying an artifact of the same source.
+* **Source index.** An artifact is indexed by the hash of its source only when the
+  writer passes the :class:`~farm.model.Lowered` source it compiled (or rekeyed) it from,
+  so a key that misses can be served by rekeying an artifact of the same source. The
+  index never takes a source hash from an artifact's metadata: metadata comes from
+  bundles and other machines, and a lying ``meta.source_hash`` would otherwise repoint
+  another kernel's index entry at this binary (docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from farm.keys import Namespace
-from farm.model import Artifact, Key
+from farm.model import Artifact, Key, Lowered
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +69,11 @@ class ArtifactStore(ABC):
         """The verified artifact, or ``None`` (missing or corrupt)."""
 
     @abstractmethod
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
-        """Insert under ``artifact.meta.key`` with first-writer-wins; index its source."""
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
+        """Insert under ``artifact.meta.key`` with first-writer-wins. With ``source`` (the
+        lowered source this process compiled or rekeyed it from) also point the source
+        index at it; without, the index is left alone (imports, cache fills)."""
 
     @abstractmethod
     def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
@@ -88,15 +95,19 @@ class ArtifactStore(ABC):
     def namespaces(self) -> list[Namespace]:
         """Every namespace holding at least one artifact."""
 
-    def rekey(self, ns: Namespace, src: Key, dst: Key, *, move: bool) -> Artifact | None:
+    def rekey(self, ns: Namespace, src: Key, dst: Key, *, move: bool,
+              source: Lowered | None = None) -> Artifact | None:
         """Keep the artifact stored under ``src`` under ``dst`` too; with ``move`` the old
-        key and its index entry go. ``None`` when ``src`` is gone or corrupt."""
+        key and its index entry go; with ``source`` (as lowered here) the index points
+        at ``dst``. ``None`` when ``src`` is gone or corrupt."""
         old = self.get(ns, src)
         if old is None:
             return None
-        meta = old.meta.model_copy(update={"key": dst})
-        new = Artifact(meta=meta, binary=old.binary)
-        result = self.put(ns, new)
+        update: dict[str, object] = {"key": dst}
+        if source is not None:
+            update["source_hash"] = source.source_hash
+        new = Artifact(meta=old.meta.model_copy(update=update), binary=old.binary)
+        result = self.put(ns, new, source=source)
         if result is PutResult.REFUSED:
             current = self.get(ns, dst)
             if current is None:
@@ -131,6 +142,18 @@ def decide_put(existing: Artifact | None, new: Artifact) -> PutResult | None:
     if existing.meta.digest == new.meta.digest:
         return PutResult.SAME
     return PutResult.REFUSED
+
+
+def index_hash(artifact: Artifact, source: Lowered | None) -> str | None:
+    """The source hash to index ``artifact`` under: computed here from ``source``, never
+    read from the artifact's metadata. ``None``: do not index."""
+    if source is None:
+        return None
+    computed = source.source_hash
+    if artifact.meta.source_hash != computed:
+        raise ValueError(f"artifact {artifact.meta.key} records source hash "
+                         f"{artifact.meta.source_hash}, but is indexed by {computed}")
+    return computed
 
 
 def log_refused(store: ArtifactStore, ns: Namespace, key: Key) -> None:

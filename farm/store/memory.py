@@ -16,8 +16,15 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
 from farm.keys import Namespace
-from farm.model import Artifact, Key
-from farm.store.base import ArtifactStore, PutResult, checked, decide_put, log_refused
+from farm.model import Artifact, Key, Lowered
+from farm.store.base import (
+    ArtifactStore,
+    PutResult,
+    checked,
+    decide_put,
+    index_hash,
+    log_refused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +41,8 @@ class MemoryStore(ArtifactStore):
         self._lock = threading.RLock()
         self._items: OrderedDict[tuple[Namespace, Key], Artifact] = OrderedDict()
         self._sources: dict[tuple[Namespace, str], Key] = {}
+        #: (ns, key) -> the source hash it is indexed under, to drop the entry with it
+        self._indexed: dict[tuple[Namespace, Key], str] = {}
         self._bytes = 0
 
     @property
@@ -69,8 +78,10 @@ class MemoryStore(ArtifactStore):
         with self._lock:
             return sorted({n for (n, _) in self._items}, key=str)
 
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         key = artifact.meta.key
+        source_hash = index_hash(artifact, source)
         with self._lock:
             existing = self._items.get((ns, key))
             decision = decide_put(existing, artifact)
@@ -80,7 +91,10 @@ class MemoryStore(ArtifactStore):
                     self._drop(ns, key)
                 self._items[(ns, key)] = artifact
                 self._bytes += len(artifact.binary)
-                self._sources[(ns, artifact.meta.source_hash)] = key
+            if source_hash is not None and decision in (None, PutResult.SAME):
+                self._sources[(ns, source_hash)] = key
+                self._indexed[(ns, key)] = source_hash
+            if decision is None:
                 self._evict()
         if decision is PutResult.REFUSED:
             log_refused(self, ns, key)
@@ -97,8 +111,9 @@ class MemoryStore(ArtifactStore):
         if old is None:
             return
         self._bytes -= len(old.binary)
-        if self._sources.get((ns, old.meta.source_hash)) == key:
-            del self._sources[(ns, old.meta.source_hash)]
+        source_hash = self._indexed.pop((ns, key), None)
+        if source_hash is not None and self._sources.get((ns, source_hash)) == key:
+            del self._sources[(ns, source_hash)]
 
     def _evict(self) -> None:
         """Drop least recently used entries until the bound holds (lock held)."""
@@ -112,4 +127,5 @@ class MemoryStore(ArtifactStore):
         with self._lock:
             self._items.clear()
             self._sources.clear()
+            self._indexed.clear()
             self._bytes = 0

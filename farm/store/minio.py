@@ -33,8 +33,16 @@ delete for a move) costs one upload more than a copy and keeps every rule.
 
 Transient failures (connection errors, 5xx, ``SlowDown``) are retried with exponential
 backoff by tenacity; the SDK's own urllib3 retries are switched off so the two do not
-multiply. Other failures, and transient ones that outlast the retries, raise
-:class:`~farm.errors.StoreError` naming the store's location, never its credentials.
+multiply. A store made from settings waits out an outage of up to ``FARM_OUTAGE_LIMIT``
+seconds (one warning line when it starts, one when it ends; see :mod:`farm.outage`)
+instead of a fixed number of attempts. Other failures, and transient ones that outlast
+the retries, raise :class:`~farm.errors.StoreError` naming the store's location, never
+its credentials.
+
+The source-index entry is written *before* the artifact (and again when a put finds the
+same artifact already there): a reply lost after the artifact was written, or a process
+killed between the two writes, can then never leave an artifact unindexed. An entry that
+points at a key not (yet) stored is harmless: readers verify what they find.
 """
 
 from __future__ import annotations
@@ -72,9 +80,17 @@ from farm.keys import (
     namespace_from_prefix,
     source_object,
 )
-from farm.model import Artifact, ArtifactMeta, Key
+from farm.model import Artifact, ArtifactMeta, Key, Lowered
+from farm.outage import OutageError, Waiter
 from farm.settings import Settings
-from farm.store.base import ArtifactStore, PutResult, checked, decide_put, log_refused
+from farm.store.base import (
+    ArtifactStore,
+    PutResult,
+    checked,
+    decide_put,
+    index_hash,
+    log_refused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -208,12 +224,14 @@ class MinioStore(ArtifactStore):
                  bucket: str, secure: bool = False, *, retry_attempts: int = 5,
                  retry_wait_s: float = 0.1, retry_max_wait_s: float = 2.0,
                  timeout_s: float = 60.0,
-                 http_client: urllib3.PoolManager | None = None) -> None:
+                 http_client: urllib3.PoolManager | None = None,
+                 outage_limit_s: float | None = None) -> None:
         """Connect and create ``bucket`` if it is missing.
 
         ``retry_attempts`` tries per request in all, waiting ``retry_wait_s`` doubled each
         time (at most ``retry_max_wait_s``) in between. ``http_client`` replaces the
         connection pool (tests count requests through it); give it no retries of its own.
+        ``outage_limit_s`` replaces the attempts by waiting out an outage that long.
         """
         super().__init__()
         if not hasattr(Minio, "_put_object"):  # pragma: no cover - guards an SDK upgrade
@@ -226,6 +244,8 @@ class MinioStore(ArtifactStore):
         self._wait_s = retry_wait_s
         self._max_wait_s = retry_max_wait_s
         self._http = http_client or _make_http_client(timeout_s)
+        self._waiter = (Waiter(f"MinIO at {endpoint}", outage_limit_s, is_down=is_transient)
+                        if outage_limit_s is not None else None)
         try:
             self._client = Minio(endpoint, access_key=access_key or None,
                                  secret_key=secret_key or None, secure=secure,
@@ -255,7 +275,8 @@ class MinioStore(ArtifactStore):
             raise SettingsError("settings FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY "
                                 "must be set with FARM_MINIO_ENDPOINT")
         return cls(endpoint, access.get_secret_value(), secret.get_secret_value(),
-                   settings.minio_bucket, secure)
+                   settings.minio_bucket, secure, timeout_s=min(60.0, settings.outage_limit),
+                   outage_limit_s=settings.outage_limit)
 
     @property
     def location(self) -> str:
@@ -274,6 +295,13 @@ class MinioStore(ArtifactStore):
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """Run one request with retries on transient failures; a failure that is not
         transient, or outlasts the retries, becomes a :class:`StoreError`."""
+        if self._waiter is not None:
+            try:
+                return self._waiter.call(fn)
+            except OutageError as exc:
+                raise StoreError(f"store {self.location}: {what}: {exc}") from None
+            except _FAILURES as exc:
+                raise StoreError(f"store {self.location}: {what}: {_describe(exc)}") from exc
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(self._attempts),
@@ -409,19 +437,21 @@ class MinioStore(ArtifactStore):
         return self._call(f"list {prefix}", once)
 
     # -- writes ----------------------------------------------------------------------------
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         key = artifact.meta.key
+        source_hash = index_hash(artifact, source)
         name = artifact_object(ns, key)
         body = encode_artifact(artifact)
         headers = _user_metadata(artifact)
         condition = {"If-None-Match": "*"}
+        self._index(ns, key, source_hash)  # first: see the module docstring
         for _ in range(_MAX_PUT_ROUNDS):
             if self._write_if(name, body, headers, condition):
                 if "If-Match" in condition:
                     self.stats.bump("repaired")
                     log.info("store %s: repaired corrupt artifact %s/%s",
                              self.location, ns, key)
-                self._index(ns, artifact)
                 return PutResult.STORED
             obj = self._fetch(name)
             if obj is None:  # deleted since the 412: write as if new
@@ -431,17 +461,20 @@ class MinioStore(ArtifactStore):
             if decision is PutResult.REFUSED:
                 log_refused(self, ns, key)
                 return decision
-            if decision is PutResult.SAME:
+            if decision is PutResult.SAME:  # maybe our own write, its reply lost
                 return decision
             condition = {"If-Match": obj.etag}  # corrupt: replace exactly what we read
         raise StoreError(f"store {self.location}: {ns}/{key} kept changing under "
                          f"{_MAX_PUT_ROUNDS} conditional writes; giving up")
 
-    def _index(self, ns: Namespace, artifact: Artifact) -> None:
+    def _index(self, ns: Namespace, key: Key, source_hash: str | None) -> None:
         """Point the source index at this key (last writer wins, as in SQLite: any key
-        that holds the source is a valid answer)."""
-        name = source_object(ns, artifact.meta.source_hash)
-        body = str(artifact.meta.key).encode("ascii")
+        that holds the source is a valid answer). ``source_hash`` is one the writer
+        computed from the source (``index_hash``); ``None`` writes nothing."""
+        if source_hash is None:
+            return
+        name = source_object(ns, source_hash)
+        body = str(key).encode("ascii")
 
         def once() -> None:
             self._client.put_object(self.bucket, name, io.BytesIO(body), len(body),

@@ -10,28 +10,35 @@ Layout (format ``kernel-farm-store`` version 1)::
 
 The namespace is a column, never part of a path. Opening a file that is not a
 kernel-farm store (or of another format version) raises :class:`ForeignStoreError`
-without writing to it.
+without writing to it. A damaged file (truncated, zeroed pages) is a
+:class:`StoreError`, never a ``sqlite3`` traceback: a file not yet in WAL mode is
+integrity-checked before the switch to WAL rewrites its header, and every later query
+turns a database error into one line. A row that does not validate is a miss (an
+artifact) or skipped with a warning (a listing).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from farm.errors import ForeignStoreError
+from farm.errors import ForeignStoreError, StoreError
 from farm.keys import Namespace
-from farm.model import Artifact, ArtifactMeta, Key
+from farm.model import Artifact, ArtifactMeta, Key, Lowered
 from farm.sqlite_wal import enable_wal
 from farm.store.base import (
     ArtifactStore,
     PutResult,
     checked,
     decide_put,
+    index_hash,
     iter_chunks,
     log_refused,
 )
@@ -72,30 +79,78 @@ class SQLiteStore(ArtifactStore):
         if path.exists() and not path.is_file():
             raise ForeignStoreError(f"{path}: not a kernel-farm store (not a file)")
         fresh = not path.exists() or path.stat().st_size == 0
+        header = b""
         if not fresh:
-            with open(path, "rb") as fh:
-                if fh.read(16) != b"SQLite format 3\x00":
-                    raise ForeignStoreError(f"{path}: not a kernel-farm store (not SQLite)")
-        path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(path, "rb") as fh:
+                    header = fh.read(100)
+            except OSError as exc:
+                raise StoreError(f"{path}: cannot read the store ({exc.strerror})") from None
+            if header[:16] != b"SQLite format 3\x00":
+                raise ForeignStoreError(f"{path}: not a kernel-farm store (not SQLite)")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{path.parent}: cannot create the store's folder "
+                             f"({exc.strerror})") from None
+        if not os.access(path if not fresh else path.parent, os.W_OK):
+            raise StoreError(f"{path if not fresh else path.parent}: not writable (a "
+                             "read-only FARM_HOME?); the store needs write access")
+        conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(path, check_same_thread=False, timeout=30,
                                    isolation_level=None)
+            # damaged text is not UTF-8: read it as U+FFFD, which then fails validation
+            conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
             if not fresh:
                 self._check_format(conn)
+                # bytes 18-19 are 2 in WAL mode: the switch below rewrites a file in
+                # another mode, so check first that it is whole
+                if header[18:20] != b"\x02\x02":
+                    self._check_integrity(conn)
             enable_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             if fresh:
                 conn.executescript(_SCHEMA)
                 conn.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
                                  [("format", FORMAT), ("version", VERSION)])
-        except sqlite3.DatabaseError as exc:
+        except (ForeignStoreError, StoreError):
+            if conn is not None:
+                conn.close()
+            raise
+        except sqlite3.OperationalError as exc:
+            if conn is not None:
+                conn.close()
+            raise StoreError(f"{path}: cannot open the store ({exc})") from None
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+            if conn is not None:
+                conn.close()
             raise ForeignStoreError(f"{path}: not a kernel-farm store ({exc})") from None
         return conn
+
+    def _check_integrity(self, conn: sqlite3.Connection) -> None:
+        try:
+            rows = conn.execute("PRAGMA quick_check(1)").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: the store is damaged ({exc}); move it aside "
+                             "and rebuild, or restore it") from None
+        if rows != [("ok",)]:
+            what = " ".join(str(rows[0][0] if rows else "no answer").split())
+            raise StoreError(f"{self.path}: the store is damaged ({what}); move it "
+                             "aside and rebuild, or restore it")
+
+    @contextmanager
+    def _guard(self, doing: str) -> Iterator[None]:
+        """One line for a database error (a damaged or vanished file, a full disk)."""
+        try:
+            yield
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # see _check_format
+            raise StoreError(f"store {self.path}: {doing} failed ({exc})") from None
 
     def _check_format(self, conn: sqlite3.Connection) -> None:
         try:
             rows = dict(conn.execute("SELECT k, v FROM meta").fetchall())
-        except sqlite3.DatabaseError:
+        except (sqlite3.DatabaseError, UnicodeDecodeError):  # the latter: a damaged schema
             raise ForeignStoreError(f"{self.path}: not a kernel-farm store "
                                     "(no meta table)") from None
         if rows.get("format") != FORMAT:
@@ -107,7 +162,7 @@ class SQLiteStore(ArtifactStore):
     # -- reads -----------------------------------------------------------------------------
     def _read(self, ns: Namespace, key: Key) -> Artifact | bool | None:
         """The artifact, ``None`` if absent, ``False`` if present but unreadable."""
-        with self._lock:
+        with self._lock, self._guard("reading an artifact"):
             row = self._conn.execute(
                 "SELECT meta, binary FROM artifacts WHERE namespace=? AND id_hash=? "
                 "AND build_id=?", (str(ns), key.id_hash, key.build_id)).fetchone()
@@ -115,9 +170,9 @@ class SQLiteStore(ArtifactStore):
             return None
         try:
             meta = ArtifactMeta.model_validate_json(row[0])
-        except ValidationError:
+            return Artifact(meta=meta, binary=bytes(row[1]))
+        except (ValidationError, TypeError, ValueError):
             return False
-        return Artifact(meta=meta, binary=bytes(row[1]))
 
     def get(self, ns: Namespace, key: Key) -> Artifact | None:
         found = self._read(ns, key)
@@ -128,7 +183,7 @@ class SQLiteStore(ArtifactStore):
     def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
         wanted = list(keys)
         found: set[Key] = set()
-        with self._lock:
+        with self._lock, self._guard("listing artifacts"):
             for chunk in iter_chunks(wanted, 400):
                 marks = ",".join("(?,?)" for _ in chunk)
                 params: list[str] = [str(ns)]
@@ -137,34 +192,43 @@ class SQLiteStore(ArtifactStore):
                 rows = self._conn.execute(
                     f"SELECT id_hash, build_id FROM artifacts WHERE namespace=? AND "
                     f"(id_hash, build_id) IN (VALUES {marks})", params).fetchall()
-                found.update(Key(id_hash=r[0], build_id=r[1]) for r in rows)
+                found.update(k for k in map(_key_of, rows) if k is not None)
         return found
 
     def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
-        with self._lock:
+        with self._lock, self._guard("reading the source index"):
             row = self._conn.execute(
                 "SELECT id_hash, build_id FROM sources WHERE namespace=? AND source_hash=?",
                 (str(ns), source_hash)).fetchone()
-        return Key(id_hash=row[0], build_id=row[1]) if row else None
+        return _key_of(row) if row else None
 
     def keys(self, ns: Namespace) -> Iterator[Key]:
-        with self._lock:
+        with self._lock, self._guard("listing artifacts"):
             rows = self._conn.execute(
                 "SELECT id_hash, build_id FROM artifacts WHERE namespace=? "
                 "ORDER BY id_hash, build_id", (str(ns),)).fetchall()
-        return iter([Key(id_hash=r[0], build_id=r[1]) for r in rows])
+        return iter([k for k in map(_key_of, rows) if k is not None])
 
     def namespaces(self) -> list[Namespace]:
-        with self._lock:
+        with self._lock, self._guard("listing namespaces"):
             rows = self._conn.execute(
                 "SELECT DISTINCT namespace FROM artifacts ORDER BY namespace").fetchall()
-        return [Namespace.parse(r[0]) for r in rows]
+        found = []
+        for (text,) in rows:
+            try:
+                found.append(Namespace.parse(text))
+            except (ValueError, TypeError):
+                log.warning("store %s: row of namespace %.60r is not a namespace; skipped",
+                            self.path, text)
+        return found
 
     # -- writes ----------------------------------------------------------------------------
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
         meta = artifact.meta
         key = meta.key
-        with self._lock:
+        source_hash = index_hash(artifact, source)
+        with self._lock, self._guard("writing an artifact"):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 existing = self._read(ns, key)
@@ -177,12 +241,14 @@ class SQLiteStore(ArtifactStore):
                         "INSERT OR REPLACE INTO artifacts VALUES (?,?,?,?,?,?,?)",
                         (str(ns), key.id_hash, key.build_id, meta.digest, meta.size,
                          meta.model_dump_json(), artifact.binary))
+                if source_hash is not None and decision in (None, PutResult.SAME):
                     self._conn.execute(
                         "INSERT OR REPLACE INTO sources VALUES (?,?,?,?)",
-                        (str(ns), meta.source_hash, key.id_hash, key.build_id))
+                        (str(ns), source_hash, key.id_hash, key.build_id))
                 self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise
         if decision is PutResult.REFUSED:
             log_refused(self, ns, key)
@@ -190,7 +256,7 @@ class SQLiteStore(ArtifactStore):
         return decision or PutResult.STORED
 
     def delete(self, ns: Namespace, key: Key) -> None:
-        with self._lock:
+        with self._lock, self._guard("deleting an artifact"):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.execute(
@@ -201,9 +267,19 @@ class SQLiteStore(ArtifactStore):
                     (str(ns), key.id_hash, key.build_id))
                 self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _key_of(row: tuple[object, ...]) -> Key | None:
+    """The key a row names; ``None`` (logged) for a row that is not one."""
+    try:
+        return Key(id_hash=row[0], build_id=row[1])
+    except (ValidationError, TypeError):
+        log.warning("store: row %.80r does not name a key; skipped", row)
+        return None

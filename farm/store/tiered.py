@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from farm.errors import FarmError
 from farm.keys import Namespace
-from farm.model import Artifact, Key
+from farm.model import Artifact, Key, Lowered
 from farm.store.base import ArtifactStore, PutResult, StoreStats
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,9 @@ class TieredStore(ArtifactStore):
         return sorted({n for tier in self.tiers for n in tier.namespaces()}, key=str)
 
     # -- writes ----------------------------------------------------------------------------
-    def put(self, ns: Namespace, artifact: Artifact) -> PutResult:
-        result = self.shared.put(ns, artifact)
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
+        result = self.shared.put(ns, artifact, source=source)
         value: Artifact | None = artifact
         if result is PutResult.REFUSED:
             value = self.shared.get(ns, artifact.meta.key)
@@ -123,7 +124,9 @@ class TieredStore(ArtifactStore):
             if value is None:  # the winner vanished or went corrupt since: hold nothing
                 self._forget(front, ns, artifact.meta.key)
             else:
-                self._settle(front, ns, value)
+                # index the front copy only when it is ours (the winner's metadata is
+                # not something we computed)
+                self._settle(front, ns, value, source if value is artifact else None)
         return result
 
     def delete(self, ns: Namespace, key: Key) -> None:
@@ -135,14 +138,16 @@ class TieredStore(ArtifactStore):
             tier.close()
 
     # -- front tiers -------------------------------------------------------------------------
-    def _settle(self, front: ArtifactStore, ns: Namespace, value: Artifact) -> None:
-        """Make ``front`` hold ``value`` (the shared tier's) under its key."""
+    def _settle(self, front: ArtifactStore, ns: Namespace, value: Artifact,
+                source: Lowered | None = None) -> None:
+        """Make ``front`` hold ``value`` (the shared tier's) under its key; index it
+        there only with a ``source`` this process lowered."""
         try:
-            if front.put(ns, value) is PutResult.REFUSED:
+            if front.put(ns, value, source=source) is PutResult.REFUSED:
                 log.info("store %s: local %s/%s disagreed with %s; replaced",
                          front.location, ns, value.meta.key, self.shared.location)
                 front.delete(ns, value.meta.key)
-                front.put(ns, value)
+                front.put(ns, value, source=source)
         except _FILL_FAILURES as exc:
             log.warning("store %s: could not fill %s/%s (%s); serving from %s",
                         front.location, ns, value.meta.key, exc, self.shared.location)

@@ -56,10 +56,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* repository:tag of an image value, the tag defaulting to the chart's appVersion. */}}
+{{/* repository:tag[@digest] of an image value, the tag defaulting to the chart's
+appVersion. A digest pins the exact image: a tag can be pushed again, a digest cannot. */}}
 {{- define "kernel-farm.image" -}}
 {{- $img := index . 0 }}{{- $root := index . 1 }}
-{{- printf "%s:%s" $img.repository (default $root.Chart.AppVersion $img.tag | toString) }}
+{{- $ref := printf "%s:%s" $img.repository (default $root.Chart.AppVersion $img.tag | toString) }}
+{{- if $img.digest }}{{- $ref = printf "%s@%s" $ref $img.digest }}{{- end }}
+{{- $ref }}
 {{- end }}
 
 {{/* Service names of the bundled services. */}}
@@ -87,11 +90,15 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/*
 One credential for the Secret the chart creates: the value given, else the one already
-in that Secret (so upgrades keep generated passwords), else a random one.
-(list $ "secret-key" .Values.secrets.x length)
+in that Secret (so upgrades keep generated passwords), else a random one, generated
+only where `lookup` reaches a cluster (helm install/upgrade). Under `helm template`
+(Argo CD, Flux, CI renders) lookup finds nothing, and a random value would change on
+every render: PostgreSQL, which reads its password once, would then refuse the
+ingester. So there the chart fails and says what to set instead.
+(list $ "secret-key" .Values.secrets.x length "secrets.x")
 */}}
 {{- define "kernel-farm.credential" -}}
-{{- $root := index . 0 }}{{- $key := index . 1 }}{{- $given := index . 2 }}{{- $length := index . 3 }}
+{{- $root := index . 0 }}{{- $key := index . 1 }}{{- $given := index . 2 }}{{- $length := index . 3 }}{{- $value := index . 4 }}
 {{- if $given }}
 {{- $given }}
 {{- else }}
@@ -100,10 +107,33 @@ in that Secret (so upgrades keep generated passwords), else a random one.
 {{- if $existing }}{{- $data = $existing.data | default dict }}{{- end }}
 {{- if hasKey $data $key }}
 {{- index $data $key | b64dec }}
-{{- else }}
+{{- else if (lookup "v1" "Namespace" "" "kube-system") }}
 {{- randAlphaNum $length }}
+{{- else }}
+{{- fail (printf "%s is empty and no cluster answers lookup (helm template, Argo CD, Flux): a generated credential would change on every render. Set secrets.existingSecret to a Secret you manage, or give %s (and the other credentials) as values" $value $value) }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+checksum/secret for the pods: a change of credentials rolls them (env from a Secret is
+read only at start). The chart's own Secret is hashed as rendered; an existing Secret
+is hashed as lookup finds it (its resourceVersion), so rotating it rolls the pods on the
+next upgrade.
+*/}}
+{{- define "kernel-farm.secretChecksum" -}}
+{{- if .Values.secrets.existingSecret }}
+{{- $found := lookup "v1" "Secret" .Release.Namespace .Values.secrets.existingSecret }}
+{{- printf "%s/%s" .Values.secrets.existingSecret (($found.metadata | default dict).resourceVersion | default "") | sha256sum }}
+{{- else }}
+{{- include (print .Template.BasePath "/secret.yaml") . | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/* The pod annotations every farm pod carries: config and secret checksums. */}}
+{{- define "kernel-farm.checksums" -}}
+checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
+checksum/secret: {{ include "kernel-farm.secretChecksum" . }}
 {{- end }}
 
 {{/* env entry reading one key of the credentials Secret: (list $ "ENV_NAME" "secret-key") */}}
@@ -139,6 +169,26 @@ Checks that cannot be written in values.schema.json (they compare values with ea
 {{- if and (ne (.type | default "cpu") "nvidia") (hasKey . "gpus") }}
 {{- fail (printf "workers.pools[%s]: gpus is only for pools of type nvidia" .name) }}
 {{- end }}
+{{- $as := .autoscaling | default dict }}
+{{- if $as.enabled }}
+{{- if not .fingerprint }}
+{{- fail (printf "workers.pools[%s]: autoscaling scales on the queue farm.<fingerprint>: set the pool's fingerprint" .name) }}
+{{- end }}
+{{- if gt (int ($as.minReplicas | default 0)) (int ($as.maxReplicas | default 1)) }}
+{{- fail (printf "workers.pools[%s].autoscaling: minReplicas (%v) exceeds maxReplicas (%v)" .name $as.minReplicas $as.maxReplicas) }}
+{{- end }}
+{{- if and (eq (include "kernel-farm.autoscaler" (list $ .)) "hpa") (eq (int ($as.minReplicas | default 0)) 0) }}
+{{- fail (printf "workers.pools[%s].autoscaling.minReplicas is 0, which only KEDA can do (no keda.sh/v1alpha1 API here, or autoscaling.mode hpa): install KEDA or set minReplicas to 1 or more" .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $keda := false }}
+{{- range .Values.workers.pools }}{{- if eq (include "kernel-farm.autoscaler" (list $ .)) "keda" }}{{- $keda = true }}{{- end }}{{- end }}
+{{- if and $keda (not .Values.redis.enabled) (not .Values.autoscaling.keda.redis.address) }}
+{{- fail "autoscaling with KEDA and an external Redis: set autoscaling.keda.redis.address (host:port) for KEDA's redis scaler" }}
+{{- end }}
+{{- if and $keda (not .Values.redis.enabled) (not .Values.secrets.existingSecret) .Values.autoscaling.keda.redis.passwordKey (not .Values.secrets.redisPassword) }}
+{{- fail "autoscaling with KEDA and an external Redis: KEDA reads the password from the Secret's redis-password: set secrets.redisPassword, or autoscaling.keda.redis.passwordKey to an empty string for a Redis without one" }}
 {{- end }}
 {{- end }}
 
@@ -153,5 +203,63 @@ Checks that cannot be written in values.schema.json (they compare values with ea
 {{- int $pool.terminationGracePeriodSeconds }}
 {{- else }}
 {{- add $hard 60 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The autoscaler of a pool: "keda", "hpa", or "" (none: the pool's replicas count).
+(list $ $pool). auto: KEDA where its API is served, else the HPA.
+*/}}
+{{- define "kernel-farm.autoscaler" -}}
+{{- $root := index . 0 }}{{- $pool := index . 1 }}
+{{- $as := $pool.autoscaling | default dict }}
+{{- if $as.enabled }}
+{{- $mode := $root.Values.autoscaling.mode | default "auto" }}
+{{- if eq $mode "auto" }}
+{{- $mode = ternary "keda" "hpa" ($root.Capabilities.APIVersions.Has "keda.sh/v1alpha1") }}
+{{- end }}
+{{- $mode }}
+{{- end }}
+{{- end }}
+
+{{/* Egress to one service, bundled (its pods) or external (the peers given, or any
+destination on its port): (list $ "redis" 6379) */}}
+{{- define "kernel-farm.egressTo" -}}
+{{- $root := index . 0 }}{{- $service := index . 1 }}{{- $port := index . 2 }}
+{{- $bundled := (index $root.Values $service).enabled }}
+{{- $external := index $root.Values.networkPolicy.external $service }}
+- ports:
+    - protocol: TCP
+      port: {{ $bundled | ternary $port $external.port }}
+  {{- if $bundled }}
+  to:
+    - podSelector:
+        matchLabels:
+          {{- include "kernel-farm.componentSelector" (dict "root" $root "component" $service) | nindent 10 }}
+  {{- else if $external.to }}
+  to:
+    {{- toYaml $external.to | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{/* Egress to the cluster's DNS (any namespace, port 53). */}}
+{{- define "kernel-farm.egressDNS" -}}
+- ports:
+    - protocol: UDP
+      port: 53
+    - protocol: TCP
+      port: 53
+{{- end }}
+
+{{/* Ingress to a farm pod: its metrics port only, from metricsFrom (or anyone). */}}
+{{- define "kernel-farm.ingressMetrics" -}}
+{{- if .Values.metrics.enabled }}
+- ports:
+    - protocol: TCP
+      port: {{ .Values.metrics.port }}
+  {{- with .Values.networkPolicy.metricsFrom }}
+  from:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,330 @@
+"""Prometheus metrics of workers, the ingester and ``farm build`` (prometheus-client).
+
+Where each number comes from:
+
+* **Workers** count per kernel (outcome, compile and load seconds), per task (status),
+  per store request (tier, hit or miss, bytes) and per lease wait. Celery runs tasks in
+  forked pool processes, so a worker uses prometheus-client's multiprocess mode: the
+  main process points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh folder *before* anything
+  imports prometheus-client (:func:`prepare_multiprocess`), the pool processes write
+  their samples there, and the main process serves them all on ``FARM_METRICS_PORT``.
+* **Queue depth, chunks in flight and live workers** per fingerprint are read from
+  Redis at scrape time (:class:`ClusterCollector`, see ``farm.queues``): the broker is
+  the truth, so they need no bookkeeping and are right after any restart.
+* **The ingester** exports its running totals and, per stream, the entries the consumer
+  group has not read yet (lag) and has read but not acknowledged (pending).
+* **``farm build``** is short-lived: it pushes a summary to a Pushgateway
+  (``FARM_METRICS_PUSHGATEWAY``) and/or writes it as a text file for node-exporter's
+  textfile collector (``--metrics-file``).
+
+The worker's metric objects are made once per process (:func:`worker_metrics`), which
+is what prometheus-client requires (a name registers once per registry).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from farm.keys import RECORDS_GROUP, Namespace
+from farm.lease import Leases
+from farm.model import Artifact, Key, Lowered, Outcome
+from farm.store.base import ArtifactStore, PutResult
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from farm.payloads import CompileReply
+
+#: seconds: kernels compile in tens of ms (NVIDIA) to seconds (PoCL on a small CPU)
+COMPILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: seconds: a stored kernel loads in under a millisecond (cubin) to tens of ms (PTX JIT)
+LOAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+#: seconds: waiting for another worker's compile of the same source
+LEASE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def outcome_label(outcome: Outcome | None, failure_kind: str | None) -> str:
+    """``compiled``/``loaded``/``rekeyed``, or ``unsupported``/``failed``."""
+    if outcome is not None:
+        return outcome.value.lower()
+    return "unsupported" if failure_kind == "unsupported" else "failed"
+
+
+# -- workers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerMetrics:
+    tasks: Any
+    kernels: Any
+    compile_seconds: Any
+    load_seconds: Any
+    store_requests: Any
+    store_bytes: Any
+    lease_wait_seconds: Any
+
+    def reply(self, fingerprint: str, reply: CompileReply) -> None:
+        """Count one chunk's kernels by outcome, with their compile or load seconds."""
+        for k in reply.results:
+            label = outcome_label(k.outcome, k.failure.kind if k.failure else None)
+            self.kernels.labels(fingerprint=fingerprint, outcome=label).inc()
+            if k.outcome is Outcome.COMPILED:
+                self.compile_seconds.labels(fingerprint=fingerprint).observe(k.work_s)
+            elif k.outcome is Outcome.LOADED:
+                self.load_seconds.labels(fingerprint=fingerprint).observe(k.work_s)
+
+    def task(self, fingerprint: str, status: str) -> None:
+        self.tasks.labels(fingerprint=fingerprint, status=status).inc()
+
+
+@cache
+def worker_metrics() -> WorkerMetrics:
+    """This process's worker metrics, in the default registry (multiprocess-aware)."""
+    from prometheus_client import Counter, Histogram
+
+    return WorkerMetrics(
+        tasks=Counter("farm_tasks", "Compile tasks (chunks) run by workers, by status",
+                      ["fingerprint", "status"]),
+        kernels=Counter("farm_kernels", "Kernels obtained by workers, by outcome",
+                        ["fingerprint", "outcome"]),
+        compile_seconds=Histogram("farm_compile_seconds",
+                                  "Work seconds of a compiled kernel (lower, finalize, "
+                                  "load, store)", ["fingerprint"], buckets=COMPILE_BUCKETS),
+        load_seconds=Histogram("farm_load_seconds",
+                               "Work seconds of a kernel loaded from the store (read, "
+                               "verify, load)", ["fingerprint"], buckets=LOAD_BUCKETS),
+        store_requests=Counter("farm_store_requests",
+                               "Artifact store reads (hit, miss) and writes (stored, "
+                               "same, refused), by tier", ["tier", "result"]),
+        store_bytes=Counter("farm_store_bytes", "Artifact bytes read from and written to "
+                            "the store, by tier", ["tier", "direction"]),
+        lease_wait_seconds=Histogram("farm_lease_wait_seconds",
+                                     "Seconds a worker waited for another worker's compile "
+                                     "of the same source", ["fingerprint"],
+                                     buckets=LEASE_BUCKETS),
+    )
+
+
+class InstrumentedStore(ArtifactStore):
+    """An artifact store that counts hits, misses, writes and bytes for one tier."""
+
+    def __init__(self, inner: ArtifactStore, tier: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.tier = tier
+        self.stats = inner.stats
+
+    @property
+    def location(self) -> str:
+        return self.inner.location
+
+    def get(self, ns: Namespace, key: Key) -> Artifact | None:
+        art = self.inner.get(ns, key)
+        m = worker_metrics()
+        m.store_requests.labels(tier=self.tier, result="hit" if art else "miss").inc()
+        if art is not None:
+            m.store_bytes.labels(tier=self.tier, direction="read").inc(len(art.binary))
+        return art
+
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
+        result = self.inner.put(ns, artifact, source=source)
+        m = worker_metrics()
+        m.store_requests.labels(tier=self.tier, result=result.value).inc()
+        if result is PutResult.STORED:
+            m.store_bytes.labels(tier=self.tier, direction="write").inc(len(artifact.binary))
+        return result
+
+    def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
+        return self.inner.existing(ns, keys)
+
+    def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
+        return self.inner.find_source(ns, source_hash)
+
+    def delete(self, ns: Namespace, key: Key) -> None:
+        self.inner.delete(ns, key)
+
+    def keys(self, ns: Namespace) -> Iterator[Key]:
+        return self.inner.keys(ns)
+
+    def rekey(self, ns: Namespace, src: Key, dst: Key, *, move: bool,
+              source: Lowered | None = None) -> Artifact | None:
+        return self.inner.rekey(ns, src, dst, move=move, source=source)  # the inner's way
+
+    def namespaces(self) -> list[Namespace]:
+        return self.inner.namespaces()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class TimedLeases(Leases):
+    """Compile leases whose waits for another worker's compile are timed."""
+
+    def wait_released(self, ns: Namespace, source_hash: str, timeout_s: float,
+                      poll_s: float = 0.05) -> bool:
+        start = time.monotonic()
+        try:
+            return super().wait_released(ns, source_hash, timeout_s, poll_s)
+        finally:
+            worker_metrics().lease_wait_seconds.labels(fingerprint=ns.fingerprint).observe(
+                time.monotonic() - start)
+
+
+# -- serving ---------------------------------------------------------------------------
+
+
+def prepare_multiprocess(folder: Path) -> None:
+    """Make ``folder`` (emptied) the multiprocess folder of this process and its children.
+
+    Call before anything imports prometheus-client: it picks its value store at import.
+    """
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[MULTIPROC_ENV] = str(folder)
+
+
+def serve(port: int, collectors: Iterable[Any] = (), *, multiprocess: bool = False,
+          addr: str = "0.0.0.0") -> CollectorRegistry:
+    """Serve ``/metrics`` on ``port`` in a daemon thread; returns the registry served."""
+    from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+
+    registry = REGISTRY
+    if multiprocess:
+        from prometheus_client import multiprocess as mp
+
+        registry = CollectorRegistry()
+        mp.MultiProcessCollector(registry)
+    for collector in collectors:
+        registry.register(collector)
+    start_http_server(port, addr=addr, registry=registry)
+    return registry
+
+
+class ClusterCollector:
+    """Queue depth, chunks in flight and live workers per fingerprint, read at scrape."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def describe(self) -> list[Any]:
+        return []  # read at scrape time only: nothing to check at registration
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from farm.queues import queue_stats
+
+        families = {
+            "depth": GaugeMetricFamily("farm_queue_depth", "Chunks waiting in a "
+                                       "fingerprint's queue", labels=["fingerprint"]),
+            "in_flight": GaugeMetricFamily("farm_in_flight_chunks", "Chunks taken by a "
+                                           "worker and not yet done", labels=["fingerprint"]),
+            "workers": GaugeMetricFamily("farm_workers", "Live workers serving a fingerprint",
+                                         labels=["fingerprint"]),
+            "processes": GaugeMetricFamily("farm_worker_processes", "Compile processes of "
+                                           "the live workers", labels=["fingerprint"]),
+        }
+        up = GaugeMetricFamily("farm_broker_up", "1 when the broker answered this scrape")
+        try:
+            stats = queue_stats(self.client)
+        except Exception:  # Redis away: say so instead of failing the whole scrape
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        for fp, s in stats.items():
+            for name, family in families.items():
+                family.add_metric([fp], getattr(s, name))
+        yield up
+        yield from families.values()
+
+
+# -- ingester --------------------------------------------------------------------------
+
+
+class IngestCollector:
+    """An ingester's totals, and per stream the group's lag and pending entries."""
+
+    COUNTERS = ("batches", "sessions", "records", "claimed", "dead", "deferred", "lost",
+                "pruned", "late", "failures")
+
+    def __init__(self, ingester: Any, client: Any) -> None:
+        self.ingester = ingester
+        self.client = client
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.ingester.stats
+        for name in self.COUNTERS:
+            yield CounterMetricFamily(f"farm_ingest_{name}", f"Ingester total: {name}",
+                                      value=getattr(stats, name))
+        lag = GaugeMetricFamily("farm_ingest_lag_entries", "Stream entries the ingesters' "
+                                "group has not read yet", labels=["stream"])
+        pending = GaugeMetricFamily("farm_ingest_pending_entries", "Stream entries read "
+                                    "but not yet written and acknowledged", labels=["stream"])
+        try:
+            for stream in self.ingester.streams:
+                for group in self.client.xinfo_groups(stream):
+                    name = group.get("name")
+                    name = name.decode() if isinstance(name, bytes) else name
+                    if name != RECORDS_GROUP:
+                        continue
+                    lag.add_metric([stream], float(group.get("lag") or 0))
+                    pending.add_metric([stream], float(group.get("pending") or 0))
+        except Exception:  # Redis away or the stream not made yet: totals only
+            pass
+        yield lag
+        yield pending
+
+
+# -- farm build --------------------------------------------------------------------------
+
+
+def build_registry(summary: dict[str, Any], *, manifest: str, fingerprint: str,
+                   cluster: bool) -> CollectorRegistry:
+    """One build's summary as gauges (a push replaces the previous build's)."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    registry = CollectorRegistry()
+    labels = {"manifest": manifest, "fingerprint": fingerprint,
+              "mode": "cluster" if cluster else "local"}
+    kernels = Gauge("farm_build_kernels", "Kernels of the last build, by outcome",
+                    [*labels, "outcome"], registry=registry)
+    for outcome in ("loaded", "rekeyed", "compiled", "unsupported", "failed"):
+        kernels.labels(**labels, outcome=outcome).set(summary[outcome])
+    for name, key, what in (("farm_build_wall_seconds", "wall_s", "Wall seconds"),
+                            ("farm_build_work_seconds", "work_s",
+                             "Work seconds (summed over kernels)")):
+        Gauge(name, f"{what} of the last build", list(labels),
+              registry=registry).labels(**labels).set(summary[key])
+    Gauge("farm_build_tasks_sent", "Chunks the last build sent to the workers",
+          list(labels), registry=registry).labels(**labels).set(summary.get("tasks_sent", 0))
+    Gauge("farm_build_last_timestamp_seconds", "When the last build ended (Unix time)",
+          list(labels), registry=registry).labels(**labels).set(time.time())
+    return registry
+
+
+def publish_build(registry: CollectorRegistry, *, manifest: str, gateway: str | None,
+                  textfile: Path | None) -> None:
+    """Push to the Pushgateway and/or write the text file (atomically)."""
+    from prometheus_client import push_to_gateway, write_to_textfile
+
+    if textfile is not None:
+        write_to_textfile(str(textfile), registry)
+    if gateway:
+        push_to_gateway(gateway, job="farm_build", registry=registry,
+                        grouping_key={"manifest": manifest})

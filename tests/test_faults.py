@@ -1,0 +1,362 @@
+"""Cluster faults, one test per row of docs/RELIABILITY.md's fault table.
+
+Real Redis, MinIO, workers and clients as separate processes. Redis and MinIO are this
+module's own (not the session's), because the tests stop and restart them on the same
+port. Limits are short (outage limit, dead-worker grace, heartbeat) so that each fault
+shows within seconds; the kernels are cheap ``reduce`` and ``fault`` kernels whose sources
+are unique to each test. The fault-injection family lives in ``tests/faults``
+(``faultfam``), armed in every process of the cluster by ``FARM_FAULT_INJECT=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_helpers import farm, minio_store, namespace, next_redis_db, write_manifest
+
+from farm.devservices import MinioServer, RedisServer
+from farm.devservices.cluster import LocalCluster, local_cluster
+from farm.families import Registry
+from farm.keys import DEAD_LETTERS, queue_name, source_object
+from farm.manifest import expand, load_manifest
+from farm.model import Key
+
+pytestmark = pytest.mark.integration
+
+FAULTS = Path(__file__).parent / "faults"
+
+ENV = {"FARM_COMPILE_SOFT_TIME_LIMIT": "20", "FARM_COMPILE_HARD_TIME_LIMIT": "25",
+       "FARM_VISIBILITY_TIMEOUT": "300", "FARM_LEASE_TTL": "5", "FARM_CHUNK_SIZE": "1",
+       "FARM_OUTAGE_LIMIT": "40", "FARM_CRASH_LIMIT": "2", "FARM_DEAD_WORKER_GRACE": "3",
+       "FARM_HEARTBEAT_INTERVAL": "0.5", "PYTHONPATH": str(FAULTS), "FARM_FAULT_INJECT": "1",
+       "FARM_FAMILY_MODULES": '["faultfam"]'}
+
+
+@pytest.fixture(scope="module")
+def redis_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def minio_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
+    with MinioServer(tmp_path_factory.mktemp("minio")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_own: RedisServer, minio_own: MinioServer,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with local_cluster(tmp_path_factory.mktemp("faults"), redis=redis_own, minio=minio_own,
+                       bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db(),
+                       **ENV) as c:
+        c.start_worker()
+        c.wait_ready()
+        yield c
+
+
+def _redis(c: LocalCluster) -> Any:
+    import redis
+
+    return redis.Redis.from_url(c.redis_url)
+
+
+def _fingerprint(c: LocalCluster) -> str:
+    served = json.loads(farm(c.env(), "workers", "--json").stdout)
+    return str(next(iter(served)))
+
+
+def _keys(manifest: Path) -> list[Key]:
+    registry = Registry.load([])  # the manifests checked here use built-in families
+    return [Key(id_hash=e.artifact.id_hash, build_id=registry.get(e.family).build_id)
+            for e in expand(load_manifest(manifest), registry)]
+
+
+def _start_build(c: LocalCluster, manifest: Path, home: Path, **env: str) -> Any:
+    return subprocess.Popen([sys.executable, "-m", "farm", "build", str(manifest),
+                             "--cluster", "--json"], env=c.env(home, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, text: str, count: int = 1, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while path.read_text(errors="replace").count(text) < count:
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.05)
+
+
+def _assert_stored_once(c: LocalCluster, fingerprint: str, manifest: Path) -> None:
+    store = minio_store(c)
+    ns = namespace(fingerprint)
+    stored = list(store.keys(ns))
+    assert len(stored) == len(set(stored))
+    for key in _keys(manifest):
+        art = store.get(ns, key)
+        assert art is not None, f"{key} not stored"
+        assert store.find_source(ns, art.meta.source_hash) is not None, f"{key} unindexed"
+
+
+def _workers_alive(c: LocalCluster) -> None:
+    for w in c.workers:
+        assert w.process.poll() is None, f"worker {w.pid} died"
+        log = w.log.read_text(errors="replace")
+        assert "Unrecoverable error" not in log, log[-3000:]
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+# -- poison messages ---------------------------------------------------------------------
+def _publish_poison(c: LocalCluster, queue: str) -> int:
+    from kombu import Connection
+
+    good_kernel = {"artifact": {"kernel": {"family": "reduce", "params": {"cols": 5}}},
+                   "build_id": "0123456789abcdef"}
+    payload = {"fingerprint": queue.removeprefix("farm."), "kernels": [good_kernel]}
+
+    def headers(**extra: Any) -> dict[str, Any]:
+        return {"task": "farm.compile", "id": str(uuid.uuid4()), "lang": "py", **extra}
+
+    cases: list[tuple[Any, dict[str, Any], str]] = [
+        ({}, headers(), "json"), ({"a": 1}, headers(), "json"), (5, headers(), "json"),
+        (None, headers(), "json"), ([1, 2, 3, 4], headers(), "json"),
+        ([[payload], {}, {}], headers(timelimit=["a", "b"]), "json"),
+        ([[payload], {}, {}], {"task": "farm.compile"}, "json"),  # no id
+        ([[payload], {}, {}], headers(task="farm.other"), "json"),
+        ([[{"fingerprint": "x", "kernels": []}], {}, {}], headers(), "json"),
+        (b"{not json", headers(), "raw-json"),
+        (b"\x80\x04K\x05.", headers(), "pickle"),
+    ]
+    with Connection(c.redis_url) as conn:
+        producer = conn.Producer()
+        for body, hdrs, kind in cases:
+            if kind == "json":
+                producer.publish(body, routing_key=queue, exchange="", serializer="json",
+                                 headers=hdrs)
+            else:
+                producer.publish(body, routing_key=queue, exchange="", headers=hdrs,
+                                 content_type="application/json" if kind == "raw-json"
+                                 else "application/x-python-serialize",
+                                 content_encoding="binary" if kind == "pickle" else "utf-8")
+    return len(cases)
+
+
+def test_poison_messages_are_dead_lettered_and_the_worker_serves_the_next(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    fp = _fingerprint(cluster)
+    client = _redis(cluster)
+    before = client.llen(DEAD_LETTERS)
+    sent = _publish_poison(cluster, queue_name(fp))
+    deadline = time.monotonic() + 60
+    while client.llen(DEAD_LETTERS) - before < sent:
+        assert time.monotonic() < deadline, client.lrange(DEAD_LETTERS, 0, -1)
+        time.sleep(0.1)
+    assert client.llen(queue_name(fp)) == 0  # nothing came back
+    reasons = [json.loads(e)["reason"] for e in client.lrange(DEAD_LETTERS, 0, sent - 1)]
+    assert any("body is not [args, kwargs, embed]" in r for r in reasons), reasons
+    assert any("timelimit" in r for r in reasons), reasons
+    assert any("header id" in r for r in reasons), reasons
+    assert any("farm.other" in r for r in reasons), reasons
+    assert any("payload does not validate" in r for r in reasons), reasons
+    assert any("content type" in r for r in reasons), reasons
+
+    manifest = write_manifest(tmp_path / "m.toml", salt=31, count=2)
+    proc = farm(cluster.env(tmp_path / "client"), "build", str(manifest), "--cluster", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["summary"]["compiled"] == 2
+    _workers_alive(cluster)
+
+
+# -- crash loops ------------------------------------------------------------------------
+def test_a_kernel_that_kills_its_compiler_fails_as_crashed_and_the_rest_build(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    manifest = tmp_path / "m.toml"
+    manifest.write_text('format = 1\nname = "crashy"\n' + "".join(
+        f'\n[[kernels]]\nfamily = "fault"\nparams = {{ mode = "{mode}", salt = {salt} }}\n'
+        for mode, salt in (("none", 3201), ("abort", 3202), ("none", 3203))))
+    start = time.monotonic()
+    proc = farm(cluster.env(tmp_path / "client", FARM_CHUNK_SIZE="3"), "build", str(manifest),
+                "--cluster", "--json")
+    took = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    s = report["summary"]  # the kernel before the bad one was compiled in a delivery
+    assert s["compiled"] >= 1 and s["compiled"] + s["loaded"] == 2, s  # that crashed
+    [failure] = report["failures"]
+    assert failure["kind"] == "crashed"
+    assert "SIGABRT" in failure["message"] and "2 time(s)" in failure["message"]
+    deliveries = [int(_redis(cluster).get(k)) for k in _redis(cluster).scan_iter(
+        "farm:task:*:deliveries")]
+    assert max(deliveries) == 3  # two crashes, then the delivery that gave up on it
+    _workers_alive(cluster)
+    print(f"crash loop settled in {took:.1f} s")
+
+
+def test_embedded_pool_survives_a_kernel_that_kills_its_process(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.toml"
+    manifest.write_text('format = 1\nname = "crashy-local"\n' + "".join(
+        f'\n[[kernels]]\nfamily = "fault"\nparams = {{ mode = "{mode}", salt = {salt} }}\n'
+        for mode, salt in (("kill", 3301), ("none", 3302), ("none", 3303))))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(tmp_path / "home"), **{k: ENV[k] for k in (
+        "PYTHONPATH", "FARM_FAULT_INJECT", "FARM_FAMILY_MODULES", "FARM_CRASH_LIMIT")})
+    proc = farm(env, "build", str(manifest), "--local", "--workers", "1", "--json")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["summary"]["compiled"] == 2  # the innocent kernels after the crash
+    [failure] = report["failures"]
+    assert failure["kind"] == "crashed" and "SIGKILL" in failure["message"]
+
+
+# -- outages ----------------------------------------------------------------------------
+def test_redis_outage_mid_build_is_waited_out(cluster: LocalCluster, redis_own: RedisServer,
+                                              tmp_path: Path) -> None:
+    fp = _fingerprint(cluster)
+    manifest = write_manifest(tmp_path / "m.toml", salt=34, count=6)
+    worker_log = cluster.workers[0].log
+    done_before = worker_log.read_text(errors="replace").count("succeeded in")
+    client = _start_build(cluster, manifest, tmp_path / "client")
+    _wait_for(worker_log, "succeeded in", done_before + 1)
+    redis_own.halt()
+    time.sleep(5)
+    redis_own.resume()
+    out, err = client.communicate(timeout=240)
+    assert client.returncode == 0, err
+    report = json.loads(out)
+    assert report["summary"]["failed"] == 0, report["failures"]
+    assert report["summary"]["compiled"] == 6
+    assert "waiting for Redis at" in err and "is back after" in err
+    _assert_stored_once(cluster, fp, manifest)
+    _workers_alive(cluster)
+
+
+def test_redis_down_past_the_limit_is_one_line_and_exit_1(
+        cluster: LocalCluster, redis_own: RedisServer, tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "m.toml", salt=35, count=2)
+    redis_own.halt()
+    try:
+        build = farm(cluster.env(tmp_path / "c", FARM_OUTAGE_LIMIT="2"), "build",
+                     str(manifest), "--cluster", "--json")
+        listing = farm(cluster.env(), "workers")
+        worker = farm(cluster.env(tmp_path / "w", FARM_OUTAGE_LIMIT="2"), "worker",
+                      "--concurrency=1")
+    finally:
+        redis_own.resume()
+    for proc in (build, listing, worker):
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+        [line] = _error_lines(proc.stderr)
+        assert "Redis at 127.0.0.1" in line and "unreachable" in line
+    assert "more than 2 s" in _error_lines(build.stderr)[0]
+    assert "more than 2 s" in _error_lines(worker.stderr)[0]
+    # a rerun, Redis back, builds exactly what is missing
+    again = farm(cluster.env(tmp_path / "c"), "build", str(manifest), "--cluster", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["summary"]["compiled"] == 2
+    _workers_alive(cluster)
+
+
+def test_minio_outage_mid_build_is_waited_out(cluster: LocalCluster, minio_own: MinioServer,
+                                              tmp_path: Path) -> None:
+    fp = _fingerprint(cluster)
+    manifest = write_manifest(tmp_path / "m.toml", salt=36, count=6)
+    worker_log = cluster.workers[0].log
+    done_before = worker_log.read_text(errors="replace").count("succeeded in")
+    client = _start_build(cluster, manifest, tmp_path / "client")
+    _wait_for(worker_log, "succeeded in", done_before + 1)
+    minio_own.halt()
+    time.sleep(5)
+    minio_own.resume()
+    out, err = client.communicate(timeout=240)
+    assert client.returncode == 0, err
+    report = json.loads(out)
+    assert report["summary"]["failed"] == 0, report["failures"]
+    assert report["summary"]["compiled"] == 6
+    assert "waiting for MinIO at" in worker_log.read_text(errors="replace")
+    _assert_stored_once(cluster, fp, manifest)
+    _workers_alive(cluster)
+
+    # MinIO down past the limit: one line, exit 1
+    minio_own.halt()
+    try:
+        proc = farm(cluster.env(tmp_path / "c2", FARM_OUTAGE_LIMIT="2"), "build",
+                    str(manifest), "--cluster", "--json")
+    finally:
+        minio_own.resume()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    [line] = _error_lines(proc.stderr)
+    assert "MinIO at" in line and "more than 2 s" in line
+
+
+def test_a_lost_put_reply_never_leaves_an_artifact_unindexed(cluster: LocalCluster,
+                                                             tmp_path: Path) -> None:
+    """The index entry is written first; a put that finds its own artifact (its reply
+    was lost) or one whose entry went missing leaves the entry in place."""
+    fp = _fingerprint(cluster)
+    manifest = write_manifest(tmp_path / "m.toml", salt=37, count=1)
+    assert farm(cluster.env(tmp_path / "c"), "build", str(manifest), "--cluster").returncode == 0
+    store = minio_store(cluster)
+    ns = namespace(fp)
+    [key] = _keys(manifest)
+    art = store.get(ns, key)
+    assert art is not None
+    from minio import Minio
+
+    raw = Minio(cluster.minio_endpoint, access_key=cluster.minio_access_key,
+                secret_key=cluster.minio_secret_key, secure=False)
+    raw.remove_object(cluster.bucket, source_object(ns, art.meta.source_hash))
+    assert store.find_source(ns, art.meta.source_hash) is None
+    store.put(ns, art)  # the retry of a put whose reply was lost: SAME
+    assert store.find_source(ns, art.meta.source_hash) == key
+
+
+# -- dead workers and records ---------------------------------------------------------------
+def test_killed_worker_chunk_is_resent_fast_and_records_are_complete(
+        redis_own: RedisServer, minio_own: MinioServer, tmp_path: Path) -> None:
+    with local_cluster(tmp_path, redis=redis_own, minio=minio_own,
+                       bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db(),
+                       **ENV) as c:
+        records_url = f"sqlite:///{tmp_path / 'records.sqlite'}"
+        c.extra_env["FARM_RECORDS_URL"] = records_url
+        c.start_ingester(records_url)
+        victim = c.start_worker()
+        c.start_worker()
+        c.wait_ready()
+        manifest = write_manifest(tmp_path / "m.toml", salt=38, count=6)
+        start = time.monotonic()
+        client = _start_build(c, manifest, tmp_path / "client")
+        _wait_for(victim.log, "received")
+        victim.kill_all()  # SIGKILL main process and pool: the machine is gone
+        out, err = client.communicate(timeout=200)  # far less than the 300 s timeout
+        took = time.monotonic() - start
+        assert client.returncode == 0, err
+        report = json.loads(out)
+        assert report["summary"]["failed"] == 0, report["failures"]
+        assert "re-sent a chunk" in err
+        _assert_stored_once(c, report["fingerprint"], manifest)
+        summary: dict[str, Any] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the ingester catches up
+            proc = farm(c.env(), "records", "summary", "--json")
+            summary = json.loads(proc.stdout) if proc.returncode == 0 else {}
+            if summary.get("kernels") == 6:
+                break
+            time.sleep(0.5)
+        assert summary.get("kernels") == 6, summary
+        assert summary["missing"] == 0
+        compiled = {line["key"] for line in summary["slowest"]
+                    if line["outcome"] in ("Compiled", "Rekeyed")}
+        # the victim's compile was recorded before it stored; the re-sent chunk loaded it
+        assert len(compiled) >= report["summary"]["compiled"] + report["summary"]["rekeyed"]
+        assert c.workers[1].process.poll() is None
+        print(f"build with a killed worker took {took:.1f} s")

@@ -1,0 +1,428 @@
+"""What an operator watches, against a real local cluster (Redis, MinIO, a Celery worker).
+
+Celery's own command line and Flower see the workers and their tasks through the
+module-level app (``celery -A worker``); a Prometheus scrape of a worker after a build
+shows the kernels it compiled; ``farm workers`` shows queue depth and chunks in flight;
+``farm build --metrics-file`` writes the build's summary; the health files the chart's
+probes read are there and fresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_helpers import build_json, farm, next_redis_db, write_manifest
+from prometheus_client.parser import text_string_to_metric_families
+
+from farm.devservices.cluster import LocalCluster, local_cluster
+from farm.devservices.ports import free_port, log_tail
+from farm.keys import queue_name
+from farm.payloads import TASK_NAME
+from farm.queues import in_flight, queue_depth, queue_stats
+from farm.settings import Settings
+from worker.app import make_app
+from worker.startup import celery_argv
+
+pytestmark = pytest.mark.integration
+
+NOWHERE = "pocl-nowhere-0123456789ab"
+
+
+def _get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as reply:
+        return str(reply.read().decode())
+
+
+def _wait_http(url: str, process: subprocess.Popen[bytes] | None, log: Path | None,
+               timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _get(url)
+        except OSError:
+            if process is not None and process.poll() is not None:
+                pytest.fail(f"{url}: the server exited:\n{log_tail(log) if log else ''}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"{url} did not answer in {timeout:.0f} s:\n"
+                            f"{log_tail(log) if log else ''}")
+            time.sleep(0.2)
+
+
+def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, s.labels, s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def _value(samples: list[tuple[str, dict[str, str], float]], name: str,
+           **labels: str) -> float:
+    found = [v for n, ls, v in samples
+             if n == name and all(ls.get(k) == want for k, want in labels.items())]
+    assert found, f"no sample {name}{labels}"
+    return sum(found)
+
+
+def _celery(env: dict[str, str], *args: str, timeout: float = 60) -> \
+        subprocess.CompletedProcess[str]:
+    celery = str(Path(sys.executable).with_name("celery"))
+    return subprocess.run([celery, "-A", "worker", *args], env=env, text=True,
+                          capture_output=True, timeout=timeout, check=False)
+
+
+class Ops:
+    """The cluster of this module, with its worker's metrics port and health folder."""
+
+    def __init__(self, cluster: LocalCluster, metrics_port: int, health: Path,
+                 flower_port: int, ingester_port: int) -> None:
+        self.cluster = cluster
+        self.metrics_port = metrics_port
+        self.health = health
+        self.flower_port = flower_port
+        self.ingester_port = ingester_port
+
+    def metrics(self, port: int | None = None) -> list[tuple[str, dict[str, str], float]]:
+        return _samples(_get(f"http://127.0.0.1:{port or self.metrics_port}/metrics"))
+
+
+@pytest.fixture(scope="module")
+def ops(redis_server: Any, minio_server: Any,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ops]:
+    work = tmp_path_factory.mktemp("ops")
+    health = work / "health"
+    metrics_port, flower_port, ingester_port = free_port(), free_port(), free_port()
+    with local_cluster(work, redis=redis_server, minio=minio_server,
+                       bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db()) as c:
+        c.start_worker(args=("--metrics-port", str(metrics_port), "--",
+                             "--max-tasks-per-child=50"),
+                       FARM_HEALTH_DIR=str(health))
+        # The ingester's own metrics port and health folder (set for it alone).
+        ingester_env = {"FARM_METRICS_PORT": str(ingester_port),
+                        "FARM_HEALTH_DIR": str(work / "ingester-health")}
+        c.extra_env.update(ingester_env)
+        c.start_ingester(f"sqlite:///{work / 'records.sqlite'}")
+        for key in ingester_env:
+            del c.extra_env[key]
+        c.wait_ready()
+        log = work / "flower.log"
+        with open(log, "wb") as fh:
+            flower = subprocess.Popen(
+                [str(Path(sys.executable).with_name("celery")), "-A", "worker", "flower",
+                 f"--port={flower_port}", "--address=127.0.0.1"],
+                env=c.env(FLOWER_UNAUTHENTICATED_API="true"), stdout=fh,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            _wait_http(f"http://127.0.0.1:{flower_port}/healthcheck", flower, log)
+            yield Ops(c, metrics_port, health, flower_port, ingester_port)
+        finally:
+            flower.terminate()
+            try:
+                flower.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                flower.kill()
+                flower.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def built(ops: Ops, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One build of six fresh kernels through the worker, with its metrics file."""
+    tmp = tmp_path_factory.mktemp("build")
+    manifest = write_manifest(tmp / "ops.toml", salt=31, count=6)
+    metrics_file = tmp / "build.prom"
+    summary = build_json(ops.cluster.env(tmp / "client"), str(manifest),
+                         "--metrics-file", str(metrics_file))
+    assert summary["summary"]["compiled"] == 6, summary
+    return {**summary, "metrics_file": metrics_file}
+
+
+def test_celery_command_line_reaches_the_workers(ops: Ops) -> None:
+    env = ops.cluster.env()
+    ping = _celery(env, "inspect", "ping", "--timeout=10")
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    assert "pong" in ping.stdout and "farm-" in ping.stdout
+    # `farm worker -- OPTIONS` reached Celery's own worker.
+    stats = _celery(env, "inspect", "stats", "--json", "--timeout=10")
+    assert stats.returncode == 0, stats.stderr
+    (worker_stats,) = json.loads(stats.stdout).values()
+    assert worker_stats["pool"]["max-tasks-per-child"] == 50
+
+
+def test_celery_without_a_redis_url_is_one_line(ops: Ops) -> None:
+    env = {k: v for k, v in ops.cluster.env().items() if k != "FARM_REDIS_URL"}
+    proc = _celery(env, "inspect", "ping")
+    assert proc.returncode != 0
+    assert "FARM_REDIS_URL" in proc.stderr + proc.stdout
+
+
+def test_flower_lists_the_worker_and_its_tasks(ops: Ops, built: dict[str, Any]) -> None:
+    base = f"http://127.0.0.1:{ops.flower_port}"
+    deadline = time.monotonic() + 30
+    while True:
+        workers = json.loads(_get(f"{base}/api/workers?status=true"))
+        tasks = json.loads(_get(f"{base}/api/tasks"))
+        ours = [t for t in tasks.values() if t.get("name") == TASK_NAME]
+        done = [t for t in ours if t.get("state") == "SUCCESS"]
+        if any(name.startswith("farm-") and up for name, up in workers.items()) \
+                and len(done) >= built["summary"]["tasks_sent"]:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"Flower: workers {workers}, our tasks {ours}")
+        time.sleep(0.5)
+    # Task-sent events come from the client: Flower knows each task's queue.
+    assert {t.get("routing_key") for t in done} == {queue_name(built["fingerprint"])}
+
+
+def test_worker_metrics_show_the_kernels_compiled(ops: Ops, built: dict[str, Any]) -> None:
+    fp = built["fingerprint"]
+    samples = ops.metrics()
+    compiled = built["summary"]["compiled"]
+    assert _value(samples, "farm_kernels_total", fingerprint=fp, outcome="compiled") \
+        == compiled
+    assert _value(samples, "farm_compile_seconds_count", fingerprint=fp) == compiled
+    assert _value(samples, "farm_compile_seconds_sum", fingerprint=fp) > 0
+    assert _value(samples, "farm_tasks_total", fingerprint=fp, status="success") \
+        == built["summary"]["tasks_sent"]
+    assert _value(samples, "farm_store_requests_total", tier="minio", result="stored") \
+        == compiled
+    assert _value(samples, "farm_store_bytes_total", tier="minio", direction="write") > 0
+    # Read from Redis at scrape time: nothing waits now, and the worker is live.
+    assert _value(samples, "farm_queue_depth", fingerprint=fp) == 0
+    assert _value(samples, "farm_workers", fingerprint=fp) == 1
+    assert _value(samples, "farm_broker_up") == 1
+
+    # A second build loads everything from the store: the client skips them all, so the
+    # worker's counts do not move (nothing was sent).
+    again = build_json(ops.cluster.env(), str(Path(built["manifest"])))
+    assert again["summary"]["loaded"] == again["summary"]["kernels"]
+    assert _value(ops.metrics(), "farm_kernels_total", fingerprint=fp,
+                  outcome="compiled") == compiled
+
+
+def test_worker_logs_a_line_per_chunk_not_the_reply(ops: Ops, built: dict[str, Any]) -> None:
+    text = ops.cluster.workers[0].log.read_text(errors="replace")
+    chunks = re.findall(r"chunk [0-9a-f-]{36}: (\d+) compiled", text)
+    assert sum(int(n) for n in chunks) >= built["summary"]["compiled"]
+    assert "succeeded in" not in text  # Celery's line with the whole reply: DEBUG only
+    assert '"results"' not in text
+
+
+def test_ingester_metrics_and_health(ops: Ops, built: dict[str, Any]) -> None:
+    """The ingester wrote the build's records (its totals say so), is caught up (no lag),
+    sees the same queues as the workers, and keeps its health files fresh."""
+    url = f"http://127.0.0.1:{ops.ingester_port}/metrics"
+    _wait_http(url, ops.cluster.ingesters[0].process, ops.cluster.ingesters[0].log)
+    deadline = time.monotonic() + 30
+    while True:
+        samples = ops.metrics(ops.ingester_port)
+        lag = [v for n, _, v in samples if n == "farm_ingest_lag_entries"]
+        # the build's 6 compilation records, its batch record and its session at least
+        if _value(samples, "farm_ingest_records_total") >= 7 and lag and not any(lag):
+            break
+        assert time.monotonic() < deadline, samples
+        time.sleep(0.5)
+    assert _value(samples, "farm_ingest_sessions_total") >= 1
+    assert _value(samples, "farm_ingest_lost_total") == 0
+    streams = {ls["stream"] for n, ls, _ in samples if n == "farm_ingest_lag_entries"}
+    assert "farm:records:compilation" in streams
+    assert _value(samples, "farm_workers", fingerprint=built["fingerprint"]) == 1
+    health = ops.cluster.workdir / "ingester-health"
+    assert (health / "ready").exists()
+    assert time.time() - (health / "alive").stat().st_mtime < 10
+
+
+def test_build_writes_its_summary_as_metrics(built: dict[str, Any]) -> None:
+    samples = _samples(built["metrics_file"].read_text())
+    labels = {"manifest": "salted-31", "fingerprint": built["fingerprint"],
+              "mode": "cluster"}
+    assert _value(samples, "farm_build_kernels", outcome="compiled", **labels) == 6
+    assert _value(samples, "farm_build_kernels", outcome="failed", **labels) == 0
+    assert _value(samples, "farm_build_wall_seconds", **labels) > 0
+
+
+def test_build_metrics_file_in_a_missing_folder_is_one_line(ops: Ops, tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "m.toml", salt=31, count=1)
+    proc = farm(ops.cluster.env(tmp_path / "c"), "build", str(manifest), "--cluster",
+                "--metrics-file", str(tmp_path / "no" / "such" / "dir" / "b.prom"))
+    assert proc.returncode == 2  # bad input
+    assert "--metrics-file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_health_files_for_the_probes(ops: Ops) -> None:
+    ready, alive = ops.health / "ready", ops.health / "alive"
+    assert ready.exists()
+    first = alive.stat().st_mtime
+    time.sleep(4.5)  # Celery's worker heartbeat: every 2 s
+    assert alive.stat().st_mtime > first
+    assert time.time() - alive.stat().st_mtime < 10
+
+
+def test_farm_workers_shows_queue_depth_and_chunks_in_flight(ops: Ops,
+                                                             built: dict[str, Any]) -> None:
+    """Chunks for a fingerprint nobody serves wait in its queue; one taken and not yet
+    acknowledged is in flight."""
+    env = ops.cluster.env()
+    settings = Settings(redis_url=ops.cluster.redis_url)
+    app = make_app(settings)
+    for _ in range(3):
+        app.send_task(TASK_NAME, args=[{}], queue=queue_name(NOWHERE))
+    import redis
+    from kombu import Connection
+
+    client: Any = redis.Redis.from_url(ops.cluster.redis_url)
+    try:
+        assert queue_depth(client, NOWHERE) == 3
+        with Connection(ops.cluster.redis_url) as conn:
+            queue = conn.SimpleQueue(queue_name(NOWHERE), no_ack=False)
+            message = queue.get(timeout=10)  # taken, not acknowledged: in flight
+            assert in_flight(client).get(NOWHERE) == 1
+            stats = queue_stats(client)
+            assert stats[NOWHERE].depth == 2 and stats[NOWHERE].in_flight == 1
+            assert stats[NOWHERE].workers == 0
+            proc = farm(env, "workers", "--json")
+            assert proc.returncode == 0, proc.stderr
+            listed = json.loads(proc.stdout)
+            assert listed[NOWHERE] == {"workers": [], "depth": 2, "in_flight": 1}
+            assert len(listed[built["fingerprint"]]["workers"]) == 1
+            table = farm(env, "workers")
+            assert "waiting chunks" in table.stdout and NOWHERE in table.stdout
+            scraped = ops.metrics()
+            assert _value(scraped, "farm_queue_depth", fingerprint=NOWHERE) == 2
+            assert _value(scraped, "farm_in_flight_chunks", fingerprint=NOWHERE) == 1
+            message.ack()
+            queue.close()
+        assert in_flight(client).get(NOWHERE, 0) == 0
+    finally:
+        client.delete(queue_name(NOWHERE))
+        client.close()
+
+
+def test_celery_argv_passes_operator_options_last() -> None:
+    argv = celery_argv(concurrency=2, queues=["farm.a"], loglevel="INFO", hostname="h",
+                       events=True, heartbeat=True, extra=["--max-tasks-per-child=9"])
+    assert "--task-events" in argv and "--without-heartbeat" not in argv
+    assert argv[-1] == "--max-tasks-per-child=9"
+    quiet = celery_argv(concurrency=2, queues=["farm.a"], loglevel="INFO", hostname="h",
+                        events=False, heartbeat=False)
+    assert "--task-events" not in quiet and "--without-heartbeat" in quiet
+
+
+def test_events_and_heartbeats_follow_the_settings() -> None:
+    on = make_app(Settings(redis_url="redis://127.0.0.1:1/0"))
+    assert on.conf.worker_send_task_events and on.conf.task_send_sent_event
+    off = make_app(Settings(redis_url="redis://127.0.0.1:1/0", worker_events=False))
+    assert not off.conf.worker_send_task_events and not off.conf.task_send_sent_event
+
+
+def test_module_level_app_reads_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FARM_REDIS_URL", "redis://127.0.0.1:1/7")
+    monkeypatch.setenv("FARM_WORKER_EVENTS", "false")
+    code = ("import worker.celery as m; "
+            "print(m.app.conf.broker_url, m.app.conf.worker_send_task_events)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["redis://127.0.0.1:1/7", "False"]
+
+
+
+def test_build_waits_for_a_pool_scaled_to_zero(redis_server: Any, minio_server: Any,
+                                               built: dict[str, Any], tmp_path: Path) -> None:
+    """With --wait-for-workers a build queues its chunks although no worker serves the
+    fingerprint yet (KEDA starts the pool on the queue's length); a worker that starts
+    later takes them and the build completes."""
+    import redis
+
+    fp = built["fingerprint"]
+    manifest = write_manifest(tmp_path / "z.toml", salt=32, count=2)
+    with local_cluster(tmp_path / "zero", redis=redis_server, minio=minio_server,
+                       bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db()) as c:
+        env = c.env(tmp_path / "client")
+        refused = farm(env, "build", str(manifest), "--cluster", "--wait-for-workers")
+        assert refused.returncode == 2 and "--fingerprint" in refused.stderr
+        build = subprocess.Popen(
+            [sys.executable, "-m", "farm", "build", str(manifest), "--cluster", "--json",
+             "--fingerprint", fp, "--wait-for-workers"], env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        client: Any = redis.Redis.from_url(c.redis_url)
+        try:
+            deadline = time.monotonic() + 60
+            while queue_depth(client, fp) == 0:
+                assert build.poll() is None, build.communicate()
+                assert time.monotonic() < deadline, "nothing was queued"
+                time.sleep(0.2)
+            c.start_worker()
+            stdout, stderr = build.communicate(timeout=240)
+        finally:
+            if build.poll() is None:
+                build.kill()
+            client.close()
+        assert build.returncode == 0, stderr
+        assert "queueing for the workers to come" in stderr
+        assert json.loads(stdout)["summary"]["compiled"] == 2
+
+
+def test_cluster_up_says_where_its_logs_are_and_keeps_them(tmp_path: Path) -> None:
+    import signal
+
+    work = tmp_path / "work"
+    proc = subprocess.Popen([sys.executable, "-m", "farm", "cluster", "up", "--workers", "1",
+                             "--workdir", str(work)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (work / "cluster.env").exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "farm cluster up did not get ready"
+            time.sleep(0.5)
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, output
+    assert f"# logs: {work}/worker-*.log" in output
+    assert f"logs and records kept in {work}" in output
+    assert " ready." in (work / "worker-0.log").read_text()
+    assert (work / "ingester-0.log").exists()
+    assert (work / "cluster.env").stat().st_mode & 0o077 == 0
+
+
+def test_dashboard_picture_computes_quantiles_like_prometheus() -> None:
+    """scripts/dashboard_picture.py draws histogram_quantile over rate windows: check it
+    against a hand computation (10 observations in (0.1, 0.25], 10 in (0.25, 0.5])."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("dashboard_picture",
+                                                  root / "scripts" / "dashboard_picture.py")
+    assert spec is not None and spec.loader is not None
+    picture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(picture)
+
+    def sample(counts: dict[str, float]) -> dict[Any, float]:
+        return {("farm_compile_seconds_bucket", (("fingerprint", "f"), ("le", le))): v
+                for le, v in counts.items()}
+
+    before = sample({"0.1": 0, "0.25": 0, "0.5": 0, "+Inf": 0})
+    after = sample({"0.1": 0, "0.25": 10, "0.5": 20, "+Inf": 20})
+    series = [(0.0, before), (5.0, after)]
+    ((_, p50),) = picture.quantile(series, "farm_compile_seconds", 0.5)[-1:]
+    ((_, p75),) = picture.quantile(series, "farm_compile_seconds", 0.75)[-1:]
+    assert p50 == pytest.approx(0.25)
+    assert p75 == pytest.approx(0.375)
+    counter = [(0.0, {("farm_kernels_total", (("outcome", "compiled"),)): 0.0}),
+               (2.0, {("farm_kernels_total", (("outcome", "compiled"),)): 8.0})]
+    assert picture.rates(counter, "farm_kernels_total", outcome="compiled")[-1] == (2.0, 4.0)
+    svg = picture.draw(series)
+    assert svg.startswith("<svg") and "Compile seconds" in svg

@@ -1,0 +1,173 @@
+"""Crash loops: a kernel that kills its compiling process is tried a bounded number of
+times, then fails as ``crashed``, and is never sent again in that build.
+
+With ``task_reject_on_worker_lost`` Celery puts a task back on its queue when the pool
+process running it dies, with no limit: a compiler that aborts on one kernel would be
+fed that kernel for ever while the client waits. So, per task id, in Redis (names in
+:mod:`farm.keys`, all expiring after a day):
+
+* the pool process counts the task's deliveries and notes the kernel it is working on
+  (``TaskLedger``);
+* when the pool process dies, the worker's main process (which survives it) adds one
+  crash to that kernel, with the exit status Celery reports (``signal 6 (SIGABRT)``),
+  before Celery re-queues the task (``crash_request_class``);
+* the next delivery fails every kernel with ``crash_limit`` crashes as ``crashed``
+  without touching it, and obtains the others as usual. A task delivered more often than
+  ``crash_limit`` plus its kernel count (a process that died before saying what it ran)
+  fails what is left of it the same way.
+
+A whole worker killed (main process included) counts no crash: that is a dead machine,
+not a bad kernel, and its task simply comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+from typing import Any
+
+from celery.worker.request import Request
+
+from farm.keys import (
+    TASK_STATE_TTL_S,
+    task_crashes_key,
+    task_deliveries_key,
+    task_holder_key,
+    task_kernel_key,
+    task_lease_key,
+)
+from farm.lease import release_lease
+from farm.outage import Waiter
+
+log = logging.getLogger(__name__)
+
+STATUS_FIELD = "status"
+_STATUS = re.compile(r"prematurely:\s*(.*?)(?:\s+Job:\s*\d+)?\.?$")
+
+
+def holder_name() -> str:
+    """The worker (``host:pid`` of its main process, as its heartbeat names it) holding
+    the current task; called in a pool process, whose parent is the main process."""
+    return f"{socket.gethostname()}:{os.getppid()}"
+
+
+class TaskLedger:
+    """One delivery of one task, seen from the pool process that runs it."""
+
+    def __init__(self, client: Any, task_id: str, waiter: Waiter, crash_limit: int) -> None:
+        self._client = client
+        self.task_id = task_id
+        self._waiter = waiter
+        self.crash_limit = crash_limit
+        self.deliveries = 0
+        self.crashes: dict[str, int] = {}
+        self.status = ""
+
+    def start(self, holder: str) -> None:
+        """Count this delivery, say who holds the task, read the crashes so far."""
+        def once() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.incr(task_deliveries_key(self.task_id))
+            pipe.expire(task_deliveries_key(self.task_id), TASK_STATE_TTL_S)
+            pipe.set(task_holder_key(self.task_id), holder, ex=TASK_STATE_TTL_S)
+            pipe.hgetall(task_crashes_key(self.task_id))
+            return list(pipe.execute())
+        deliveries, _, _, crashes = self._waiter.call(once)
+        self.deliveries = int(deliveries)
+        for name, value in crashes.items():
+            field = name.decode() if isinstance(name, bytes) else str(name)
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            if field == STATUS_FIELD:
+                self.status = text
+            elif text.isdigit():
+                self.crashes[field] = int(text)
+
+    def crashed(self, id_hash: str, kernels: int) -> str | None:
+        """Why the kernel is not to be tried again, or ``None``."""
+        times = self.crashes.get(id_hash, 0)
+        status = self.status or "unknown exit status"
+        if times >= self.crash_limit:
+            return (f"the compiling process died ({status}) {times} time(s) on this kernel; "
+                    "not tried again")
+        if self.deliveries > self.crash_limit + kernels:
+            return (f"its task was delivered {self.deliveries} times, its processes dying "
+                    f"({status}); not tried again")
+        return None
+
+    def holding(self, lease_name: str | None, token: str = "") -> None:
+        """Note the compile lease now held (``None``: none), so that when this process
+        dies the main process releases it at once instead of every worker waiting out
+        its time-to-live."""
+        def once() -> None:
+            if lease_name is None:
+                self._client.delete(task_lease_key(self.task_id))
+            else:
+                self._client.set(task_lease_key(self.task_id), f"{lease_name}\n{token}",
+                                 ex=TASK_STATE_TTL_S)
+        self._waiter.call(once)
+
+    def working_on(self, id_hash: str | None) -> None:
+        """Note the kernel now in hand (``None``: none), for the main process to blame."""
+        def once() -> None:
+            if id_hash is None:
+                self._client.delete(task_kernel_key(self.task_id))
+            else:
+                self._client.set(task_kernel_key(self.task_id), id_hash, ex=TASK_STATE_TTL_S)
+        self._waiter.call(once)
+
+
+def record_crash(client: Any, task_id: str, status: str) -> str | None:
+    """In the main process, once a pool process died on ``task_id``: one crash more for
+    the kernel it was working on. Returns that kernel's id hash (``None``: unknown)."""
+    kernel = client.get(task_kernel_key(task_id))
+    held = client.get(task_lease_key(task_id))
+    if held:
+        name, _, token = (held.decode() if isinstance(held, bytes) else str(held)).partition("\n")
+        release_lease(client, name, token)
+        client.delete(task_lease_key(task_id))
+    pipe = client.pipeline(transaction=False)
+    if kernel:
+        id_hash = kernel.decode() if isinstance(kernel, bytes) else str(kernel)
+        pipe.hincrby(task_crashes_key(task_id), id_hash, 1)
+    pipe.hset(task_crashes_key(task_id), STATUS_FIELD, status)
+    pipe.expire(task_crashes_key(task_id), TASK_STATE_TTL_S)
+    pipe.execute()
+    return id_hash if kernel else None
+
+
+def lost_status(exc: BaseException) -> str | None:
+    """The exit status in Celery's ``WorkerLostError`` text, ``None`` for other errors."""
+    from billiard.exceptions import WorkerLostError
+
+    if not isinstance(exc, WorkerLostError):
+        return None
+    found = _STATUS.search(str(exc).strip())
+    return found.group(1) if found else str(exc)
+
+
+def crash_request_class(client: Any) -> type[Request]:
+    """A Celery ``Request`` that books a crash before Celery re-queues the task."""
+
+    class CrashAwareRequest(Request):
+        def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                       return_ok: bool = False) -> Any:
+            exc = getattr(exc_info, "exception", None)
+            exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
+            if isinstance(exc, SystemExit | KeyboardInterrupt):
+                status: str | None = None if (self._already_cancelled
+                                              or self._already_revoked) else "exited"
+            else:
+                status = lost_status(exc) if exc is not None else None
+            if status is not None:
+                try:
+                    kernel = record_crash(client, self.id, status)
+                    log.error("task %s: the pool process died (%s) on kernel %s", self.id,
+                              status, kernel or "(unknown)")
+                except Exception as err:  # Redis away: the task still comes back
+                    log.error("task %s: could not record a crash: %s", self.id, err)
+            return super().on_failure(exc_info, send_failed_event=send_failed_event,
+                                      return_ok=return_ok)
+
+    return CrashAwareRequest
