@@ -170,11 +170,33 @@ def test_check_of_an_unknown_family_is_bad_input(user_dir: Path, tmp_path: Path)
 def test_list_names_where_each_family_comes_from(user_dir: Path, tmp_path: Path) -> None:
     proc = farm(user_dir, tmp_path, "families", "list", "--json")
     assert proc.returncode == 0, proc.stderr
-    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    rows = {r["name"]: r for r in json.loads(proc.stdout)["families"]}
     assert rows["good"]["source"] == "module userfams (FARM_FAMILY_MODULES)"
     assert (rows["good"]["example"], rows["bare"]["example"]) == (True, False)
     assert rows["matmul"]["source"] == "entry point builtin (kernel-farm)"
     assert rows["matmul"]["build_id"] == Registry.load().get("matmul").build_id
+
+
+def test_list_names_an_entry_point_that_cannot_be_loaded(user_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """A plugin whose import fails is shown with the reason, and the rest still works."""
+    site = tmp_path / "site"
+    dist = site / "brokenplugin-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenplugin\n"
+                                   "Version: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[kernel_farm.families]\nbroken_plugin = no_such_module_here:FAMILIES\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(tmp_path), PYTHONPATH=str(site))
+    proc = subprocess.run([str(FARM), "families", "list"], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1].startswith("not loaded: entry point broken_plugin: "
+                                "ModuleNotFoundError"), proc.stdout
+    assert any(line.startswith("softmax ") for line in lines)
+    assert "Traceback" not in proc.stderr
 
 
 def test_a_family_without_example_is_a_complete_family() -> None:

@@ -75,7 +75,9 @@ def test_the_plugin_is_installed_only_in_its_environment(plugin: PluginEnv) -> N
 def test_the_family_is_found_through_its_entry_point(plugin: PluginEnv) -> None:
     proc = plugin.run("-m", "farm", "families", "list", "--json")
     assert proc.returncode == 0, proc.stderr
-    rows = {row["name"]: row for row in json.loads(proc.stdout)}
+    data = json.loads(proc.stdout)
+    assert data["broken"] == {}
+    rows = {row["name"]: row for row in data["families"]}
     assert rows["clamp"]["source"] == "entry point clamp (kernel-farm-clamp)"
     assert rows["clamp"]["module"] == "clamp_kernels.clamp"
     assert rows["clamp"]["example"] is True

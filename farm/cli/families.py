@@ -28,7 +28,7 @@ def list_families(
                        ] = False,
 ) -> None:
     """Every registered family: where it comes from, its build id, whether it has an
-    example."""
+    example; and every entry point that could not be loaded, with the reason."""
     from farm.families.registry import Registry
     from farm.settings import load_settings
 
@@ -42,12 +42,14 @@ def list_families(
          "example": type(f).example is not base_example}
         for f in registry]
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps({"families": rows, "broken": registry.broken}, indent=2))
         return
     width = max((len(r["name"]) for r in rows), default=0)
     for r in rows:
         typer.echo(f"{r['name']:<{width}}  {r['build_id']}  {r['source']}"
                    + ("" if r["example"] else "  (no example)"))
+    for name, why in registry.broken.items():
+        typer.echo(f"not loaded: entry point {name}: {why}")
 
 
 @app.command()
