@@ -485,7 +485,7 @@ def _artifact(manifest: Manifest, registry: Registry, planned: _Planned) -> Arti
     """Validate one planned kernel with its family; errors point into the manifest."""
     try:
         family = registry.get(planned.family)
-        return family.artifact_id(planned.params, planned.launch, planned.variant)
+        artifact = family.artifact_id(planned.params, planned.launch, planned.variant)
     except UnknownFamilyError as exc:
         loc = (*planned.loc, "family") if planned.explicit else planned.loc
         known = ", ".join(registry.names())
@@ -499,6 +499,13 @@ def _artifact(manifest: Manifest, registry: Registry, planned: _Planned) -> Arti
         else:
             loc = planned.param_locs.get(name, planned.loc)
         raise _located(manifest, loc, planned, str(exc)) from None
+    if planned.launch.local_size is not None:  # a shape the parameters rule out: bad input
+        try:
+            family.check_launch(planned.params, planned.launch)
+        except ParameterError as exc:
+            raise _located(manifest, (*planned.loc, "local_size"), planned, str(exc)) \
+                from None
+    return artifact
 
 
 def _located(manifest: Manifest, loc: Loc, planned: _Planned, what: str) -> ManifestError:

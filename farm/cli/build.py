@@ -54,7 +54,7 @@ def build(
     settings = load_settings(**overrides)
     path = resolve_manifest(manifest)
     loaded = load_manifest(path)
-    label = f"build {loaded.name}"
+    label = f"build {loaded.label}"
     use_cluster = settings.cluster if cluster is None else cluster
     report: BatchReport | None = None
     if use_cluster:
@@ -75,7 +75,7 @@ def build(
                     "unsupported": [_failure_json(r) for r in report.unsupported],
                     "failures": [_failure_json(r) for r in report.failed]})
     else:
-        print_summary(report, title=f"farm build {loaded.name} on {fp}")
+        print_summary(report, title=f"farm build {loaded.label} on {fp}")
         if use_cluster:
             print_workers(report)
         print_failures(report, strict)

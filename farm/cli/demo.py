@@ -46,18 +46,18 @@ def demo(
         overrides: dict[str, object] = {"home": Path(tmp)} if fresh else {}
         settings = load_settings(**overrides)
         loaded = load_manifest(resolve_manifest(manifest))
-        with local_farm(settings, label=f"demo {loaded.name}", workers=workers) as farm:
+        with local_farm(settings, label=f"demo {loaded.label}", workers=workers) as farm:
             artifacts = [e.artifact for e in expand(loaded, farm.registry)]
-            build = _run_with_progress(farm.batch(label=f"build {loaded.name}"), artifacts,
+            build = _run_with_progress(farm.batch(label=f"build {loaded.label}"), artifacts,
                                        quiet=json_out)
             fingerprint = farm.device.fingerprint
         stored = [r.artifact for r in build.results if r.outcome is not None]
         t0 = time.perf_counter()
         with KernelLoader(settings, device=fingerprint, on_miss="fail",
-                          label=f"demo load {loaded.name}") as loader:
+                          label=f"demo load {loaded.label}") as loader:
             _ = loader.queue  # the fresh context, made before the loads' clock starts
             t_context = time.perf_counter() - t0
-            warm = loader.warm(stored, label=loaded.name)
+            warm = loader.warm(stored, label=loaded.label)
             check = _run_one(loader, stored)
         # The ratio compares like with like: a build that compiled, per kernel it
         # compiled, against a load from the store, per kernel loaded.
@@ -72,9 +72,9 @@ def demo(
                         "load_ms_per_kernel": round(1000 * per_load, 3),
                         "build_to_load": round(ratio, 1) if n_built else None})
         else:
-            print_summary(build, f"1. build {loaded.name} on {fingerprint}")
+            print_summary(build, f"1. build {loaded.label} on {fingerprint}")
             print_failures(build, strict=False)
-            table = Table(title=f"2. load every stored kernel of {loaded.name} onto the "
+            table = Table(title=f"2. load every stored kernel of {loaded.label} onto the "
                                 "device, in a fresh context, without a compiler")
             for col in ("kernels", "loaded", "native fallbacks", "failed", "wall",
                         "per kernel"):
@@ -100,17 +100,21 @@ def demo(
 
 
 def _run_one(loader: KernelLoader, artifacts: list[ArtifactId]) -> dict[str, Any]:
-    """Run the first loaded kernel's example on the device and compare it with numpy."""
+    """Run the first loaded kernel that has an example on the device and compare it with
+    numpy (``example()`` is optional for a family)."""
     import numpy as np
 
     from farm.families.run import check_example, run_example
 
-    if not artifacts:
-        return {"kernel": "no kernel", "ok": False, "problems": ["nothing was stored"]}
-    artifact = artifacts[0]
-    family = loader.registry.get(artifact.kernel.family)
-    example = family.example(family.validate(artifact.kernel.params), artifact.kernel.launch,
-                             np.random.default_rng(0))
+    for artifact in artifacts:
+        family = loader.registry.get(artifact.kernel.family)
+        example = family.example(family.validate(artifact.kernel.params),
+                                 artifact.kernel.launch, np.random.default_rng(0))
+        if example is not None:
+            break
+    else:
+        return {"kernel": "no kernel", "ok": False,
+                "problems": ["nothing stored has an example to run"]}
     kernel = loader.kernel_for(artifact, name=example.kernel_name)
     problems = check_example(run_example(loader.queue, kernel, example), example)
     return {"kernel": artifact.kernel.label(), "ok": not problems, "problems": problems}

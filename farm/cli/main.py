@@ -16,6 +16,7 @@ from farm.cli import warm as warm_cmd
 from farm.cli import worker as worker_cmd
 from farm.cli.bundle import app as bundle_app
 from farm.cli.cluster import app as cluster_app
+from farm.cli.families import app as families_app
 from farm.cli.manifest import app as manifest_app
 from farm.cli.records import app as records_app
 from farm.errors import FarmError, one_line
@@ -36,6 +37,7 @@ app.command("keygen")(keygen_cmd.keygen)
 app.command("gc")(gc_cmd.gc)
 app.add_typer(bundle_app, name="bundle", help="Export, import and inspect artifact bundles.")
 app.add_typer(records_app, name="records", help="Read sessions, records, builds and timelines.")
+app.add_typer(families_app, name="families", help="List kernel families; check them against numpy.")
 
 
 def main() -> None:

@@ -42,11 +42,12 @@ def show(
 
     from farm.families.registry import Registry
     from farm.manifest import expand, load_manifest, resolve_manifest, summarize
+    from farm.settings import load_settings
 
     try:
         path = resolve_manifest(file)
         manifest = load_manifest(path)
-        entries = expand(manifest, Registry.load())
+        entries = expand(manifest, Registry.load(load_settings().family_modules))
     except FarmError as exc:
         # one line on stderr, no traceback: the message already names file, line, field
         typer.echo(" ".join(str(exc).split()), err=True)

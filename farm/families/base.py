@@ -73,6 +73,16 @@ class Example:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
+#: a device that refuses nothing, for :meth:`KernelFamily.check_launch`
+_UNLIMITED = DeviceInfo(
+    platform_index=0, device_index=0, platform_name="any", platform_version="any",
+    device_name="any", vendor="any", device_version="OpenCL 3.0", driver_version="any",
+    opencl_c_version="OpenCL C 3.0", max_work_group_size=1 << 30,
+    max_work_item_sizes=(1 << 30, 1 << 30, 1 << 30), local_mem_size=1 << 40,
+    global_mem_size=1 << 50, max_compute_units=1,
+    extensions=("cl_khr_fp16", "cl_khr_fp64"))
+
+
 class KernelFamily(ABC, Generic[P]):
     """A registered kernel definition. Subclasses set ``name`` and ``params_model``."""
 
@@ -82,6 +92,9 @@ class KernelFamily(ABC, Generic[P]):
     depends_on: ClassVar[tuple[str, ...]] = ()
     #: build options every kernel of this family is compiled with
     base_options: ClassVar[tuple[str, ...]] = ()
+    #: parameters ``farm families check`` runs :meth:`example` with, one check each
+    #: (empty: the defaults, for a family whose every parameter has one)
+    example_params: ClassVar[tuple[dict[str, Any], ...]] = ()
 
     # -- parameters -------------------------------------------------------------------
     def validate(self, params: Mapping[str, Any]) -> P:
@@ -133,9 +146,29 @@ class KernelFamily(ABC, Generic[P]):
         """Expand to OpenCL C for ``device``; raise :class:`UnsupportedFeature` when the
         device's limits or extensions cannot run this kernel."""
 
-    @abstractmethod
-    def example(self, params: P, launch: LaunchSettings, rng: np.random.Generator) -> Example:
-        """A small launch with inputs and numpy's expected outputs (for tests and demos)."""
+    def example(self, params: P, launch: LaunchSettings,
+                rng: np.random.Generator) -> Example | None:
+        """A small launch with inputs and numpy's expected outputs, or ``None``.
+
+        Optional: a family without one builds and loads all the same. With one,
+        ``farm families check`` runs it on the local device against numpy, the one
+        test a family author gets for free (see docs/PLUGINS.md)."""
+        return None
+
+    def check_launch(self, params: Mapping[str, Any], launch: LaunchSettings) -> None:
+        """Raise :class:`ParameterError` when ``launch`` cannot go with ``params`` on
+        any device (a ``local_size`` other than the work-group the parameters fix).
+
+        Called where a manifest is expanded, so that such a mistake is bad input
+        (exit status 2, with its line) rather than a build failure. The default lowers
+        for a device without limits and keeps only a :class:`ParameterError`: what a
+        real device refuses, or any other failure, is left to the real lowering."""
+        try:
+            self.lower(self.validate(params), launch, _UNLIMITED)
+        except ParameterError:
+            raise
+        except Exception:  # the real lowering reports it, for its kernel
+            return
 
     # -- identity of the code -----------------------------------------------------------
     @property

@@ -1,6 +1,6 @@
 """The recorder: one session, and the rules for what it writes and when.
 
-Rules (ARCHITECTURE.md, "Records and sessions"):
+Rules (docs/ARCHITECTURE.md, "Records and sessions"):
 
 - Level Off records nothing, Basic everything but code, Full also the source and build
   options of what was compiled or rekeyed (a Loaded record never carries code).

@@ -1,6 +1,6 @@
 """The artifact store interface every backend implements.
 
-Rules every backend keeps (see ARCHITECTURE.md, "The artifact store"):
+Rules every backend keeps (see docs/ARCHITECTURE.md, "The artifact store"):
 
 * **First writer wins.** ``put`` of a key that holds a *different* valid value is
   refused and counted (:attr:`StoreStats.refused`), never raised: another worker simply

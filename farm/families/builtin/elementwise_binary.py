@@ -39,6 +39,7 @@ class ElementwiseBinary(KernelFamily[BinaryParams]):
     name = "elementwise_binary"
     params_model = BinaryParams
     depends_on = ("farm.families.builtin.common",)
+    example_params = ({"op": "mul", "width": 4},)
 
     def lower(self, params: BinaryParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:

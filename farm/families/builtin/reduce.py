@@ -47,6 +47,7 @@ class Reduce(KernelFamily[ReduceParams]):
     name = "reduce"
     params_model = ReduceParams
     depends_on = ("farm.families.builtin.common",)
+    example_params = ({"op": "sum", "cols": 100, "group_size": 32},)
 
     def lower(self, params: ReduceParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:

@@ -41,6 +41,7 @@ class Transpose(KernelFamily[TransposeParams]):
     name = "transpose"
     params_model = TransposeParams
     depends_on = ("farm.families.builtin.common",)
+    example_params = ({"rows": 37, "cols": 45, "tile": 8},)
 
     def lower(self, params: TransposeParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:

@@ -1,0 +1,122 @@
+"""``farm families``: which kernel families this farm knows, and whether they compute
+what numpy says they should on the local device.
+
+For a plugin author these are the first two questions (is my entry point found? does
+my kernel work?), answered without writing a test or a manifest. Heavy imports
+(pyopencl, the device) happen inside the commands, so ``farm --help`` does not pay.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(help="List the registered kernel families and check them against numpy.",
+                  no_args_is_help=True)
+
+
+@app.callback()
+def _group() -> None:
+    """Kernel families: ``list`` and ``check``."""
+
+
+@app.command("list")
+def list_families(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines.")
+                       ] = False,
+) -> None:
+    """Every registered family: where it comes from, its build id, whether it has an
+    example; and every entry point that could not be loaded, with the reason."""
+    from farm.families.registry import Registry
+    from farm.settings import load_settings
+
+    settings = load_settings()
+    registry = Registry.load(settings.family_modules)
+    origins = _origins(settings.family_modules)
+    base_example = _base_example()
+    rows: list[dict[str, Any]] = [
+        {"name": f.name, "source": origins.get(type(f), type(f).__module__),
+         "module": type(f).__module__, "build_id": f.build_id,
+         "example": type(f).example is not base_example}
+        for f in registry]
+    if as_json:
+        typer.echo(json.dumps({"families": rows, "broken": registry.broken}, indent=2))
+        return
+    width = max((len(r["name"]) for r in rows), default=0)
+    for r in rows:
+        typer.echo(f"{r['name']:<{width}}  {r['build_id']}  {r['source']}"
+                   + ("" if r["example"] else "  (no example)"))
+    for name, why in registry.broken.items():
+        typer.echo(f"not loaded: entry point {name}: {why}")
+
+
+@app.command()
+def check(
+    names: Annotated[list[str] | None, typer.Argument(
+        metavar="[NAME]...", help="Families to check (default: every registered one).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines.")
+                       ] = False,
+) -> None:
+    """Run each family's example on the local device against numpy: one line per
+    family; exit status 1 when one differs or fails to compile."""
+    import pyopencl as cl
+
+    from farm.device import discover_devices, open_device, select_device
+    from farm.families.registry import Registry
+    from farm.families.run import check_family
+    from farm.settings import load_settings
+
+    settings = load_settings(**({"device": device} if device else {}))
+    registry = Registry.load(settings.family_modules)
+    families = [registry.get(n) for n in names] if names else list(registry)
+    info = select_device(discover_devices(), settings.device)
+    ctx, _ = open_device(info)
+    queue = cl.CommandQueue(ctx)
+    results = [check_family(family, queue, info) for family in families]
+    if as_json:
+        typer.echo(json.dumps({"device": info.fingerprint, "families": [
+            {"name": r.family, "status": r.status, "examples": r.examples,
+             "problems": r.problems} for r in results]}, indent=2))
+    else:
+        width = max((len(r.family) for r in results), default=0)
+        for r in results:
+            detail = "; ".join(r.problems) if r.problems else \
+                (f"{r.examples} examples match numpy" if r.examples != 1 else
+                 "its example matches numpy")
+            typer.echo(f"{r.status:<11} {r.family:<{width}}  {detail}")
+    if any(r.failed for r in results):
+        raise typer.Exit(1)
+
+
+def _base_example() -> Any:
+    from farm.families.base import KernelFamily
+
+    return KernelFamily.example
+
+
+def _origins(modules: list[str]) -> dict[type, str]:
+    """Family class -> ``entry point NAME (DISTRIBUTION)`` or ``module NAME``: what made
+    it known. An entry point that cannot be loaded is the registry's to report."""
+    from importlib.metadata import entry_points
+
+    from farm.families.registry import ENTRY_POINT_GROUP
+
+    found: dict[type, str] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            provided = ep.load()
+        except Exception:  # Registry.load has reported it already
+            continue
+        dist = f" ({ep.dist.name})" if ep.dist is not None else ""
+        for cls in provided if not isinstance(provided, type) else [provided]:
+            found.setdefault(cls, f"entry point {ep.name}{dist}")
+    for name in modules:
+        import importlib
+
+        for cls in getattr(importlib.import_module(name), "FAMILIES", []):
+            found.setdefault(cls, f"module {name} (FARM_FAMILY_MODULES)")
+    return found
