@@ -28,7 +28,7 @@ from pathlib import Path
 
 HEAVY = ("sqlalchemy", "celery", "kombu", "minio", "redis", "cryptography")
 CHECK = ("import sys, time; t = time.perf_counter(); from loader import KernelLoader; "
-         "print(time.perf_counter() - t, [m for m in %r if m in sys.modules])" % (HEAVY,))
+         f"print(time.perf_counter() - t, [m for m in {HEAVY!r} if m in sys.modules])")
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
