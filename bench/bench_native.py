@@ -124,13 +124,15 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="FARM_DEVICE (name or fingerprint)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--ptx-loads", type=int, default=40)
+    parser.add_argument("--no-ptx-build", action="store_true",
+                        help="skip the PTX-only cold build (no conversion cost measured)")
     args = parser.parse_args()
     out: dict[str, Any] = {"manifest": args.manifest, "workers": args.workers,
                            "cold": {"native": [], "ptx": []}}
     with tempfile.TemporaryDirectory(prefix="bench-native-") as tmp:
         home = Path(tmp) / "native-0"
         for r in range(args.repeat):
-            for native in (True, False):
+            for native in ((True,) if args.no_ptx_build else (True, False)):
                 h = Path(tmp) / f"{'native' if native else 'ptx'}-{r}"
                 report, wall = _farm(["build", args.manifest, "--local", "--workers",
                                       str(args.workers)], _env(h, args.device, native))
@@ -160,17 +162,18 @@ def main() -> None:
     nat, ptx = out["cold"]["native"], out["cold"]["ptx"]
     med = statistics.median
     compiled = max(1, nat[0]["compiled"])
-    out["conversion_per_kernel_ms"] = {
-        "batch": round(1000 * (med([r["batch_s"] for r in nat]) -
-                               med([r["batch_s"] for r in ptx])) / compiled, 2),
-        "work": round(1000 * (med([r["work_s"] for r in nat]) -
-                              med([r["work_s"] for r in ptx])) / compiled, 2)}
+    if ptx:
+        out["conversion_per_kernel_ms"] = {
+            "batch": round(1000 * (med([r["batch_s"] for r in nat]) -
+                                   med([r["batch_s"] for r in ptx])) / compiled, 2),
+            "work": round(1000 * (med([r["work_s"] for r in nat]) -
+                                  med([r["work_s"] for r in ptx])) / compiled, 2)}
     print("drivers' caches off: PYOPENCL_NO_CACHE=1 POCL_KERNEL_CACHE=0 CUDA_CACHE_DISABLE=1")
     for kind in ("native", "ptx"):
         for r in out["cold"][kind]:
             print(f"cold build ({kind:6}): {r['compiled']} compiled, batch {r['batch_s']:.2f} s, "
                   f"end to end {r['end_to_end_s']:.2f} s, work {r['work_s']:.1f} s")
-    print(f"conversion per compiled kernel: {out['conversion_per_kernel_ms']}")
+    print(f"conversion per compiled kernel: {out.get('conversion_per_kernel_ms')}")
     print(f"build, all stored: {out['stored_build']}")
     print(f"warm, fresh process: {out['warm']['local']} loaded, batch "
           f"{out['warm']['batch_s']:.3f} s, end to end {out['warm']['end_to_end_s']:.3f} s, "
