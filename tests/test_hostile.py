@@ -291,6 +291,41 @@ def test_an_old_session_entry_with_keep_zero_spares_newer_sessions(
         assert {s.id for s in storage.sessions()} == {newer.id, older.id}
 
 
+@pytest.mark.integration
+def test_an_entry_the_storage_cannot_hold_is_set_aside_not_retried_for_ever(
+        client: Any) -> None:
+    """Defence in depth behind the models: a value that validates but that the storage
+    refuses for its data sets that entry aside; the rest of the batch is written."""
+    from farm.keys import RECORDS_DEAD_STREAM, records_stream_for
+    from farm.model import Outcome
+    from farm.records import CompilationRecord, SessionStorage, Stamp
+    from farm.records.ingest import Ingester
+    from farm.records.stream import encode_record
+
+    class Picky(SessionStorage):
+        def write_batch(self, sessions: Any, records: Any) -> int:
+            if any(r.family == "unstorable" for r in records):
+                raise OverflowError("Python int too large to convert to SQLite INTEGER")
+            return super().write_batch(sessions, records)
+
+    stream = records_stream_for(CompilationRecord.KIND)
+    good = [CompilationRecord(stamp=Stamp(session=1, seq=i, offset_s=0.0), family="axpy",
+                              key="k", outcome=Outcome.COMPILED, work_s=0.0)
+            for i in (1, 3)]
+    bad = good[0].model_copy(update={"family": "unstorable",
+                                     "stamp": Stamp(session=1, seq=2, offset_s=0.0)})
+    for record in (good[0], bad, good[1]):
+        client.xadd(stream, encode_record(record))
+    storage = Picky("sqlite://")
+    ingester = Ingester(client, storage, block_ms=10, claim_idle_ms=0)
+    stats = ingester.run(drain=True)
+    assert storage.records(1) == good
+    assert stats.dead == 1 and client.xlen(RECORDS_DEAD_STREAM) == 1
+    (entry,) = client.xrange(RECORDS_DEAD_STREAM)
+    assert b"cannot hold it" in entry[1][b"dead:error"]
+    storage.close()
+
+
 def test_a_worker_refuses_a_payload_whose_integers_no_storage_holds() -> None:
     from pydantic import ValidationError
 
@@ -724,3 +759,20 @@ def test_a_bad_task_payload_is_one_line_that_survives_celerys_json() -> None:
     # Celery's JSON sends type, module and args: the args carry the whole message
     rebuilt = type(exc)(*json.loads(json.dumps(list(exc.args))))
     assert "kernels.0.build_id" in str(rebuilt) and "\n" not in str(rebuilt)
+
+
+def test_session_values_that_validate_always_fit_the_storage_columns() -> None:
+    """PostgreSQL keeps pid in a 32-bit column and os/arch/farm_version in 64
+    characters; a start time must convert to UTC. Each once validated and then failed
+    every write of its batch (found by tests/test_properties.py)."""
+    from pydantic import ValidationError
+
+    from farm.records.model import Session
+
+    base = {"id": 5, "started_at": "2026-01-01T00:00:00Z"}
+    for bad in ({"pid": 2**40}, {"os": "x" * 65}, {"farm_version": "9" * 65},
+                {"host": "a\x00b"}, {"started_at": "9999-12-31T23:59:59-23:59"},
+                {"started_at": "0001-01-01T00:00:00+23:59"}):
+        with pytest.raises(ValidationError):
+            Session.model_validate({**base, **bad})
+    assert Session.model_validate({**base, "pid": 2**31 - 1}).pid == 2**31 - 1
