@@ -776,3 +776,11 @@ def test_session_values_that_validate_always_fit_the_storage_columns() -> None:
         with pytest.raises(ValidationError):
             Session.model_validate({**base, **bad})
     assert Session.model_validate({**base, "pid": 2**31 - 1}).pid == 2**31 - 1
+
+
+def test_a_manifest_number_of_5000_digits_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "big.toml"
+    path.write_text('format = 1\n\n[[kernels]]\nfamily = "matmul"\n'
+                    f'params = {{ m = {"9" * 5000} }}\n')
+    proc = farm(tmp_path / "home", "manifest", "show", str(path))
+    one_line_refusal(proc, str(path), "out of range")

@@ -161,7 +161,8 @@ def test_manifests_are_expanded_or_refused_in_one_line(data: st.DataObject,
         key = data.draw(st.sampled_from(MODEL_KEYS + KERNEL_KEYS))
         value = data.draw(JSONISH | EXTREME_INTS.map(lambda i: [i]))
         text = GOOD_MANIFEST
-        line = f"{key} = {toml_value(value)}\n"
+        literal = data.draw(st.sampled_from(["", "9" * 5000, "1e999", "[" * 2000]))
+        line = f"{key} = {literal or toml_value(value)}\n"
         if key in MODEL_KEYS:
             text = text.replace("tokens = [1, 8]\n", "tokens = [1, 8]\n" + line) \
                 if key != "tokens" else text.replace("tokens = [1, 8]\n", line)
