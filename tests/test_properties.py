@@ -459,3 +459,25 @@ def test_store_files_are_read_or_refused_in_one_line(good_store: Path, seed: int
             assert str(exc)
         finally:
             store.close()
+
+
+@given(seed=st.integers(0, 2**32), edits=st.integers(1, 6), replacement=JSONISH)
+def test_minio_objects_decode_to_a_verified_artifact_or_a_miss(seed: int, edits: int,
+                                                               replacement: Any) -> None:
+    """An object in the bucket is input too (anyone with write access to the bucket):
+    decoding is a whole, well-formed frame or ``None``, never an exception."""
+    from farm.store.minio import MAGIC, decode_artifact, encode_artifact
+
+    rnd = random.Random(seed)
+    low = Lowered(source="k", kernel_names=("k",))
+    good = encode_artifact(Artifact.create(Key(id_hash="a" * 32, build_id="1" * 24), "f",
+                                           b"binary", low.source_hash))
+    if rnd.random() < 0.5:
+        raw = mutate_bytes(good, rnd, edits)
+    else:  # a frame around hostile metadata
+        meta = mutate_json(json.loads(good[12:12 + int.from_bytes(good[8:12], "big")]),
+                           rnd, replacement)
+        text = json.dumps(meta).encode()
+        raw = MAGIC + len(text).to_bytes(4, "big") + text + b"binary"
+    got = decode_artifact(raw)
+    assert got is None or isinstance(got.verify(), bool)
