@@ -53,7 +53,7 @@ from farm.settings import load_settings
 from farm.store import MemoryStore, SQLiteStore
 
 settings.register_profile(
-    "ci", max_examples=60, deadline=None,
+    "ci", max_examples=150, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile(
     "nightly", max_examples=3000, deadline=timedelta(seconds=10),
