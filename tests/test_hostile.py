@@ -784,3 +784,19 @@ def test_a_manifest_number_of_5000_digits_is_one_line(tmp_path: Path) -> None:
                     f'params = {{ m = {"9" * 5000} }}\n')
     proc = farm(tmp_path / "home", "manifest", "show", str(path))
     one_line_refusal(proc, str(path), "out of range")
+
+
+def test_bundle_export_force_never_replaces_what_is_not_a_regular_file(
+        tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "one.toml"
+    manifest.write_text(MANIFEST_ONE)
+    build(home, manifest)
+    fifo = tmp_path / "a-pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "a-link"
+    link.symlink_to(tmp_path / "elsewhere")
+    for out in (fifo, link):
+        proc = farm(home, "bundle", "export", "--all", "--force", str(out))
+        one_line_refusal(proc, "not a regular file")
+    assert fifo.is_fifo() and link.is_symlink() and not (tmp_path / "elsewhere").exists()
