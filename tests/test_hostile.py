@@ -506,7 +506,24 @@ def _broken_plugin(tmp_path: Path, target: str) -> dict[str, str]:
     """A distribution whose family entry point names ``target`` (PYTHONPATH env)."""
     pkg = tmp_path / "brokenplugin"
     pkg.mkdir(exist_ok=True)
-    (pkg / "__init__.py").write_text("def a_function():\n    return 1\n")
+    (pkg / "__init__.py").write_text(textwrap.dedent("""\
+        from farm.families.base import KernelFamily
+
+
+        def a_function():
+            return 1
+
+
+        class Nameless(KernelFamily):  # no `name`
+            pass
+
+
+        class Raises(KernelFamily):
+            name = "raises"
+
+            def __init__(self):
+                raise RuntimeError("a plugin that cannot be made")
+        """))
     dist = tmp_path / "brokenplugin-1.0.dist-info"
     dist.mkdir(exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenplugin\nVersion: 1.0\n")
@@ -515,7 +532,8 @@ def _broken_plugin(tmp_path: Path, target: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("target", ["no_such_module:X", "brokenplugin:missing",
-                                    "brokenplugin", "brokenplugin:a_function"])
+                                    "brokenplugin", "brokenplugin:a_function",
+                                    "brokenplugin:Nameless", "brokenplugin:Raises"])
 def test_a_broken_plugin_is_one_warning_and_other_manifests_still_build(
         tmp_path: Path, target: str) -> None:
     env = _broken_plugin(tmp_path, target)
