@@ -818,3 +818,16 @@ def test_bundle_export_force_never_replaces_what_is_not_a_regular_file(
         proc = farm(home, "bundle", "export", "--all", "--force", str(out))
         one_line_refusal(proc, "not a regular file")
     assert fifo.is_fifo() and link.is_symlink() and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("heartbeat", ["Infinity", "NaN", "-1", "1e400"])
+def test_a_worker_entry_in_redis_with_a_non_finite_heartbeat_is_not_a_worker(
+        heartbeat: str) -> None:
+    from pydantic import ValidationError
+
+    from farm.workers import WorkerInfo
+
+    raw = ('{"host": "h", "pid": 1, "fingerprint": "pocl-x", "device_name": "d", '
+           f'"processes": 1, "version": "0", "queues": [], "heartbeat": {heartbeat}}}')
+    with pytest.raises(ValidationError):
+        WorkerInfo.model_validate_json(raw)
