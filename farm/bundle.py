@@ -489,6 +489,10 @@ def export_bundle(store: ArtifactStore, namespaces: Iterable[Namespace] | None, 
     half-written file under that name.
     """
     out = Path(out)
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        # --force replaces a bundle file, never a device, a pipe, a folder or a link
+        # (as root, renaming onto /dev/full would replace the device node)
+        raise InputError(f"{out} exists and is not a regular file; refusing to replace it")
     if out.exists() and not overwrite:
         raise InputError(f"{out} exists; pass --force to replace it")
     chosen = sorted(set(namespaces), key=str) if namespaces is not None else \

@@ -11,7 +11,14 @@ import datetime as dt
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 from farm.hashing import canonical_json, sha256_hex, stable_hash
 
@@ -25,11 +32,25 @@ SHA256_HEX = r"^[0-9a-f]{64}$"
 NonNegInt64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
 """A count, a size, a sequence number."""
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+def _no_nul(value: str) -> str:
+    """PostgreSQL text cannot hold NUL: refused where it enters, not by the database (a
+    records entry with one would otherwise fail its batch on every retry)."""
+    if "\x00" in value:
+        raise ValueError("text must not contain NUL characters")
+    return value
+
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_no_nul)]
 """A family name, a host, a worker: short text for tables and logs."""
 
-ShortText = Annotated[str, StringConstraints(max_length=1000)]
+ShortText = Annotated[str, StringConstraints(max_length=1000), AfterValidator(_no_nul)]
 """Free text that is not a log: labels, hosts."""
+
+ColumnText = Annotated[str, StringConstraints(max_length=64), AfterValidator(_no_nul)]
+"""Text stored in a 64-character column (records storage: versions, OS, architecture)."""
+
+Int32 = Annotated[int, Field(ge=0, le=2**31 - 1)]
+"""A non-negative integer stored in a 32-bit column (a process id)."""
 
 LogText = Annotated[str, StringConstraints(max_length=4 * 1024 * 1024)]
 """A build log: long, but bounded."""

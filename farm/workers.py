@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.device import DeviceInfo
 from farm.keys import WORKERS_PATTERN, workers_key
@@ -24,16 +24,19 @@ STALE_S = 20.0
 
 
 class WorkerInfo(BaseModel):
-    """One running ``farm worker``."""
+    """One running ``farm worker``. Read from Redis, so validated like any input: a
+    heartbeat of Infinity would keep a fake worker "alive" for ever."""
 
-    host: str
-    pid: int
-    fingerprint: str
-    device_name: str
-    processes: int
-    version: str
-    queues: list[str]
-    heartbeat: float = 0.0
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    host: str = Field(max_length=1000)
+    pid: int = Field(ge=0, le=2**63 - 1)
+    fingerprint: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,99}$")
+    device_name: str = Field(max_length=1000)
+    processes: int = Field(ge=0, le=2**20)
+    version: str = Field(max_length=100)
+    queues: list[str] = Field(max_length=1024)
+    heartbeat: float = Field(default=0.0, ge=0.0, le=1e11)
     #: the device's limits, so a client can tell unsupported kernels without asking
     device: DeviceInfo | None = None
 

@@ -291,6 +291,41 @@ def test_an_old_session_entry_with_keep_zero_spares_newer_sessions(
         assert {s.id for s in storage.sessions()} == {newer.id, older.id}
 
 
+@pytest.mark.integration
+def test_an_entry_the_storage_cannot_hold_is_set_aside_not_retried_for_ever(
+        client: Any) -> None:
+    """Defence in depth behind the models: a value that validates but that the storage
+    refuses for its data sets that entry aside; the rest of the batch is written."""
+    from farm.keys import RECORDS_DEAD_STREAM, records_stream_for
+    from farm.model import Outcome
+    from farm.records import CompilationRecord, SessionStorage, Stamp
+    from farm.records.ingest import Ingester
+    from farm.records.stream import encode_record
+
+    class Picky(SessionStorage):
+        def write_batch(self, sessions: Any, records: Any) -> int:
+            if any(r.family == "unstorable" for r in records):
+                raise OverflowError("Python int too large to convert to SQLite INTEGER")
+            return super().write_batch(sessions, records)
+
+    stream = records_stream_for(CompilationRecord.KIND)
+    good = [CompilationRecord(stamp=Stamp(session=1, seq=i, offset_s=0.0), family="axpy",
+                              key="k", outcome=Outcome.COMPILED, work_s=0.0)
+            for i in (1, 3)]
+    bad = good[0].model_copy(update={"family": "unstorable",
+                                     "stamp": Stamp(session=1, seq=2, offset_s=0.0)})
+    for record in (good[0], bad, good[1]):
+        client.xadd(stream, encode_record(record))
+    storage = Picky("sqlite://")
+    ingester = Ingester(client, storage, block_ms=10, claim_idle_ms=0)
+    stats = ingester.run(drain=True)
+    assert storage.records(1) == good
+    assert stats.dead == 1 and client.xlen(RECORDS_DEAD_STREAM) == 1
+    (entry,) = client.xrange(RECORDS_DEAD_STREAM)
+    assert b"cannot hold it" in entry[1][b"dead:error"]
+    storage.close()
+
+
 def test_a_worker_refuses_a_payload_whose_integers_no_storage_holds() -> None:
     from pydantic import ValidationError
 
@@ -471,7 +506,24 @@ def _broken_plugin(tmp_path: Path, target: str) -> dict[str, str]:
     """A distribution whose family entry point names ``target`` (PYTHONPATH env)."""
     pkg = tmp_path / "brokenplugin"
     pkg.mkdir(exist_ok=True)
-    (pkg / "__init__.py").write_text("def a_function():\n    return 1\n")
+    (pkg / "__init__.py").write_text(textwrap.dedent("""\
+        from farm.families.base import KernelFamily
+
+
+        def a_function():
+            return 1
+
+
+        class Nameless(KernelFamily):  # no `name`
+            pass
+
+
+        class Raises(KernelFamily):
+            name = "raises"
+
+            def __init__(self):
+                raise RuntimeError("a plugin that cannot be made")
+        """))
     dist = tmp_path / "brokenplugin-1.0.dist-info"
     dist.mkdir(exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenplugin\nVersion: 1.0\n")
@@ -480,7 +532,8 @@ def _broken_plugin(tmp_path: Path, target: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("target", ["no_such_module:X", "brokenplugin:missing",
-                                    "brokenplugin", "brokenplugin:a_function"])
+                                    "brokenplugin", "brokenplugin:a_function",
+                                    "brokenplugin:Nameless", "brokenplugin:Raises"])
 def test_a_broken_plugin_is_one_warning_and_other_manifests_still_build(
         tmp_path: Path, target: str) -> None:
     env = _broken_plugin(tmp_path, target)
@@ -730,3 +783,57 @@ def test_a_bad_task_payload_is_one_line_that_survives_celerys_json() -> None:
     # Celery's JSON sends type, module and args: the args carry the whole message
     rebuilt = type(exc)(*json.loads(json.dumps(list(exc.args))))
     assert "kernels.0.build_id" in str(rebuilt) and "\n" not in str(rebuilt)
+
+
+def test_session_values_that_validate_always_fit_the_storage_columns() -> None:
+    """PostgreSQL keeps pid in a 32-bit column and os/arch/farm_version in 64
+    characters; a start time must convert to UTC. Each once validated and then failed
+    every write of its batch (found by tests/test_properties.py)."""
+    from pydantic import ValidationError
+
+    from farm.records.model import Session
+
+    base = {"id": 5, "started_at": "2026-01-01T00:00:00Z"}
+    for bad in ({"pid": 2**40}, {"os": "x" * 65}, {"farm_version": "9" * 65},
+                {"host": "a\x00b"}, {"started_at": "9999-12-31T23:59:59-23:59"},
+                {"started_at": "0001-01-01T00:00:00+23:59"}):
+        with pytest.raises(ValidationError):
+            Session.model_validate({**base, **bad})
+    assert Session.model_validate({**base, "pid": 2**31 - 1}).pid == 2**31 - 1
+
+
+def test_a_manifest_number_of_5000_digits_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "big.toml"
+    path.write_text('format = 1\n\n[[kernels]]\nfamily = "matmul"\n'
+                    f'params = {{ m = {"9" * 5000} }}\n')
+    proc = farm(tmp_path / "home", "manifest", "show", str(path))
+    one_line_refusal(proc, str(path), "out of range")
+
+
+def test_bundle_export_force_never_replaces_what_is_not_a_regular_file(
+        tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "one.toml"
+    manifest.write_text(MANIFEST_ONE)
+    build(home, manifest)
+    fifo = tmp_path / "a-pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "a-link"
+    link.symlink_to(tmp_path / "elsewhere")
+    for out in (fifo, link):
+        proc = farm(home, "bundle", "export", "--all", "--force", str(out))
+        one_line_refusal(proc, "not a regular file")
+    assert fifo.is_fifo() and link.is_symlink() and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("heartbeat", ["Infinity", "NaN", "-1", "1e400"])
+def test_a_worker_entry_in_redis_with_a_non_finite_heartbeat_is_not_a_worker(
+        heartbeat: str) -> None:
+    from pydantic import ValidationError
+
+    from farm.workers import WorkerInfo
+
+    raw = ('{"host": "h", "pid": 1, "fingerprint": "pocl-x", "device_name": "d", '
+           f'"processes": 1, "version": "0", "queues": [], "heartbeat": {heartbeat}}}')
+    with pytest.raises(ValidationError):
+        WorkerInfo.model_validate_json(raw)

@@ -53,7 +53,7 @@ from farm.settings import load_settings
 from farm.store import MemoryStore, SQLiteStore
 
 settings.register_profile(
-    "ci", max_examples=60, deadline=None,
+    "ci", max_examples=150, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile(
     "nightly", max_examples=3000, deadline=timedelta(seconds=10),
@@ -75,7 +75,8 @@ EXTREME_INTS = st.sampled_from([0, -1, 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, -(
 FLOATS = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
     [math.inf, -math.inf, math.nan, 1e308, 5e-324, -0.0])
 TEXT = st.text(max_size=40) | st.sampled_from(
-    ["", "..", "../x", "a\nb", "x" * 3000, "²", "\x00", "opencl/v1/x", "-O2", "$(id)"])
+    ["", "..", "../x", "a\nb", "x" * 3000, "²", "\x00", "opencl/v1/x", "-O2", "$(id)",
+     "9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59", "2262-04-12T00:00:00Z"])
 SCALARS = st.none() | st.booleans() | st.integers() | EXTREME_INTS | FLOATS | TEXT
 JSONISH = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
                        | st.dictionaries(TEXT, inner, max_size=4), max_leaves=12)
@@ -160,7 +161,8 @@ def test_manifests_are_expanded_or_refused_in_one_line(data: st.DataObject,
         key = data.draw(st.sampled_from(MODEL_KEYS + KERNEL_KEYS))
         value = data.draw(JSONISH | EXTREME_INTS.map(lambda i: [i]))
         text = GOOD_MANIFEST
-        line = f"{key} = {toml_value(value)}\n"
+        literal = data.draw(st.sampled_from(["", "9" * 5000, "1e999", "[" * 2000]))
+        line = f"{key} = {literal or toml_value(value)}\n"
         if key in MODEL_KEYS:
             text = text.replace("tokens = [1, 8]\n", "tokens = [1, 8]\n" + line) \
                 if key != "tokens" else text.replace("tokens = [1, 8]\n", line)
@@ -224,11 +226,37 @@ GOOD_RECORD = _good_record_fields()
 GOOD_SESSION = encode_session(Session.start("p"), 3)
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def records_storage(request: pytest.FixtureRequest) -> Iterator[SessionStorage]:
+    """Both storages: PostgreSQL is the stricter (32-bit pid, 64-character columns, no
+    NUL in text), and an entry it refuses would stop the ingester on every retry."""
+    if request.param == "sqlite":
+        with SessionStorage("sqlite://") as storage:
+            yield storage
+        return
+    from test_records_stream import fresh_pg_database
+
+    with fresh_pg_database(request.getfixturevalue("postgres_server")) as url, \
+            SessionStorage(url) as storage:
+        yield storage
+
+
+def _emptied(storage: SessionStorage) -> SessionStorage:
+    import sqlalchemy as sa
+
+    with storage._engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM records"))
+        conn.execute(sa.text("DELETE FROM sessions"))
+    return storage
+
+
 @given(seed=st.integers(0, 2**32), replacement=JSONISH,
        raw_field=st.binary(max_size=30), session=st.booleans(), as_bytes=st.booleans())
-def test_stream_entries_decode_and_store_or_are_refused(seed: int, replacement: Any,
-                                                        raw_field: bytes, session: bool,
-                                                        as_bytes: bool) -> None:
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+def test_stream_entries_decode_and_store_or_are_refused(
+        records_storage: SessionStorage, seed: int, replacement: Any, raw_field: bytes,
+        session: bool, as_bytes: bool) -> None:
     rnd = random.Random(seed)
     base = dict(GOOD_SESSION if session else GOOD_RECORD)
     inner_name = "session" if session else "record"
@@ -246,21 +274,20 @@ def test_stream_entries_decode_and_store_or_are_refused(seed: int, replacement: 
         fields = {k.encode() if isinstance(k, str) else k:
                   v.encode("utf-8", "surrogatepass") if isinstance(v, str) else v
                   for k, v in fields.items()}
-    storage = SessionStorage("sqlite://")
     try:
         decoded = decode_session(fields) if session else decode_record(fields)
     except EntryError as exc:
         assert str(exc)
-        storage.close()
         return
-    # accepted: it must store and read back (no OverflowError, no unreadable null)
+    # accepted: it must store and read back (no OverflowError, no value out of a
+    # column's range, no unreadable null) in either storage
+    storage = _emptied(records_storage)
     if session:
         storage.write_batch([decoded.session], [])  # type: ignore[union-attr]
         assert storage.sessions() == [decoded.session]  # type: ignore[union-attr]
     else:
         storage.write_batch([], [decoded])  # type: ignore[list-item]
         assert storage.records(decoded.stamp.session) == [decoded]  # type: ignore[union-attr]
-    storage.close()
 
 
 # -- bundles -----------------------------------------------------------------------------------
@@ -432,3 +459,25 @@ def test_store_files_are_read_or_refused_in_one_line(good_store: Path, seed: int
             assert str(exc)
         finally:
             store.close()
+
+
+@given(seed=st.integers(0, 2**32), edits=st.integers(1, 6), replacement=JSONISH)
+def test_minio_objects_decode_to_a_verified_artifact_or_a_miss(seed: int, edits: int,
+                                                               replacement: Any) -> None:
+    """An object in the bucket is input too (anyone with write access to the bucket):
+    decoding is a whole, well-formed frame or ``None``, never an exception."""
+    from farm.store.minio import MAGIC, decode_artifact, encode_artifact
+
+    rnd = random.Random(seed)
+    low = Lowered(source="k", kernel_names=("k",))
+    good = encode_artifact(Artifact.create(Key(id_hash="a" * 32, build_id="1" * 24), "f",
+                                           b"binary", low.source_hash))
+    if rnd.random() < 0.5:
+        raw = mutate_bytes(good, rnd, edits)
+    else:  # a frame around hostile metadata
+        meta = mutate_json(json.loads(good[12:12 + int.from_bytes(good[8:12], "big")]),
+                           rnd, replacement)
+        text = json.dumps(meta).encode()
+        raw = MAGIC + len(text).to_bytes(4, "big") + text + b"binary"
+    got = decode_artifact(raw)
+    assert got is None or isinstance(got.verify(), bool)

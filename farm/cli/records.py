@@ -70,11 +70,10 @@ def _session_id(storage: SessionStorage, text: str) -> int:
         if not newest:
             raise InputError(f"no session in {storage.where}")
         return newest[0].id
-    try:
+    if text.isascii() and text.isdigit() and 0 < len(text) <= 19 and int(text) < 2**63:
         return int(text)
-    except ValueError:
-        raise InputError(f"session {text!r}: a session id (a number from `farm records "
-                         "sessions`) or `latest`") from None
+    raise InputError(f"session {text[:40]!r}: a session id (a number from `farm records "
+                     "sessions`) or `latest`")
 
 
 @app.command("sessions")

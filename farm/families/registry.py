@@ -128,5 +128,9 @@ def _family_classes(obj: object, where: str) -> list[type[KernelFamily[Any]]]:
                             "KernelFamily subclass or a list of them")
     for item in items:
         if not (isinstance(item, type) and issubclass(item, KernelFamily)):
-            raise SettingsError(f"{where} provides {item!r}, not a KernelFamily subclass")
+            raise SettingsError(f"{where} provides {item!r:.80}, not a KernelFamily subclass")
+        name = getattr(item, "name", None)
+        if not isinstance(name, str) or not 0 < len(name) <= 200:
+            raise SettingsError(f"{where}: {item.__name__} has no family name (a `name` "
+                                "class attribute of 1 to 200 characters)")
     return items

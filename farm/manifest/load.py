@@ -39,6 +39,9 @@ def load_manifest(path: Path) -> Manifest:
         raise _error(shown, line, "", f"TOML syntax error: {what}") from None
     except RecursionError:
         raise _error(shown, None, "", "TOML nesting too deep") from None
+    except ValueError as exc:  # tomllib's int() of a number of more than 4300 digits
+        raise _error(shown, None, "", f"TOML value out of range ({_one_line(str(exc))[:120]})"
+                     ) from None
     if not data:
         raise _error(shown, None, "", "no keys (only comments or blank lines); a manifest "
                      f"needs format = {FORMAT_VERSION} and a [model] table or [[kernels]] "

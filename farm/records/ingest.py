@@ -355,9 +355,11 @@ class Ingester:
             try:
                 if entry.stream == RECORDS_SESSIONS_STREAM:
                     decoded_session = decode_session(entry.fields)
+                    entry.decoded = decoded_session
                     sessions.append(decoded_session)
                 else:
-                    records.append(decode_record(entry.fields))
+                    entry.decoded = decode_record(entry.fields)
+                    records.append(entry.decoded)
             except EntryError as exc:
                 entry.error = exc
                 dead.append(entry)
@@ -369,7 +371,13 @@ class Ingester:
                     if r.stamp.session >= self._horizon or r.stamp.session in arriving]
             self.stats.late += len(records) - len(kept)
             records = kept
-        self.storage.write_batch([s.session for s in sessions], records)
+        try:
+            self.storage.write_batch([s.session for s in sessions], records)
+        except (ValueError, TypeError, OverflowError):
+            # A value that validated but that the storage cannot take. The models bound
+            # every field so this should not happen; if it does, it must not stop the
+            # ingester on every retry: find the entries that fail, one by one.
+            sessions, records = self._write_singly(entries, sessions, records, dead)
         self._prune(sessions)
         pipe = self.client.pipeline(transaction=False)
         for entry in dead:
@@ -397,6 +405,31 @@ class Ingester:
         self.stats.dead += len(dead) - len(newer)
         self.stats.deferred += len(newer)
         return len(entries)
+
+    def _write_singly(self, entries: list[_Entry], sessions: list[SessionEntry],
+                      records: list[Record], dead: list[_Entry]
+                      ) -> tuple[list[SessionEntry], list[Record]]:
+        """Write the batch entry by entry; set aside (in ``dead``) those the storage
+        refuses for their data. Storage being down still raises ``StoreError``."""
+        wanted = {id(x) for x in (*sessions, *records)}
+        kept_sessions: list[SessionEntry] = []
+        kept_records: list[Record] = []
+        for entry in entries:
+            item = entry.decoded
+            if item is None or id(item) not in wanted:
+                continue
+            try:
+                if isinstance(item, SessionEntry):
+                    self.storage.write_batch([item.session], [])
+                    kept_sessions.append(item)
+                else:
+                    self.storage.write_batch([], [item])
+                    kept_records.append(item)
+            except (ValueError, TypeError, OverflowError) as exc:
+                entry.error = EntryError(f"the records storage cannot hold it: "
+                                         f"{type(exc).__name__}: {exc}"[:300])
+                dead.append(entry)
+        return kept_sessions, kept_records
 
     def _prune(self, sessions: list[SessionEntry]) -> None:
         """Apply keep_sessions for the batch's last session that has one; a failure is

@@ -29,7 +29,17 @@ from pydantic import (
 )
 
 from farm.keys import record_kind
-from farm.model import INT64_MAX, Key, LogText, NonNegInt64, Outcome, ShortText
+from farm.model import (
+    INT64_MAX,
+    ColumnText,
+    Int32,
+    Key,
+    LogText,
+    Name,
+    NonNegInt64,
+    Outcome,
+    ShortText,
+)
 from farm.version import __version__
 
 #: the row of ``schema_version`` that marks a session storage as ours (read without
@@ -141,12 +151,25 @@ class Session(BaseModel):
 
     id: int = Field(gt=0, le=INT64_MAX)
     started_at: AwareDatetime
-    farm_version: str = Field(default=__version__, max_length=100)
+    farm_version: ColumnText = __version__
     label: ShortText = ""
-    pid: NonNegInt64 = 0
-    os: ShortText = ""
-    arch: ShortText = ""
+    pid: Int32 = 0
+    os: ColumnText = ""
+    arch: ColumnText = ""
     host: ShortText = ""
+
+    @field_validator("started_at")
+    @classmethod
+    def _storable(cls, value: dt.datetime) -> dt.datetime:
+        """In UTC (how both storages keep it) within the years an id in ns can name:
+        ``9999-12-31T23:59-23:59`` validates as a datetime but overflows when stored."""
+        try:
+            utc = value.astimezone(dt.UTC)
+        except OverflowError:
+            raise ValueError("start time out of range") from None
+        if not 1970 <= utc.year <= 2262:
+            raise ValueError("start time must be between 1970 and 2262")
+        return value
 
     @classmethod
     def start(cls, label: str = "", clock: Clock | None = None) -> Session:
@@ -221,8 +244,8 @@ class CompilationRecord(_Record):
 
     KIND: ClassVar[str] = record_kind("compilation")
 
-    family: str = Field(max_length=200)
-    key: str = Field(max_length=200)
+    family: Name
+    key: Name
     outcome: Outcome
     work_s: float = Field(ge=0.0, le=1e12, validation_alias=AliasChoices("work_s", "duration"))
     worker: ShortText = ""

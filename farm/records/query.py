@@ -51,7 +51,7 @@ its build's kernels (of builds of at least ``STRAGGLER_MIN_KERNELS``)."""
 
 STRAGGLER_MIN_KERNELS = 4
 
-_BUILD_REF = re.compile(r"^\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
+_BUILD_REF = re.compile(r"\s*([0-9]{1,19})\s*(?::\s*([0-9]{1,19})\s*)?", re.ASCII)
 
 
 class BuildRef(BaseModel):
@@ -65,9 +65,10 @@ class BuildRef(BaseModel):
     @classmethod
     def parse(cls, text: str) -> BuildRef:
         """``"123"`` or ``"123:7"``; ``InputError`` otherwise."""
-        found = _BUILD_REF.match(text)
-        if found is None:
-            raise InputError(f"build {text!r}: expected SESSION or SESSION:BATCH (numbers, as "
+        found = _BUILD_REF.fullmatch(text)
+        if found is None or int(found.group(1)) >= 2**63 or \
+                (found.group(2) and int(found.group(2)) >= 2**63):
+            raise InputError(f"build {text[:40]!r}: expected SESSION or SESSION:BATCH (numbers, as "
                              "`farm records sessions` and `farm records show` print them)")
         batch = found.group(2)
         return cls(session=int(found.group(1)), batch=int(batch) if batch else None)
