@@ -320,7 +320,15 @@ def test_a_lost_put_reply_never_leaves_an_artifact_unindexed(cluster: LocalClust
                 secret_key=cluster.minio_secret_key, secure=False)
     raw.remove_object(cluster.bucket, source_object(ns, art.meta.source_hash))
     assert store.find_source(ns, art.meta.source_hash) is None
-    store.put(ns, art)  # the retry of a put whose reply was lost: SAME
+    # the retry of a put whose reply was lost (SAME), with the source the worker lowered:
+    # the index is written from that source (never from the artifact's own metadata)
+    from farm.device import probe_devices, select_device
+
+    registry = Registry.load([])
+    [entry] = expand(load_manifest(manifest), registry)
+    lowered = registry.get(entry.family).lower_id(entry.artifact,
+                                                  select_device(probe_devices(), fp))
+    store.put(ns, art, source=lowered)
     assert store.find_source(ns, art.meta.source_hash) == key
 
 
