@@ -266,6 +266,24 @@ def test_redis_down_past_the_limit_is_one_line_and_exit_1(
     _workers_alive(cluster)
 
 
+def test_a_worker_stops_with_one_line_when_redis_stays_away(
+        redis_own: RedisServer, minio_own: MinioServer, tmp_path: Path) -> None:
+    with local_cluster(tmp_path, redis=redis_own, minio=minio_own,
+                       bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db(),
+                       **{**ENV, "FARM_OUTAGE_LIMIT": "2"}) as c:
+        worker = c.start_worker()
+        c.wait_ready()
+        redis_own.halt()
+        try:
+            rc = worker.process.wait(timeout=60)
+        finally:
+            redis_own.resume()
+        assert rc == 1
+        log = worker.log.read_text(errors="replace")
+        assert "waiting for Redis at" in log
+        assert "error: Redis at 127.0.0.1" in log and "unreachable for more than 2 s" in log
+
+
 def test_minio_outage_mid_build_is_waited_out(cluster: LocalCluster, minio_own: MinioServer,
                                               tmp_path: Path) -> None:
     fp = _fingerprint(cluster)
