@@ -59,6 +59,9 @@ def cluster(redis_own: RedisServer, minio_own: MinioServer,
     with local_cluster(tmp_path_factory.mktemp("faults"), redis=redis_own, minio=minio_own,
                        bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db(),
                        **ENV) as c:
+        records_url = f"sqlite:///{c.workdir / 'records.sqlite'}"
+        c.extra_env["FARM_RECORDS_URL"] = records_url
+        c.start_ingester(records_url)
         c.start_worker()
         c.wait_ready()
         yield c
@@ -110,6 +113,24 @@ def _workers_alive(c: LocalCluster) -> None:
         assert w.process.poll() is None, f"worker {w.pid} died"
         log = w.log.read_text(errors="replace")
         assert "Unrecoverable error" not in log, log[-3000:]
+
+
+def _records_complete(c: LocalCluster, label: str, kernels: int) -> None:
+    """The build labelled ``label`` reached records storage whole: its batch record
+    counts ``kernels`` and no stored kernel lacks its record (``missing``)."""
+    deadline = time.monotonic() + 60
+    found: dict[str, Any] = {}
+    while time.monotonic() < deadline:  # the ingester catches up
+        sessions = json.loads(farm(c.env(), "records", "sessions", "--json").stdout or "[]")
+        ids = [s["id"] for s in sessions if s["label"] == label]
+        if ids:
+            proc = farm(c.env(), "records", "summary", "--build", str(ids[0]), "--json")
+            found = json.loads(proc.stdout) if proc.returncode == 0 else {}
+            if found.get("kernels") == kernels:
+                break
+        time.sleep(0.5)
+    assert found.get("kernels") == kernels, found
+    assert found["missing"] == 0, found
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -237,6 +258,7 @@ def test_redis_outage_mid_build_is_waited_out(cluster: LocalCluster, redis_own: 
     assert report["summary"]["compiled"] == 6
     assert "waiting for Redis at" in err and "is back after" in err
     _assert_stored_once(cluster, fp, manifest)
+    _records_complete(cluster, "build salted-34", 6)
     _workers_alive(cluster)
 
 
@@ -302,6 +324,7 @@ def test_minio_outage_mid_build_is_waited_out(cluster: LocalCluster, minio_own: 
     assert report["summary"]["compiled"] == 6
     assert "waiting for MinIO at" in worker_log.read_text(errors="replace")
     _assert_stored_once(cluster, fp, manifest)
+    _records_complete(cluster, "build salted-36", 6)
     _workers_alive(cluster)
 
     # MinIO down past the limit: one line, exit 1
