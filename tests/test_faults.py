@@ -376,7 +376,13 @@ def test_killed_worker_chunk_is_resent_fast_and_records_are_complete(
         manifest = write_manifest(tmp_path / "m.toml", salt=38, count=6)
         start = time.monotonic()
         client = _start_build(c, manifest, tmp_path / "client")
-        _wait_for(victim.log, "received")
+        holds = _redis(c)
+        deadline = time.monotonic() + 120
+        while not any(v.decode().endswith(f":{victim.pid}")  # it holds a chunk in flight
+                      for v in holds.mget(list(holds.scan_iter("farm:task:*:holder")) or [
+                          "none"]) if v):
+            assert time.monotonic() < deadline, "the victim never held a task"
+            time.sleep(0.02)
         victim.kill_all()  # SIGKILL main process and pool: the machine is gone
         out, err = client.communicate(timeout=200)  # far less than the 300 s timeout
         took = time.monotonic() - start
