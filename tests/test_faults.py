@@ -59,6 +59,9 @@ def cluster(redis_own: RedisServer, minio_own: MinioServer,
     with local_cluster(tmp_path_factory.mktemp("faults"), redis=redis_own, minio=minio_own,
                        bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db(),
                        **ENV) as c:
+        records_url = f"sqlite:///{c.workdir / 'records.sqlite'}"
+        c.extra_env["FARM_RECORDS_URL"] = records_url
+        c.start_ingester(records_url)
         c.start_worker()
         c.wait_ready()
         yield c
@@ -114,6 +117,24 @@ def _workers_alive(c: LocalCluster) -> None:
         assert w.process.poll() is None, f"worker {w.pid} died"
         log = w.log.read_text(errors="replace")
         assert "Unrecoverable error" not in log, log[-3000:]
+
+
+def _records_complete(c: LocalCluster, label: str, kernels: int) -> None:
+    """The build labelled ``label`` reached records storage whole: its batch record
+    counts ``kernels`` and no stored kernel lacks its record (``missing``)."""
+    deadline = time.monotonic() + 60
+    found: dict[str, Any] = {}
+    while time.monotonic() < deadline:  # the ingester catches up
+        sessions = json.loads(farm(c.env(), "records", "sessions", "--json").stdout or "[]")
+        ids = [s["id"] for s in sessions if s["label"] == label]
+        if ids:
+            proc = farm(c.env(), "records", "summary", "--build", str(ids[0]), "--json")
+            found = json.loads(proc.stdout) if proc.returncode == 0 else {}
+            if found.get("kernels") == kernels:
+                break
+        time.sleep(0.5)
+    assert found.get("kernels") == kernels, found
+    assert found["missing"] == 0, found
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -241,6 +262,7 @@ def test_redis_outage_mid_build_is_waited_out(cluster: LocalCluster, redis_own: 
     assert report["summary"]["compiled"] == 6
     assert "waiting for Redis at" in err and "is back after" in err
     _assert_stored_once(cluster, fp, manifest)
+    _records_complete(cluster, "build salted-34", 6)
     _workers_alive(cluster)
 
 
@@ -270,6 +292,24 @@ def test_redis_down_past_the_limit_is_one_line_and_exit_1(
     _workers_alive(cluster)
 
 
+def test_a_worker_stops_with_one_line_when_redis_stays_away(
+        redis_own: RedisServer, minio_own: MinioServer, tmp_path: Path) -> None:
+    with local_cluster(tmp_path, redis=redis_own, minio=minio_own,
+                       bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db(),
+                       **{**ENV, "FARM_OUTAGE_LIMIT": "2"}) as c:
+        worker = c.start_worker()
+        c.wait_ready()
+        redis_own.halt()
+        try:
+            rc = worker.process.wait(timeout=60)
+        finally:
+            redis_own.resume()
+        assert rc == 1
+        log = worker.log.read_text(errors="replace")
+        assert "waiting for Redis at" in log
+        assert "error: Redis at 127.0.0.1" in log and "unreachable for more than 2 s" in log
+
+
 def test_minio_outage_mid_build_is_waited_out(cluster: LocalCluster, minio_own: MinioServer,
                                               tmp_path: Path) -> None:
     fp = _fingerprint(cluster)
@@ -288,6 +328,7 @@ def test_minio_outage_mid_build_is_waited_out(cluster: LocalCluster, minio_own: 
     assert report["summary"]["compiled"] == 6
     assert "waiting for MinIO at" in worker_log.read_text(errors="replace")
     _assert_stored_once(cluster, fp, manifest)
+    _records_complete(cluster, "build salted-36", 6)
     _workers_alive(cluster)
 
     # MinIO down past the limit: one line, exit 1
@@ -347,7 +388,13 @@ def test_killed_worker_chunk_is_resent_fast_and_records_are_complete(
         manifest = write_manifest(tmp_path / "m.toml", salt=38, count=6)
         start = time.monotonic()
         client = _start_build(c, manifest, tmp_path / "client")
-        _wait_for(victim.log, "received")
+        holds = _redis(c)
+        deadline = time.monotonic() + 120
+        while not any(v.decode().endswith(f":{victim.pid}")  # it holds a chunk in flight
+                      for v in holds.mget(list(holds.scan_iter("farm:task:*:holder")) or [
+                          "none"]) if v):
+            assert time.monotonic() < deadline, "the victim never held a task"
+            time.sleep(0.02)
         victim.kill_all()  # SIGKILL main process and pool: the machine is gone
         out, err = client.communicate(timeout=200)  # far less than the 300 s timeout
         took = time.monotonic() - start
