@@ -1,9 +1,9 @@
 # syntax=docker/dockerfile:1
-# kernel-farm compile worker on the CPU: PoCL, which pyopencl's wheel carries.
+# kernel-farm compile worker on the CPU: PoCL (pocl-binary-distribution) through pyopencl.
 # Build from the repository root (see docker/README.md):
 #   docker build -f docker/worker-cpu.Dockerfile -t kernel-farm/worker-cpu:0.1.0 .
 #
-# Two stages: `build` installs the locked dependencies (docker/requirements/worker.lock,
+# Two stages: `build` installs the locked dependencies (docker/requirements/worker-cpu.lock,
 # every file's SHA-256 checked) and then the project into a virtualenv; the final stage
 # copies only that virtualenv, so no pip cache, build tool or source tree ships.
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
@@ -15,7 +15,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/farm
 ENV PATH=/opt/farm/bin:$PATH
 # Dependencies before the source: a change of the code rebuilds only the layers below.
-COPY docker/requirements/worker.lock /tmp/requirements.lock
+COPY docker/requirements/worker-cpu.lock /tmp/requirements.lock
 RUN pip install --no-deps --require-hashes -r /tmp/requirements.lock
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -25,7 +25,8 @@ COPY loader ./loader
 # The project alone: its dependencies and build backend are already there (the lock).
 RUN pip install --no-deps --no-build-isolation . \
     && pip check \
-    && python -c "import farm.cli.main, worker.app, loader, pyopencl, celery, minio, psycopg"
+    && python -c "import farm.cli.main, worker.app, loader, pyopencl, celery, minio, psycopg" \
+    && python -c "import pyopencl as cl; assert cl.get_platforms(), 'no OpenCL platform'"
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONUNBUFFERED=1 \

@@ -17,7 +17,8 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/farm
 ENV PATH=/opt/farm/bin:$PATH
-COPY docker/requirements/worker.lock /tmp/requirements.lock
+# No PoCL (the GPU is the device): worker-nvidia.lock is worker-cpu.lock without it.
+COPY docker/requirements/worker-nvidia.lock /tmp/requirements.lock
 RUN pip install --no-deps --require-hashes -r /tmp/requirements.lock
 WORKDIR /src
 COPY pyproject.toml README.md ./

@@ -164,8 +164,8 @@ def discover_devices(timeout_s: float = 120.0) -> list[DeviceInfo]:
 def select_device(devices: list[DeviceInfo], selector: str | None = None) -> DeviceInfo:
     """Pick a device by fingerprint, fingerprint prefix or name substring; default first."""
     if not devices:
-        raise DeviceError("no OpenCL device found (pip install 'kernel-farm[opencl]': "
-                          "pyopencl's wheel brings PoCL, a CPU device)")
+        raise DeviceError("no OpenCL device found (install pocl-binary-distribution for a "
+                          "CPU device)")
     if not selector:
         return devices[0]
     for dev in devices:

@@ -8,13 +8,14 @@ What a `docker build` would find out late, found here in seconds:
   exists, and the Dockerfile's own ``.dockerignore`` does not leave it out of the
   context;
 * **locks agree with pyproject.toml**: each lock pins every requirement of the extras
-  its images install, at a version the requirement accepts, with hashes, and the
-  ingester's lock has no device library (pyopencl);
+  its image installs, at a version the requirement accepts, with hashes; the ingester's
+  lock has no device library (pyopencl, PoCL), the NVIDIA worker's no PoCL;
 * **the locks install** (``--lock-install``): each into a fresh virtualenv with
   ``pip install --require-hashes``, then the project with ``--no-build-isolation`` (no
-  network: the build backend is in the lock), then ``pip check`` and the imports the
-  image needs. Slow the first time (downloads), so a pass is remembered under
-  ``~/.cache/kernel-farm/lock-check`` by the hash of the lock and pyproject.toml.
+  network: the build backend is in the lock), then ``pip check``, the imports the
+  image needs, and for the CPU worker's lock an OpenCL platform (PoCL). Slow the first
+  time (downloads), so a pass is remembered under ``~/.cache/kernel-farm/lock-check``
+  by the hash of the lock and pyproject.toml.
 
 Usage: ``python scripts/check_images.py [--lock-install]``. Prints one line per problem
 and exits 1 when there is any.
@@ -41,12 +42,23 @@ DOCKER = ROOT / "docker"
 
 #: lock -> (extras its images install, modules the image imports, modules it must lack)
 LOCKS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
-    "worker.lock": (("opencl", "cluster", "postgres"),
-                    ("farm.cli.main", "worker.app", "loader", "pyopencl", "celery", "minio",
-                     "psycopg", "prometheus_client"), ()),
+    "worker-cpu.lock": (("opencl", "pocl", "cluster", "postgres"),
+                        ("farm.cli.main", "worker.app", "loader", "pyopencl", "celery",
+                         "minio", "psycopg", "prometheus_client"), ()),
+    "worker-nvidia.lock": (("opencl", "cluster", "postgres"),
+                           ("farm.cli.main", "worker.app", "loader", "pyopencl", "celery",
+                            "minio", "psycopg", "prometheus_client"),
+                           ("pocl_binary_distribution",)),
     "ingester.lock": (("cluster", "postgres"),
                       ("farm.cli.main", "farm.records.ingest", "redis", "psycopg",
-                       "sqlalchemy", "prometheus_client"), ("pyopencl",)),
+                       "sqlalchemy", "prometheus_client"),
+                      ("pyopencl", "pocl_binary_distribution")),
+}
+#: snippets a lock's virtualenv must run: the CPU image must find its PoCL device
+RUNS: dict[str, str] = {
+    "worker-cpu.lock": "import pyopencl as cl; assert cl.get_platforms(), 'no OpenCL "
+                       "platform'; print([d.name for p in cl.get_platforms() "
+                       "for d in p.get_devices()])",
 }
 
 
@@ -165,6 +177,8 @@ def pinned(lock: Path) -> dict[str, tuple[str, int]]:
         if found:
             current = _canonical(found.group(1))
             out[current] = (found.group(2), 0)
+        elif line and not line[0].isspace():
+            current = None  # another requirement (a direct reference) or a comment
         elif current and "--hash=sha256:" in line:
             version, hashes = out[current]
             out[current] = (version, hashes + 1)
@@ -214,10 +228,14 @@ def check_lock(lock: Path, extras: tuple[str, ...], forbidden: tuple[str, ...],
         if not req.specifier.contains(version, prereleases=True):
             problems.append(f"{where}: {req.name}=={version} does not satisfy "
                             f"{req.specifier} (pyproject.toml): run scripts/lock-images")
+    for line in lock.read_text().splitlines():
+        if re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])? @ ", line):
+            problems.append(f"{where}: pins a direct reference ({line.split(' (')[0]}): a "
+                            "self-referencing extra? The images install the project apart")
     for name, (version, hashes) in sorted(pins.items()):
         if hashes == 0:
             problems.append(f"{where}: {name}=={version} has no --hash")
-    for name in forbidden:
+    for name in forbidden:  # import names; their distributions spell - for _
         if _canonical(name) in pins:
             problems.append(f"{where}: pins {name}, which this image must not carry")
     return problems
@@ -255,6 +273,8 @@ def lock_install(lock: Path, imports: tuple[str, ...], absent: tuple[str, ...],
             ("pip check", [str(bin_ / "python"), "-m", "pip", "check"]),
             ("imports", [str(bin_ / "python"), "-c", "import " + ", ".join(imports)]),
         ]
+        if lock.name in RUNS:
+            steps.append(("an OpenCL device", [str(bin_ / "python"), "-c", RUNS[lock.name]]))
         for module in absent:
             steps.append((f"no {module}", [
                 str(bin_ / "python"), "-c",

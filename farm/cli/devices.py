@@ -31,5 +31,4 @@ def devices(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
                       "yes" if d.has_fp64 else "no")
     out.print(table)
     if not found:
-        out.print("no OpenCL device found (pip install 'kernel-farm[opencl]': pyopencl's "
-                  "wheel brings PoCL, a CPU device)")
+        out.print("no OpenCL device found (pip install pocl-binary-distribution)")

@@ -164,7 +164,7 @@ Checks that cannot be written in values.schema.json (they compare values with ea
 {{- end }}
 {{- $_ := set $seen .name true }}
 {{- if and (eq (.type | default "cpu") "nvidia") (not .fingerprint) }}
-{{- fail (printf "workers.pools[%s]: an nvidia pool must name its fingerprint (farm devices on such a node): pyopencl's wheel also brings a PoCL CPU device, which a worker without --fingerprint may pick" .name) }}
+{{- fail (printf "workers.pools[%s]: an nvidia pool must name its fingerprint (farm devices on such a node), so that a pod on a node with another GPU or driver refuses to start instead of serving it" .name) }}
 {{- end }}
 {{- if and (ne (.type | default "cpu") "nvidia") (hasKey . "gpus") }}
 {{- fail (printf "workers.pools[%s]: gpus is only for pools of type nvidia" .name) }}
