@@ -45,21 +45,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--manifest", default="tiny")
     args = parser.parse_args()
-    farm = str(Path(sys.executable).with_name("farm"))
+    console = Path(sys.executable).with_name("farm")  # the console script, where installed
+    farm_cmd = [str(console)] if console.exists() else [sys.executable, "-m", "farm"]
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         env = dict(os.environ, FARM_HOME=tmp, PYOPENCL_NO_CACHE="1", POCL_KERNEL_CACHE="0",
                    CUDA_CACHE_DISABLE="1")
         env.pop("FARM_REDIS_URL", None)
         env.pop("FARM_MINIO_ENDPOINT", None)
-        timed([farm, "build", args.manifest, "--json"], env)  # fill the store
+        timed([*farm_cmd, "build", args.manifest, "--json"], env)  # fill the store
         commands = {
-            "farm --help": [farm, "--help"],
+            "farm --help": [*farm_cmd, "--help"],
             "python -c pass": [sys.executable, "-c", "pass"],
             "import loader": [sys.executable, "-c", "import loader"],
             "from loader import KernelLoader": [sys.executable, "-c",
                                                 "from loader import KernelLoader"],
-            f"farm build {args.manifest} (all stored)": [farm, "build", args.manifest,
+            f"farm build {args.manifest} (all stored)": [*farm_cmd, "build", args.manifest,
                                                          "--json"],
         }
         for name, argv in commands.items():
