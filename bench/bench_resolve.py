@@ -136,7 +136,7 @@ def cluster_resolve(manifest: str, repeat: int, work: Path) -> dict[str, Any]:
     plan_s = time.perf_counter() - t
     ns = Namespace.for_fingerprint(fingerprint)
     supported = [(k, f, s) for k, f, s in items if s is not None]
-    unsupported = [(k, f, "bench-unsupported-" + hashlib.sha256(str(k).encode()).hexdigest())
+    unsupported = [(k, f, hashlib.sha256(b"bench-unsupported " + str(k).encode()).hexdigest())
                    for k, f, s in items if s is None]
     keys = [k for k, _, _ in items]
     bucket = f"bench-resolve-{uuid.uuid4().hex[:8]}"

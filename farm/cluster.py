@@ -54,13 +54,17 @@ def check_served(client: Any, fingerprint: str,
     return workers[fingerprint]
 
 
-def cluster_build(settings: Settings, *, app: Any, registry: Registry, store: ArtifactStore,
+def cluster_build(settings: Settings, *, app: Any | Callable[[], Any],
+                  registry: Registry, store: ArtifactStore,
                   fingerprint: str, artifacts: list[ArtifactId], recorder: Recorder | None,
                   label: str = "", progress: Progress | None = None, verify: bool = False,
                   device: DeviceInfo | None = None, timeout_s: float = 3600.0,
                   say: Say | None = None, status: Say | None = None,
                   waiter: Waiter | None = None) -> BatchReport:
     """Obtain ``artifacts`` for ``fingerprint`` through the workers.
+
+    ``app`` is the Celery app, or a function that makes it: then it is made only when a
+    chunk is sent (a build whose kernels are all stored never imports Celery).
 
     ``device`` (the target's limits, published by its workers) lets the client count
     kernels that device cannot run as unsupported without sending them: they are never
@@ -192,7 +196,7 @@ class _Gatherer:
         import redis
 
         self.settings = settings
-        self.app = app
+        self._app = app
         self.fingerprint = fingerprint
         self.notify = notify
         self.say = say or (lambda line: None)
@@ -207,6 +211,13 @@ class _Gatherer:
         #: worker field -> (heartbeat last seen, when this client saw it change)
         self._beats: dict[str, tuple[float, float]] = {}
         self._outages_seen = 0
+
+    @property
+    def app(self) -> Any:
+        """The Celery app, made now if the caller gave a function that makes it."""
+        if callable(self._app) and not hasattr(self._app, "send_task"):
+            self._app = self._app()
+        return self._app
 
     def send(self, payload: dict[str, Any], results: list[KernelResult]) -> str:
         chunk = _Chunk(payload=payload, results=results)
@@ -227,6 +238,8 @@ class _Gatherer:
     def run(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         next_check = time.monotonic() + CHECK_INTERVAL_S
+        if not self.pending:
+            return
         backend = self.app.backend
         while self.pending:
             if time.monotonic() > deadline:

@@ -92,7 +92,7 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
 
     from farm.celery_app import make_app
     from farm.cluster import check_served, cluster_build
-    from farm.device import discover_devices, select_device
+    from farm.device import probe_devices, select_device
     from farm.errors import ClusterError, InputError
     from farm.families import Registry
     from farm.manifest import expand
@@ -103,7 +103,8 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     if wait_for_workers and not fingerprint:
         raise InputError("--wait-for-workers needs --fingerprint: with no worker to ask, "
                          "the target device must be named")
-    local_fp = select_device(discover_devices(), settings.device).fingerprint \
+    # In this process: a build client never forks (a local fallback's pool is spawned).
+    local_fp = select_device(probe_devices(), settings.device).fingerprint \
         if fallback_local or not fingerprint else None
     fp = fingerprint or local_fp or ""
     client: Any = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
@@ -133,7 +134,10 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     artifacts = [e.artifact for e in expand(loaded, registry)]
     store = open_store(settings)
     recorder = open_recorder(settings, label)
-    app = make_app(settings)
+
+    def app() -> Any:  # made only when a chunk must be sent: no Celery for a stored build
+        return make_app(settings)
+
     try:
         with _progress(len(artifacts), quiet) as tick:
             report = cluster_build(settings, app=app, registry=registry, store=store,
