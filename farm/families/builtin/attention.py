@@ -56,7 +56,6 @@ class Attention(KernelFamily[AttentionParams]):
 
     name = "attention"
     params_model = AttentionParams
-    depends_on = ("farm.families.builtin.common",)
     example_params = ({"head_dim": 16, "group_size": 16},)
 
     def lower(self, params: AttentionParams, launch: LaunchSettings,

@@ -5,8 +5,9 @@ row, reduced with a tree in ``__local`` memory) and of the elementwise-style one
 work-item per element, surplus work-items guarded), and the examples' tolerances. Each
 kernel's body stays in its family's module.
 
-This module is part of every built-in family's build id (``depends_on``): a change here
-can change generated source.
+Like every file of the ``farm`` package, this module is part of every built-in family's
+build id (``farm.families.base``: a family's build id hashes its whole package), so a
+change here, which can change generated source, never serves an old binary.
 """
 
 from __future__ import annotations

@@ -38,7 +38,6 @@ class ElementwiseBinary(KernelFamily[BinaryParams]):
 
     name = "elementwise_binary"
     params_model = BinaryParams
-    depends_on = ("farm.families.builtin.common",)
     example_params = ({"op": "mul", "width": 4},)
 
     def lower(self, params: BinaryParams, launch: LaunchSettings,

@@ -70,7 +70,6 @@ class ElementwiseUnary(KernelFamily[UnaryParams]):
 
     name = "elementwise_unary"
     params_model = UnaryParams
-    depends_on = ("farm.families.builtin.common",)
     example_params = ({"op": "gelu"},)
 
     def lower(self, params: UnaryParams, launch: LaunchSettings,

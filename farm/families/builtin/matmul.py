@@ -75,7 +75,6 @@ class Matmul(KernelFamily[MatmulParams]):
 
     name = "matmul"
     params_model = MatmulParams
-    depends_on = ("farm.families.builtin.common",)
     example_params = ({"m": 37, "n": 45, "k": 29},)
 
     def lower(self, params: MatmulParams, launch: LaunchSettings,

@@ -46,7 +46,6 @@ class Reduce(KernelFamily[ReduceParams]):
 
     name = "reduce"
     params_model = ReduceParams
-    depends_on = ("farm.families.builtin.common",)
     example_params = ({"op": "sum", "cols": 100, "group_size": 32},)
 
     def lower(self, params: ReduceParams, launch: LaunchSettings,

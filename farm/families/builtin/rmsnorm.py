@@ -40,7 +40,6 @@ class Rmsnorm(KernelFamily[RmsnormParams]):
 
     name = "rmsnorm"
     params_model = RmsnormParams
-    depends_on = ("farm.families.builtin.common",)
     example_params = ({"hidden": 100, "group_size": 32},)
 
     def lower(self, params: RmsnormParams, launch: LaunchSettings,

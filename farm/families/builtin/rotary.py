@@ -63,7 +63,6 @@ class Rotary(KernelFamily[RotaryParams]):
 
     name = "rotary"
     params_model = RotaryParams
-    depends_on = ("farm.families.builtin.common",)
     example_params = ({"head_dim": 16, "heads": 3},)
 
     def lower(self, params: RotaryParams, launch: LaunchSettings,

@@ -36,7 +36,6 @@ class Softmax(KernelFamily[SoftmaxParams]):
 
     name = "softmax"
     params_model = SoftmaxParams
-    depends_on = ("farm.families.builtin.common",)
     example_params = ({"cols": 100, "group_size": 32},)
 
     def lower(self, params: SoftmaxParams, launch: LaunchSettings,

@@ -50,7 +50,6 @@ class Swiglu(KernelFamily[SwigluParams]):
 
     name = "swiglu"
     params_model = SwigluParams
-    depends_on = ("farm.families.builtin.common",)
     example_params = ({"hidden": 96, "width": 4},)
 
     def lower(self, params: SwigluParams, launch: LaunchSettings,

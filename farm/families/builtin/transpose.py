@@ -40,7 +40,6 @@ class Transpose(KernelFamily[TransposeParams]):
 
     name = "transpose"
     params_model = TransposeParams
-    depends_on = ("farm.families.builtin.common",)
     example_params = ({"rows": 37, "cols": 45, "tile": 8},)
 
     def lower(self, params: TransposeParams, launch: LaunchSettings,
