@@ -9,8 +9,9 @@ kernel families or pydantic-settings.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from farm.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from farm.device import DeviceInfo, discover_devices
@@ -55,13 +56,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'farm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 
 __all__ = [

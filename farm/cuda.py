@@ -45,6 +45,25 @@ class CudaError(FarmError):
     """A CUDA driver call failed (the message names the call and the driver's words)."""
 
 
+def _check(lib: ctypes.CDLL, call: str, status: int, log_text: str = "") -> None:
+    """Raise :class:`CudaError` naming ``call`` and the driver's words unless ``status``
+    is CUDA_SUCCESS (0)."""
+    if status == 0:
+        return
+    text = ctypes.c_char_p()
+    lib.cuGetErrorString(ctypes.c_int(status), ctypes.byref(text))
+    words = text.value.decode(errors="replace") if text.value else f"error {status}"
+    detail = f": {log_text.strip()[:500]}" if log_text.strip() else ""
+    raise CudaError(f"{call} failed: {words}{detail}")
+
+
+def _attribute(lib: ctypes.CDLL, device: int, attribute: int) -> int:
+    value = ctypes.c_int()
+    _check(lib, "cuDeviceGetAttribute", lib.cuDeviceGetAttribute(
+        ctypes.byref(value), ctypes.c_int(attribute), ctypes.c_int(device)))
+    return value.value
+
+
 class CudaLinker:
     """PTX -> cubin for one CUDA device, with the driver's JIT linker.
 
@@ -57,29 +76,14 @@ class CudaLinker:
         self._lib = lib
         self._device = device
         self._lock = threading.Lock()
-        major = self._attribute(_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-        minor = self._attribute(_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        major = _attribute(lib, device, _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        minor = _attribute(lib, device, _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
         #: the architecture the cubins are for, e.g. ``sm_90``
         self.arch = f"sm_{major}{minor}"
         ctx = ctypes.c_void_p()
-        self._check("cuDevicePrimaryCtxRetain", lib.cuDevicePrimaryCtxRetain(
+        _check(lib, "cuDevicePrimaryCtxRetain", lib.cuDevicePrimaryCtxRetain(
             ctypes.byref(ctx), ctypes.c_int(device)))
         self._ctx = ctx
-
-    def _attribute(self, attribute: int) -> int:
-        value = ctypes.c_int()
-        self._check("cuDeviceGetAttribute", self._lib.cuDeviceGetAttribute(
-            ctypes.byref(value), ctypes.c_int(attribute), ctypes.c_int(self._device)))
-        return value.value
-
-    def _check(self, call: str, status: int, log_text: str = "") -> None:
-        if status == 0:
-            return
-        text = ctypes.c_char_p()
-        self._lib.cuGetErrorString(ctypes.c_int(status), ctypes.byref(text))
-        words = text.value.decode(errors="replace") if text.value else f"error {status}"
-        detail = f": {log_text.strip()[:500]}" if log_text.strip() else ""
-        raise CudaError(f"{call} failed: {words}{detail}")
 
     def link(self, ptx: bytes) -> bytes:
         """The cubin of ``ptx`` for :attr:`arch` (raises :class:`CudaError`)."""
@@ -91,18 +95,18 @@ class CudaLinker:
         values = (ctypes.c_void_p * 2)(ctypes.cast(error_log, ctypes.c_void_p),
                                        ctypes.c_void_p(_LOG_BYTES))
         with self._lock:
-            self._check("cuCtxSetCurrent", lib.cuCtxSetCurrent(self._ctx))
+            _check(lib, "cuCtxSetCurrent", lib.cuCtxSetCurrent(self._ctx))
             state = ctypes.c_void_p()
-            self._check("cuLinkCreate", lib.cuLinkCreate_v2(
+            _check(lib, "cuLinkCreate", lib.cuLinkCreate_v2(
                 ctypes.c_uint(2), options, values, ctypes.byref(state)))
             try:
-                self._check("cuLinkAddData", lib.cuLinkAddData_v2(
+                _check(lib, "cuLinkAddData", lib.cuLinkAddData_v2(
                     state, ctypes.c_int(_CU_JIT_INPUT_PTX), ctypes.c_char_p(data),
                     ctypes.c_size_t(len(data)), ctypes.c_char_p(b"kernel.ptx"),
                     ctypes.c_uint(0), None, None), error_log.value.decode(errors="replace"))
                 cubin = ctypes.c_void_p()
                 size = ctypes.c_size_t()
-                self._check("cuLinkComplete", lib.cuLinkComplete(
+                _check(lib, "cuLinkComplete", lib.cuLinkComplete(
                     state, ctypes.byref(cubin), ctypes.byref(size)),
                     error_log.value.decode(errors="replace"))
                 # The cubin lives in the link state: copy it out before destroying that.
@@ -126,12 +130,10 @@ def open_cuda_linker(pci_bus_id: int | None = None, pci_slot_id: int | None = No
     except OSError:
         return None
     try:
-        check = CudaLinker.__new__(CudaLinker)
-        check._lib = lib
-        check._check("cuInit", lib.cuInit(ctypes.c_uint(0)))
+        _check(lib, "cuInit", lib.cuInit(ctypes.c_uint(0)))
         count = ctypes.c_int()
-        check._check("cuDeviceGetCount", lib.cuDeviceGetCount(ctypes.byref(count)))
-        device = _match_device(check, count.value, pci_bus_id, pci_slot_id, ordinal)
+        _check(lib, "cuDeviceGetCount", lib.cuDeviceGetCount(ctypes.byref(count)))
+        device = _match_device(lib, count.value, pci_bus_id, pci_slot_id, ordinal)
         if device is None:
             log.warning("no CUDA device matches PCI bus %s slot %s; storing PTX",
                         pci_bus_id, pci_slot_id)
@@ -142,7 +144,7 @@ def open_cuda_linker(pci_bus_id: int | None = None, pci_slot_id: int | None = No
         return None
 
 
-def _match_device(probe: CudaLinker, count: int, bus: int | None, slot: int | None,
+def _match_device(lib: ctypes.CDLL, count: int, bus: int | None, slot: int | None,
                   ordinal: int) -> int | None:
     if count <= 0:
         return None
@@ -150,9 +152,8 @@ def _match_device(probe: CudaLinker, count: int, bus: int | None, slot: int | No
         return ordinal if ordinal < count else None
     same_bus: list[tuple[int, int]] = []
     for dev in range(count):
-        probe._device = dev
-        if probe._attribute(_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) == bus:
-            same_bus.append((dev, probe._attribute(_CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)))
+        if _attribute(lib, dev, _CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) == bus:
+            same_bus.append((dev, _attribute(lib, dev, _CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)))
     if len(same_bus) == 1 or (same_bus and slot is None):
         return same_bus[0][0]
     for dev, pci_device in same_bus:

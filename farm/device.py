@@ -287,6 +287,16 @@ class DeviceContext:
             return self._opened
 
     @property
+    def ctx(self) -> cl.Context:
+        """The context (made now if it is not yet)."""
+        return self.get()[0]
+
+    @property
+    def cl_device(self) -> cl.Device:
+        """The pyopencl device the context is on (made now if it is not yet)."""
+        return self.get()[1]
+
+    @property
     def opened(self) -> bool:
         """Whether the context exists (for tests and start-up measurements)."""
         return self._opened is not None

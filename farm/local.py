@@ -21,7 +21,7 @@ from farm.store import ArtifactStore
 from farm.store.open import open_store
 
 if TYPE_CHECKING:
-    import pyopencl as cl
+    pass
 
 
 @dataclass
@@ -36,14 +36,6 @@ class LocalFarm:
     store: ArtifactStore
     recorder: Recorder
     compiler: Compiler
-
-    @property
-    def ctx(self) -> cl.Context:
-        return self.context.get()[0]
-
-    @property
-    def cl_device(self) -> cl.Device:
-        return self.context.get()[1]
 
     def batch(self, *, keep_programs: bool = False, label: str = "") -> Batch:
         return Batch(registry=self.registry, device=self.device, ctx=self.context,

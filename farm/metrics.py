@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from farm.keys import RECORDS_GROUP, Namespace
 from farm.lease import Leases
 from farm.model import Artifact, Key, Lowered, Outcome
-from farm.store.base import ArtifactStore, PutResult
+from farm.store.base import ArtifactStore, PutResult, WrappedStore
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -114,18 +114,12 @@ def worker_metrics() -> WorkerMetrics:
     )
 
 
-class InstrumentedStore(ArtifactStore):
+class InstrumentedStore(WrappedStore):
     """An artifact store that counts hits, misses, writes and bytes for one tier."""
 
     def __init__(self, inner: ArtifactStore, tier: str) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.tier = tier
-        self.stats = inner.stats
-
-    @property
-    def location(self) -> str:
-        return self.inner.location
 
     def get(self, ns: Namespace, key: Key) -> Artifact | None:
         art = self.inner.get(ns, key)
@@ -144,27 +138,9 @@ class InstrumentedStore(ArtifactStore):
             m.store_bytes.labels(tier=self.tier, direction="write").inc(len(artifact.binary))
         return result
 
-    def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
-        return self.inner.existing(ns, keys)
-
-    def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
-        return self.inner.find_source(ns, source_hash)
-
-    def delete(self, ns: Namespace, key: Key) -> None:
-        self.inner.delete(ns, key)
-
-    def keys(self, ns: Namespace) -> Iterator[Key]:
-        return self.inner.keys(ns)
-
     def rekey(self, ns: Namespace, src: Key, dst: Key, *, move: bool,
               source: Lowered | None = None) -> Artifact | None:
         return self.inner.rekey(ns, src, dst, move=move, source=source)  # the inner's way
-
-    def namespaces(self) -> list[Namespace]:
-        return self.inner.namespaces()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class TimedLeases(Leases):

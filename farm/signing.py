@@ -19,13 +19,12 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Iterable, Iterator
 
 from farm.errors import SettingsError
 from farm.keys import Namespace
 from farm.model import Artifact, ArtifactMeta, Key, Lowered
 from farm.settings import Settings
-from farm.store.base import ArtifactStore, PutResult
+from farm.store.base import ArtifactStore, PutResult, WrappedStore
 
 log = logging.getLogger(__name__)
 
@@ -90,20 +89,14 @@ class Verifier:
         return True
 
 
-class SigningStore(ArtifactStore):
+class SigningStore(WrappedStore):
     """Signs what goes in (with a signer) and refuses what fails (with a verifier)."""
 
     def __init__(self, inner: ArtifactStore, signer: Signer | None,
                  verifier: Verifier | None) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.signer = signer
         self.verifier = verifier
-        self.stats = inner.stats
-
-    @property
-    def location(self) -> str:
-        return self.inner.location
 
     def _trusted(self, ns: Namespace, art: Artifact | None) -> Artifact | None:
         if art is None or self.verifier is None or self.verifier.verify(art.meta):
@@ -132,24 +125,6 @@ class SigningStore(ArtifactStore):
             return result
         self.inner.delete(ns, artifact.meta.key)
         return self.inner.put(ns, artifact, source=source)
-
-    def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
-        return self.inner.existing(ns, keys)
-
-    def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
-        return self.inner.find_source(ns, source_hash)
-
-    def delete(self, ns: Namespace, key: Key) -> None:
-        self.inner.delete(ns, key)
-
-    def keys(self, ns: Namespace) -> Iterator[Key]:
-        return self.inner.keys(ns)
-
-    def namespaces(self) -> list[Namespace]:
-        return self.inner.namespaces()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def with_signatures(store: ArtifactStore, settings: Settings) -> ArtifactStore:

@@ -12,8 +12,9 @@ An application needs :class:`KernelLoader` (and perhaps :func:`warm`)::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from farm.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from loader.errors import ArtifactMissing, UnknownKernelName
@@ -33,13 +34,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'loader' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 
 __all__ = [

@@ -209,7 +209,7 @@ class KernelLoader:
     @property
     def context(self) -> cl.Context:
         """The loader's OpenCL context: make buffers in it."""
-        return self._ctx
+        return self._context.ctx
 
     @property
     def queue(self) -> cl.CommandQueue:
@@ -218,21 +218,13 @@ class KernelLoader:
 
         with self._lock:
             if self._queue_made is None:
-                self._queue_made = cl.CommandQueue(self._ctx, self._cl_device)
+                self._queue_made = cl.CommandQueue(self._context.ctx, self._context.cl_device)
             return self._queue_made
 
     @property
     def context_ready(self) -> bool:
         """Whether the device's context exists yet (it is made on a thread at start)."""
         return self._context.opened
-
-    @property
-    def _ctx(self) -> cl.Context:
-        return self._context.get()[0]
-
-    @property
-    def _cl_device(self) -> cl.Device:
-        return self._context.get()[1]
 
     @property
     def device(self) -> DeviceInfo:
@@ -242,7 +234,7 @@ class KernelLoader:
     @property
     def cl_device(self) -> cl.Device:
         """The pyopencl device object."""
-        return self._cl_device
+        return self._context.cl_device
 
     def artifact_id(self, family: str, params: Mapping[str, Any] | BaseModel | None = None,
                     *, launch: LaunchSettings | None = None,
@@ -452,4 +444,5 @@ class KernelLoader:
                     self._compiler = pool
                     self._owns_compiler = True
                 return self._compiler
-        return InlineCompiler(self._ctx, self._cl_device, self.settings.native_binaries)
+        return InlineCompiler(self._context.ctx, self._context.cl_device,
+                              self.settings.native_binaries)

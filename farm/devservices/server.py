@@ -87,19 +87,23 @@ class LocalServer:
         try:
             self._port = port = free_port()
             self._launch(installed)
-            wait_until(
-                lambda: self._ready(port),
-                what=f"{self.label} on {LOOPBACK}:{port}",
-                timeout=self.start_timeout,
-                process=self._process,
-                log=self.log_path,
-                interval=self.poll_interval,
-            )
+            self._wait_ready(port)
             self._after_ready()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _wait_ready(self, port: int) -> None:
+        """Until the launched process answers on ``port`` (or dies, or times out)."""
+        wait_until(
+            lambda: self._ready(port),
+            what=f"{self.label} on {LOOPBACK}:{port}",
+            timeout=self.start_timeout,
+            process=self._process,
+            log=self.log_path,
+            interval=self.poll_interval,
+        )
 
     def stop(self) -> None:
         """Stop the server and remove its folder with all its data. Idempotent."""
@@ -120,14 +124,7 @@ class LocalServer:
         installed = self._install()
         port = self.port
         self._launch(installed)
-        wait_until(
-            lambda: self._ready(port),
-            what=f"{self.label} on {LOOPBACK}:{port}",
-            timeout=self.start_timeout,
-            process=self._process,
-            log=self.log_path,
-            interval=self.poll_interval,
-        )
+        self._wait_ready(port)
         return self
 
     def __enter__(self) -> Self:

@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from farm.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from farm.records.model import (
@@ -38,19 +39,15 @@ if TYPE_CHECKING:
 _WHERE = {
     **dict.fromkeys(("RECORD_KINDS", "Clock", "CompilationBatchRecord", "CompilationRecord",
                      "Effect", "Record", "RecordLevel", "RecordsConfig", "RequestedBy",
-                     "Session", "Stamp", "SystemClock", "parse_record"), "model"),
-    "Recorder": "recorder",
-    "RecordSink": "sink",
-    "StorageSink": "sink",
-    **dict.fromkeys(("MIGRATIONS", "SCHEMA_VERSION", "SessionStorage"), "storage"),
+                     "Session", "Stamp", "SystemClock", "parse_record"), "farm.records.model"),
+    "Recorder": "farm.records.recorder",
+    "RecordSink": "farm.records.sink",
+    "StorageSink": "farm.records.sink",
+    **dict.fromkeys(("MIGRATIONS", "SCHEMA_VERSION", "SessionStorage"), "farm.records.storage"),
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'farm.records' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"farm.records.{module}"), name)
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 
 __all__ = [

@@ -121,6 +121,46 @@ class ArtifactStore(ABC):
         """Release connections."""
 
 
+class WrappedStore(ArtifactStore):
+    """A store in front of another that passes every call through to it; subclasses
+    override what they add to (signatures, metrics). The wrapped store's counters are
+    the wrapper's, so a wrapped store reports like the one it wraps."""
+
+    def __init__(self, inner: ArtifactStore) -> None:
+        super().__init__()
+        self.inner = inner
+        self.stats = inner.stats
+
+    @property
+    def location(self) -> str:
+        return self.inner.location
+
+    def get(self, ns: Namespace, key: Key) -> Artifact | None:
+        return self.inner.get(ns, key)
+
+    def put(self, ns: Namespace, artifact: Artifact, *,
+            source: Lowered | None = None) -> PutResult:
+        return self.inner.put(ns, artifact, source=source)
+
+    def existing(self, ns: Namespace, keys: Iterable[Key]) -> set[Key]:
+        return self.inner.existing(ns, keys)
+
+    def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
+        return self.inner.find_source(ns, source_hash)
+
+    def delete(self, ns: Namespace, key: Key) -> None:
+        self.inner.delete(ns, key)
+
+    def keys(self, ns: Namespace) -> Iterator[Key]:
+        return self.inner.keys(ns)
+
+    def namespaces(self) -> list[Namespace]:
+        return self.inner.namespaces()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def checked(store: ArtifactStore, ns: Namespace, key: Key,
             found: Artifact | None) -> Artifact | None:
     """``found`` if it is intact and stored under ``key``; else count it corrupt, log it,
