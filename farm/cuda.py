@@ -72,6 +72,14 @@ class CudaLinker:
     them anyway).
     """
 
+    #: NVIDIA's ``clBuildProgram`` runs ptxas on the PTX it makes (its log shows it with
+    #: ``-cl-nv-verbose``) and keeps that SASS inside the program, where nothing can read
+    #: it; the farm stores the SASS of its own link instead. ``-cl-nv-opt-level`` is
+    #: ptxas's optimisation level only: at 0 the build's ptxas takes about half as long
+    #: (18 ms against 33 ms a kernel on an H200) and the PTX it returns is byte for
+    #: byte the same (``bench/probe_nv_options.py``; ``tests/test_nvidia.py`` checks it).
+    build_options: tuple[str, ...] = ("-cl-nv-opt-level=0",)
+
     def __init__(self, lib: ctypes.CDLL, device: int) -> None:
         self._lib = lib
         self._device = device

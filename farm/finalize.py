@@ -70,14 +70,20 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered) -> FinalizeResult:
-    """Compile ``lowered`` on ``device``; the binary is what ``load`` takes."""
+def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered,
+             extra_options: tuple[str, ...] = ()) -> FinalizeResult:
+    """Compile ``lowered`` on ``device``; the binary is what ``load`` takes.
+
+    ``extra_options`` are the native linker's (:attr:`farm.native.NativeLinker.build_options`):
+    they change how the build spends its time, never the binary, so they are not part
+    of the kernel's options or its key.
+    """
     import pyopencl as cl
 
     start = time.perf_counter()
     program = cl.Program(ctx, lowered.source)
     try:
-        program.build(options=list(lowered.options), devices=[device])
+        program.build(options=[*lowered.options, *extra_options], devices=[device])
     except cl.Error as exc:
         log = _build_log(program, device) or str(exc)
         return FinalizeResult(error=f"the platform compiler refused the source: "
@@ -108,10 +114,15 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
     """
     from farm.native import linker_for
 
-    built = finalize(ctx, device, lowered)
+    native = linker_for(device) if linker == "auto" else linker
+    extra = native.build_options if native is not None else ()
+    built = finalize(ctx, device, lowered, extra)
+    if not built.ok and extra:
+        # A driver that refuses the linker's options must not fail a kernel it compiles:
+        # the plain build decides (this costs a second build only for failing kernels).
+        built = finalize(ctx, device, lowered)
     if not built.ok:
         return built
-    native = linker_for(device) if linker == "auto" else linker
     if native is not None:
         converted = _with_native(ctx, device, lowered, built, native)
         if converted.native_arch:

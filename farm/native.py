@@ -54,6 +54,11 @@ class NativeLinker(Protocol):
 
     #: the architecture of the code it makes, e.g. ``sm_90``
     arch: str
+    #: options added to the platform build of a kernel this linker converts. The build's
+    #: own machine code is thrown away (the link makes the stored code), so these make
+    #: the build spend less on it; they must leave the portable binary byte for byte as
+    #: it is without them.
+    build_options: tuple[str, ...]
 
     def link(self, portable: bytes) -> bytes:
         """Machine code of ``portable``; raises an exception when it cannot."""

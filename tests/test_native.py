@@ -42,6 +42,7 @@ class Echo:
     """A linker whose "machine code" is the portable binary (PoCL loads its own)."""
 
     arch = FAKE_ARCH
+    build_options: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.calls = 0
@@ -53,6 +54,7 @@ class Echo:
 
 class Raises:
     arch = FAKE_ARCH
+    build_options: tuple[str, ...] = ()
 
     def link(self, portable: bytes) -> bytes:
         raise RuntimeError("cuLinkComplete failed: a driver refusal")
@@ -60,6 +62,7 @@ class Raises:
 
 class Garbage:
     arch = FAKE_ARCH
+    build_options: tuple[str, ...] = ()
 
     def link(self, portable: bytes) -> bytes:
         return b"\x7fELF not a binary any device loads"
@@ -165,6 +168,49 @@ def test_finalize_reports_the_architecture_and_the_conversion_time() -> None:
     failed = finalize_and_validate(ctx, cl_device, lowered, Garbage())
     assert failed.ok and failed.validated and failed.native_arch == ""
     assert "machine code refused" in failed.native_error
+
+
+def test_the_linkers_build_options_reach_the_build_and_a_refusal_falls_back_to_a_plain_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyopencl as cl
+
+    from farm.device import DeviceContext
+    from farm.finalize import finalize, finalize_and_validate
+
+    device = select_device(probe_devices())
+    ctx, cl_device = DeviceContext(device).get()
+    family = Registry.load([]).get("elementwise_binary")
+    lowered = family.lower_id(family.artifact_id({"op": "add"}), device)
+    plain = finalize(ctx, cl_device, lowered).binary
+    seen: list[list[str]] = []
+    real_build = cl.Program.build
+
+    def spy(self: Any, options: Any = None, devices: Any = None, **kw: Any) -> Any:
+        seen.append(list(options or []))
+        return real_build(self, options=options, devices=devices, **kw)
+
+    monkeypatch.setattr(cl.Program, "build", spy)
+
+    class Cheap(Echo):
+        build_options: tuple[str, ...] = ("-DKF_LINKER_BUILD=1",)
+
+    built = finalize_and_validate(ctx, cl_device, lowered, Cheap())
+    assert built.ok and built.native_arch == FAKE_ARCH
+    assert seen[0] == [*lowered.options, "-DKF_LINKER_BUILD=1"]
+    parts = unpack(built.binary)
+    assert parts is not None and len(parts.portable) > 0
+
+    class Refused(Echo):
+        build_options: tuple[str, ...] = ("-this-option-no-compiler-takes",)
+
+    seen.clear()
+    fallback = finalize_and_validate(ctx, cl_device, lowered, Refused())
+    assert fallback.ok and fallback.native_arch == FAKE_ARCH, fallback.error
+    # two builds from source (then the validating loads build from the binary)
+    assert seen[:2] == [[*lowered.options, "-this-option-no-compiler-takes"],
+                        list(lowered.options)]
+    parts = unpack(fallback.binary)
+    assert parts is not None and parts.portable == plain
 
 
 # -- loading ----------------------------------------------------------------------------------

@@ -104,3 +104,35 @@ def test_build_stores_cubins_and_a_fresh_process_loads_them_without_a_jit(
     assert result["stats"]["native_fallbacks"] == 0
     assert result["stats"]["compiler_invocations"] == 0
     assert result["stats"]["local"] == result["summary"]["local"] > 0
+
+
+def test_the_linkers_cheaper_build_returns_the_same_ptx_as_a_plain_build() -> None:
+    """The build options a native linker adds (``-cl-nv-opt-level=0``) must leave the PTX
+    byte for byte as a plain build makes it: the PTX is what a loader falls back to."""
+    from farm.device import DeviceContext, probe_devices, select_device
+    from farm.families import Registry
+    from farm.finalize import finalize, finalize_and_validate
+    from farm.manifest import expand, load_manifest, resolve_manifest
+    from farm.native import linker_for
+
+    device = select_device(probe_devices(), os.environ.get("FARM_DEVICE", "nvidia"))
+    ctx, cl_device = DeviceContext(device).get()
+    linker = linker_for(cl_device)
+    assert linker is not None and linker.build_options, "no native linker on this device"
+    registry = Registry.load([])
+    compared = 0
+    for entry in expand(load_manifest(resolve_manifest("tiny")), registry):
+        family = registry.get(entry.artifact.kernel.family)
+        try:
+            lowered = family.lower_id(entry.artifact, device)
+        except Exception:  # unsupported on this device: the build skips it too
+            continue
+        plain = finalize(ctx, cl_device, lowered)
+        cheap = finalize(ctx, cl_device, lowered, linker.build_options)
+        assert plain.ok and cheap.ok
+        assert cheap.binary == plain.binary, f"{entry.artifact.kernel.label()}: PTX differs"
+        stored = unpack(finalize_and_validate(ctx, cl_device, lowered).binary)
+        assert stored is not None and stored.portable == plain.binary
+        compared += 1
+    print(f"compared {compared} kernels")
+    assert compared > 0
