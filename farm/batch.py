@@ -52,6 +52,14 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[["KernelResult"], None]
 
+#: the steps a kernel's work is split into in a report's ``work_parts``: lowering and
+#: the artifact's store write happen in the requesting process (``lower``, ``store``,
+#: which also counts a load there); ``compile``, ``native`` (the link to machine code)
+#: and ``validate`` (the validating load) where it was compiled; ``fetch`` is reading
+#: a stored artifact (hits and rekeys); ``worker`` is a cluster worker's whole work on a
+#: kernel (its steps are in that worker's records)
+WORK_PARTS = ("lower", "compile", "native", "validate", "store", "fetch", "worker")
+
 
 @dataclass
 class KernelResult:
@@ -66,6 +74,12 @@ class KernelResult:
     program: Any = None  # the loaded pyopencl.Program, when the batch keeps programs
     #: why a native artifact's machine code was refused and its portable part loaded
     native_fallback: str = ""
+    #: ``work_s`` by step (:data:`WORK_PARTS`), so a slow build says where it went
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def add_part(self, part: str, seconds: float) -> None:
+        self.work_s += seconds
+        self.parts[part] = self.parts.get(part, 0.0) + seconds
 
     @property
     def label(self) -> str:
@@ -115,6 +129,8 @@ class BatchReport:
             "compiler_invocations": self.compiler_invocations,
             "tasks_sent": self.tasks_sent,
             "native_fallbacks": sum(1 for r in self.results if r.native_fallback),
+            "work_parts": {part: round(sum(r.parts.get(part, 0.0) for r in self.results), 4)
+                           for part in WORK_PARTS},
         }
 
 
@@ -198,7 +214,7 @@ class Batch:
                 late.append(_Pending(result=res, family=res.artifact.kernel.family,
                                      started=t))
                 continue
-            res.work_s = time.perf_counter() - t
+            res.add_part("fetch", time.perf_counter() - t)
             self._done(res, Outcome.LOADED, program, notify)
         invocations += self._dispatch(late, futures, notify, rekey=False)
 
@@ -225,7 +241,7 @@ class Batch:
         t = time.perf_counter()
         family = self.registry.get(pending.family)
         pending.lowered = family.lower_id(pending.result.artifact, self.device)
-        pending.result.work_s += time.perf_counter() - t
+        pending.result.add_part("lower", time.perf_counter() - t)
 
     def _dispatch(self, pendings: list[_Pending],
                   futures: dict[Future[FinalizeResult], _Pending], notify: Progress,
@@ -283,7 +299,7 @@ class Batch:
         self._put(res, art, pending.lowered)
         if action is RekeyAction.MOVE:
             self.store.delete(self.ns, found)
-        res.work_s += time.perf_counter() - t
+        res.add_part("fetch", time.perf_counter() - t)
         self._done(res, Outcome.REKEYED, program, notify, pending.lowered)
         return True
 
@@ -292,7 +308,8 @@ class Batch:
         group = [leader, *leader.followers]
         if not built.ok:
             for p in group:
-                p.result.work_s += built.work_s if p is leader else 0.0
+                if p is leader:
+                    p.result.add_part("compile", built.work_s)
                 self._fail(p.result, built.error_kind, built.error, notify, built.build_log)
             return
         t = time.perf_counter()
@@ -311,7 +328,11 @@ class Batch:
                               work_s=built.work_s)
         self._put(leader.result, art, leader.lowered)
         leader.result.worker = built.worker
-        leader.result.work_s += built.work_s + (time.perf_counter() - t)
+        res = leader.result
+        res.add_part("compile", max(0.0, built.work_s - built.native_s - built.validate_s))
+        res.add_part("native", built.native_s)
+        res.add_part("validate", built.validate_s)
+        res.add_part("store", time.perf_counter() - t)
         self._done(leader.result, Outcome.COMPILED, program, notify, leader.lowered)
         for p in leader.followers:
             self._put(p.result, art, p.lowered)

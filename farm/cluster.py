@@ -96,10 +96,10 @@ def cluster_build(settings: Settings, *, app: Any | Callable[[], Any],
         t = time.perf_counter()
         if res.key in held and (not verify or store.get(ns, res.key) is not None):
             res.outcome = Outcome.LOADED
-            res.work_s = time.perf_counter() - t
+            res.add_part("fetch", time.perf_counter() - t)
             notify(res)
         elif device is not None and _unsupported(res, registry, device):
-            res.work_s = time.perf_counter() - t
+            res.add_part("lower", time.perf_counter() - t)
             notify(res)
         else:
             misses.append((res, req))
@@ -169,7 +169,7 @@ def _apply_reply(meta: dict[str, Any], chunk: list[KernelResult], notify: Progre
         else:
             res.outcome = got.outcome
             res.failure = got.failure
-            res.work_s = got.work_s
+            res.add_part("worker", got.work_s)
             res.worker = got.worker
         notify(res)
 

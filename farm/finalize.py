@@ -46,6 +46,8 @@ class FinalizeResult(BaseModel):
     native_arch: str = ""
     #: seconds spent turning the portable binary into machine code (part of ``work_s``)
     native_s: float = 0.0
+    #: seconds spent loading the stored binary to validate it (part of ``work_s``)
+    validate_s: float = 0.0
     #: why no machine code was stored where a linker exists ("" when it was, or none)
     native_error: str = ""
 
@@ -134,8 +136,9 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
     except LoadError as exc:
         return built.model_copy(update={"error": str(exc), "error_kind": "load",
                                         "binary": b""})
-    return built.model_copy(update={"validated": True,
-                                    "work_s": built.work_s + time.perf_counter() - start})
+    validate = time.perf_counter() - start
+    return built.model_copy(update={"validated": True, "validate_s": validate,
+                                    "work_s": built.work_s + validate})
 
 
 def _with_native(ctx: cl.Context, device: cl.Device, lowered: Lowered,
@@ -155,10 +158,11 @@ def _with_native(ctx: cl.Context, device: cl.Device, lowered: Lowered,
     except LoadError as exc:
         return built.model_copy(update={"native_error": f"machine code refused: {exc}",
                                         "work_s": built.work_s + time.perf_counter() - start})
+    done = time.perf_counter()
     return built.model_copy(update={
         "binary": pack(linker.arch, machine_code, built.binary), "validated": True,
-        "native_arch": linker.arch, "native_s": linked - start,
-        "work_s": built.work_s + time.perf_counter() - start})
+        "native_arch": linker.arch, "native_s": linked - start, "validate_s": done - linked,
+        "work_s": built.work_s + done - start})
 
 
 def _build_log(program: cl.Program, device: cl.Device) -> str:

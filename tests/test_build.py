@@ -141,6 +141,11 @@ def test_first_build_compiles_every_kernel(two_builds: TwoBuilds) -> None:
     assert s["parallelism"] == 2
     assert s["work_s"] > 0 and s["wall_s"] > 0
     assert len(two_builds.rows_after_first) == TINY_KERNELS
+    # the work, split by step, adds up to the whole (rounding aside); PoCL has no linker
+    parts = s["work_parts"]
+    assert abs(sum(parts.values()) - s["work_s"]) < 0.01
+    assert parts["compile"] > parts["lower"] > 0 and parts["validate"] > 0
+    assert parts["store"] > 0 and parts["native"] == parts["fetch"] == parts["worker"] == 0
 
 
 def test_second_build_is_all_loaded_without_compiling(two_builds: TwoBuilds) -> None:
@@ -152,6 +157,7 @@ def test_second_build_is_all_loaded_without_compiling(two_builds: TwoBuilds) -> 
     assert two_builds.second["fingerprint"] == two_builds.first["fingerprint"]
     # loading is much cheaper than compiling (a compile is ~0.5 s on PoCL, a load ~ms)
     assert s["work_s"] < two_builds.first["summary"]["work_s"] / 5
+    assert s["work_parts"]["fetch"] == pytest.approx(s["work_s"], abs=0.01)
     assert artifact_rows(two_builds.home) == two_builds.rows_after_first
 
 
