@@ -118,7 +118,7 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
 
     native = linker_for(device) if linker == "auto" else linker
     extra = native.build_options if native is not None else ()
-    built = finalize(ctx, device, lowered, extra)
+    built = finalize(ctx, device, lowered, extra) if extra else finalize(ctx, device, lowered)
     if not built.ok and extra:
         # A driver that refuses the linker's options must not fail a kernel it compiles:
         # the plain build decides (this costs a second build only for failing kernels).

@@ -18,6 +18,7 @@ fails only the job that killed it:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -200,8 +201,18 @@ class CrashSafePool:
             self._launch(job)
 
     def close(self) -> None:
+        """Stop the processes. Idle ones (every job answered: the end of a batch) are
+        sent SIGTERM rather than asked to exit: they hold nothing to flush, and a clean
+        exit tears the drivers down in user space (NVIDIA: the OpenCL and CUDA contexts,
+        about 2 s for 16 processes on an H200) while the caller waits."""
         with self._lock:
             self._closed = True
             gen = self._gen
-        if gen is not None:
-            gen.executor.shutdown(wait=True, cancel_futures=True)
+            idle = gen is not None and not any(not j.out.done() for j in gen.jobs.values())
+        if gen is None:
+            return
+        if idle:
+            for process in list((getattr(gen.executor, "_processes", None) or {}).values()):
+                with contextlib.suppress(OSError, ValueError):
+                    process.terminate()
+        gen.executor.shutdown(wait=True, cancel_futures=True)

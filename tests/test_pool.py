@@ -50,3 +50,22 @@ def test_a_job_that_kills_its_process_fails_alone_and_the_rest_go_on(workers: in
 def test_exit_status_reads_like_celery() -> None:
     assert exit_status(-6) == "signal 6 (SIGABRT)"
     assert exit_status(3) == "exit code 3"
+
+
+def slow_to_exit(arg: str) -> int:
+    """A job that leaves its process a 20 s exit (as a driver's teardown can take)."""
+    from multiprocessing import util
+
+    util.Finalize(None, time.sleep, args=(20,), exitpriority=100)
+    return os.getpid()
+
+
+def test_closing_an_idle_pool_stops_its_processes_without_waiting_for_their_exit() -> None:
+    pool = CrashSafePool(2, crash_limit=2)
+    pids = {pool.submit(slow_to_exit, str(i)).result(timeout=60) for i in range(4)}
+    start = time.monotonic()
+    pool.close()
+    assert time.monotonic() - start < 10, "close waited for the processes' own exit"
+    for pid in pids:  # gone, not left behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -68,9 +68,9 @@ def arm() -> None:
         return
     real = fin.finalize
 
-    def finalize(ctx: Any, device: Any, lowered: Lowered) -> Any:
+    def finalize(ctx: Any, device: Any, lowered: Lowered, *extra: Any) -> Any:
         die_if_marked(lowered.source)
-        return real(ctx, device, lowered)
+        return real(ctx, device, lowered, *extra)
 
     finalize._fault_armed = True  # type: ignore[attr-defined]
     fin.finalize = finalize  # type: ignore[assignment]
