@@ -68,11 +68,13 @@ def run(manifest: str, workers: int, home: Path, device: str | None) -> dict[str
             "fingerprint": report["fingerprint"], **report["summary"]}
 
 
-def peer(manifest: str, workers: int, home: Path, device: str | None) -> dict[str, object]:
+def peer(manifest: str, workers: int, home: Path, device: str | None,
+         load: bool = False) -> dict[str, object]:
     """The bare pool of ``workers`` processes, in a process of its own."""
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("bare_pool.py")),
-                           manifest, "--workers", str(workers)], env=_env(home, device),
+                           manifest, "--workers", str(workers), *(["--load"] if load else [])],
+                          env=_env(home, device),
                           text=True, capture_output=True, check=False)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
@@ -97,6 +99,8 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="FARM_DEVICE (name or fingerprint)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--no-loads", action="store_true", help="skip the rebuild and warms")
+    parser.add_argument("--peer-load", action="store_true",
+                        help="also run the pool that loads each binary once (bare_pool --load)")
     args = parser.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
     rows = []
@@ -113,6 +117,9 @@ def main() -> None:
                     farm_row = run(args.manifest, n, home, args.device)
                 rows.append(farm_row)
                 peers.append({**pool_row, "ratio": ratios(farm_row, pool_row)})
+                if args.peer_load:
+                    loading = peer(args.manifest, n, Path(tmp) / "peer", args.device, True)
+                    peers[-1]["with_load"] = {**loading, "ratio": ratios(farm_row, loading)}
         if args.no_loads:
             print(json.dumps({"manifest": args.manifest, "runs": rows, "peers": peers}))
             _print_pairs(rows, peers)
@@ -146,10 +153,14 @@ def _print_pairs(rows: list[dict[str, Any]], peers: list[dict[str, Any]]) -> Non
     print(f"{'N':>4} {'farm batch':>11} {'pool':>8} {'ratio':>6} {'farm e2e':>9} "
           f"{'pool e2e':>9} {'ratio':>6} {'work/kernel':>12}")
     for f, p in zip(rows, peers, strict=True):
-        r = p["ratio"]
-        print(f"{f['workers']:>4} {f['wall_s']:>10.2f}s {p['pool_wall_s']:>7.2f}s "
-              f"{r['batch']:>6.3f} {f['command_wall_s']:>8.2f}s {p['command_wall_s']:>8.2f}s "
-              f"{r['end_to_end']:>6.3f} {r['work_per_kernel']:>11.3f}x")
+        for label, q in (("", p), ("+load", p.get("with_load"))):
+            if q is None:
+                continue
+            r = q["ratio"]
+            print(f"{f['workers']:>4}{label:<6} {f['wall_s']:>10.2f}s {q['pool_wall_s']:>7.2f}s "
+                  f"{r['batch']:>6.3f} {f['command_wall_s']:>8.2f}s "
+                  f"{q['command_wall_s']:>8.2f}s {r['end_to_end']:>6.3f} "
+                  f"{r['work_per_kernel']:>11.3f}x")
 
 
 if __name__ == "__main__":
