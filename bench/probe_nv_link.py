@@ -16,8 +16,6 @@ Prints one JSON line (``PROBE_NV_LINK {...}``).
 from __future__ import annotations
 
 import argparse
-import ctypes
-import hashlib
 import json
 import subprocess
 import sys
@@ -97,5 +95,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _ = (ctypes, hashlib)
     main()
