@@ -48,7 +48,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -63,11 +63,15 @@ from farm.keys import (
 )
 from farm.records.model import RECORD_KINDS, Record
 from farm.records.stream import (
+    ENVELOPE_VERSION,
     STREAM_MAXLEN,
+    BadRecord,
+    DecodedRecords,
     EntryError,
     SessionEntry,
-    decode_record,
+    decode_records,
     decode_session,
+    encode_record,
 )
 
 if TYPE_CHECKING:
@@ -131,8 +135,27 @@ class _Entry:
     stream: str
     id: str
     fields: dict[Any, Any] | None  # None: trimmed away while pending
-    decoded: SessionEntry | Record | None = None
-    error: EntryError | None = None
+    decoded: SessionEntry | DecodedRecords | None = None
+    error: EntryError | None = None  # the entry as a whole is set aside
+    bad: list[BadRecord] = field(default_factory=list)  # records of a pack set aside
+
+
+def _is_pack(entry: _Entry) -> bool:
+    """Whether the entry is a pack (more than one record, or the pack envelope)."""
+    fields = entry.fields or {}
+    version = fields.get("v", fields.get(b"v"))
+    return version not in (str(ENVELOPE_VERSION), str(ENVELOPE_VERSION).encode())
+
+
+def _places(decoded: DecodedRecords) -> list[int]:
+    """Each valid record's index in its pack (the bad ones' indices skipped)."""
+    skipped = {bad.index for bad in decoded.bad}
+    total = len(decoded.records) + len(skipped)
+    return [i for i in range(total) if i not in skipped]
+
+
+def _unstorable(exc: BaseException) -> EntryError:
+    return EntryError(f"the records storage cannot hold it: {type(exc).__name__}: {exc}"[:300])
 
 
 def _text(value: Any) -> str:
@@ -358,8 +381,10 @@ class Ingester:
                     entry.decoded = decoded_session
                     sessions.append(decoded_session)
                 else:
-                    entry.decoded = decode_record(entry.fields)
-                    records.append(entry.decoded)
+                    decoded = decode_records(entry.fields)
+                    entry.decoded = decoded
+                    entry.bad.extend(decoded.bad)
+                    records.extend(decoded.records)
             except EntryError as exc:
                 entry.error = exc
                 dead.append(entry)
@@ -389,6 +414,14 @@ class Ingester:
             if entry.error is not None and entry.error.retry_later:
                 fields["dead:newer"] = "1"
             pipe.xadd(RECORDS_DEAD_STREAM, fields, maxlen=self.maxlen, approximate=True)
+        bad_records = 0
+        for entry in entries:
+            for bad in entry.bad:  # one record of a pack, alone, as a one-record entry
+                pipe.xadd(RECORDS_DEAD_STREAM,
+                          {**bad.fields, "dead:stream": entry.stream, "dead:id": entry.id,
+                           "dead:index": str(bad.index), "dead:error": str(bad.error)},
+                          maxlen=self.maxlen, approximate=True)
+                bad_records += 1
         for stream, ids in ack.items():
             pipe.xack(stream, RECORDS_GROUP, *ids)
         pipe.execute()
@@ -399,36 +432,56 @@ class Ingester:
             else:
                 log.error("ingester %s: entry %s of %s set aside in %s: %s", self.consumer,
                           entry.id, entry.stream, RECORDS_DEAD_STREAM, entry.error)
+        for entry in entries:
+            if entry.bad:  # one line per pack, however many of its records are bad
+                log.error("ingester %s: %d record(s) of pack %s of %s set aside in %s, the "
+                          "others written; first: %s", self.consumer, len(entry.bad),
+                          entry.id, entry.stream, RECORDS_DEAD_STREAM, entry.bad[0].error)
         self.stats.batches += 1
         self.stats.sessions += len(sessions)
         self.stats.records += len(records)
-        self.stats.dead += len(dead) - len(newer)
+        self.stats.dead += len(dead) - len(newer) + bad_records
         self.stats.deferred += len(newer)
         return len(entries)
 
     def _write_singly(self, entries: list[_Entry], sessions: list[SessionEntry],
                       records: list[Record], dead: list[_Entry]
                       ) -> tuple[list[SessionEntry], list[Record]]:
-        """Write the batch entry by entry; set aside (in ``dead``) those the storage
-        refuses for their data. Storage being down still raises ``StoreError``."""
+        """Write the batch item by item; set aside those the storage refuses for their
+        data: a session or one-record entry whole (in ``dead``), a record of a pack
+        alone (in its entry's ``bad``). Storage being down still raises ``StoreError``."""
         wanted = {id(x) for x in (*sessions, *records)}
         kept_sessions: list[SessionEntry] = []
         kept_records: list[Record] = []
         for entry in entries:
             item = entry.decoded
-            if item is None or id(item) not in wanted:
-                continue
-            try:
-                if isinstance(item, SessionEntry):
+            if isinstance(item, SessionEntry):
+                if id(item) not in wanted:
+                    continue
+                try:
                     self.storage.write_batch([item.session], [])
                     kept_sessions.append(item)
-                else:
-                    self.storage.write_batch([], [item])
-                    kept_records.append(item)
-            except (ValueError, TypeError, OverflowError) as exc:
-                entry.error = EntryError(f"the records storage cannot hold it: "
-                                         f"{type(exc).__name__}: {exc}"[:300])
-                dead.append(entry)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    entry.error = _unstorable(exc)
+                    dead.append(entry)
+                continue
+            if item is None:
+                continue
+            packed = _is_pack(entry)
+            places = _places(item)
+            for place, record in zip(places, item.records, strict=True):
+                if id(record) not in wanted:
+                    continue
+                try:
+                    self.storage.write_batch([], [record])
+                    kept_records.append(record)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    if not packed:  # the entry is this one record: set it aside whole
+                        entry.error = _unstorable(exc)
+                        dead.append(entry)
+                    else:
+                        entry.bad.append(BadRecord(place, encode_record(record),
+                                                   _unstorable(exc)))
         return kept_sessions, kept_records
 
     def _prune(self, sessions: list[SessionEntry]) -> None:
