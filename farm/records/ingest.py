@@ -42,12 +42,14 @@ aside meanwhile can be sent again from the dead stream (docs/RECORDS.md).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -152,6 +154,25 @@ def _places(decoded: DecodedRecords) -> list[int]:
     skipped = {bad.index for bad in decoded.bad}
     total = len(decoded.records) + len(skipped)
     return [i for i in range(total) if i not in skipped]
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Keep Python's cyclic garbage collector off for one round.
+
+    A round builds tens of thousands of short-lived objects (a validated model and a
+    row per record, none in a reference cycle: reference counting frees them all when
+    the round ends). Left on, the collector runs every few hundred allocations and
+    traverses everything the round holds, and now and then the whole heap: it took a
+    third of the ingester's time. Cycles made meanwhile wait for the next collection.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _unstorable(exc: BaseException) -> EntryError:
@@ -364,6 +385,10 @@ class Ingester:
         """Decode, write in one transaction, prune, then acknowledge."""
         if not entries:
             return 0
+        with _cyclic_gc_paused():
+            return self._handle_round(entries)
+
+    def _handle_round(self, entries: list[_Entry]) -> int:
         sessions: list[SessionEntry] = []
         records: list[Record] = []
         ack: dict[str, list[str]] = {}

@@ -650,7 +650,8 @@ _SQLITE_INSERT_RECORDS, _PG_INSERT_RECORDS = _insert_records_sql()
 def _record_row(record: Record) -> tuple[Any, ...]:
     """The columns of a record (``_RECORD_COLUMNS``): the indexed fields, and the whole
     record as JSON."""
-    payload = record.model_dump_json()
+    # the model's serializer itself: model_dump_json() adds a Python call per record
+    payload = record.__pydantic_serializer__.to_json(record).decode()
     stamp = record.stamp
     if isinstance(record, CompilationRecord):
         asked = record.requested_by
