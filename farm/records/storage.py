@@ -547,19 +547,23 @@ class SessionStorage:
     def _insert_records(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
         """Insert record rows (tuples in ``_RECORD_COLUMNS`` order), skipping those there.
 
-        The statement is compiled once, and the rows go to the driver as they are: an
+        The statement is rendered once, and the rows go to the driver as they are: an
         ingester inserts tens of thousands of rows a second, and SQLAlchemy's own
         executemany spends more per row (building and processing a dict of parameters)
         than SQLite spends inserting it. SQLite takes them in one ``executemany`` (a C
-        loop over one prepared statement). PostgreSQL takes them as one statement whose
-        rows are unnested from one array per column: one plan and one round trip for the
-        whole batch, instead of a statement per row.
+        loop over one prepared statement). PostgreSQL through psycopg 3 takes them as
+        one statement whose rows are unnested from one array per column, sent in
+        binary: one plan and one round trip for the whole batch instead of a statement
+        per row (and psycopg's text arrays escape each string with a regular expression
+        in Python, 30 us a row). Another PostgreSQL driver gets SQLAlchemy's executemany.
         """
-        if self._dialect == "postgresql":
-            columns = tuple(map(list, zip(*rows, strict=True)))
-            conn.exec_driver_sql(_PG_INSERT_RECORDS, columns)
-        else:
+        if self._dialect != "postgresql":
             conn.exec_driver_sql(_SQLITE_INSERT_RECORDS, rows)
+        elif self._engine.dialect.driver == "psycopg":
+            conn.exec_driver_sql(_PG_INSERT_RECORDS, tuple(map(list, zip(*rows, strict=True))))
+        else:
+            conn.execute(self._insert_ignore(_RECORDS_T),
+                         [dict(zip(_RECORD_COLUMNS, row, strict=True)) for row in rows])
 
     @contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
@@ -626,10 +630,10 @@ assert set(_RECORD_COLUMNS) == set(_RECORDS_T.columns.keys()), "a record row nam
 
 def _insert_records_sql() -> tuple[str, str]:
     """The two dialects' INSERTs of record rows, rendered from the table definition once:
-    SQLite's for ``executemany`` (one ``?`` per column), PostgreSQL's from one array per
-    column (``unnest(%s::bigint[], ...)``). Both skip rows whose key is there. Text goes
-    as ``text[]``, never ``varchar(n)[]``: a cast to ``varchar(n)`` would cut a value
-    that the column itself refuses."""
+    SQLite's for ``executemany`` (one ``?`` per column), psycopg's from one array per
+    column, each a binary parameter (``unnest(%b::bigint[], ...)``). Both skip rows
+    whose key is there. Text goes as ``text[]``, never ``varchar(n)[]``: a cast to
+    ``varchar(n)`` would cut a value that the column itself refuses."""
     array_type = {int: "bigint[]", float: "double precision[]", str: "text[]"}
     sqlite = sqlite_dialect.dialect().identifier_preparer
     pg = pg_dialect.psycopg.dialect().identifier_preparer
@@ -637,7 +641,7 @@ def _insert_records_sql() -> tuple[str, str]:
     sqlite_sql = (f"INSERT INTO {sqlite.format_table(_RECORDS_T)} "
                   f"({', '.join(sqlite.format_column(c) for c in columns)}) "
                   f"VALUES ({', '.join('?' for _ in columns)}) ON CONFLICT DO NOTHING")
-    arrays = ", ".join(f"%s::{array_type[c.type.python_type]}" for c in columns)
+    arrays = ", ".join(f"%b::{array_type[c.type.python_type]}" for c in columns)
     pg_sql = (f"INSERT INTO {pg.format_table(_RECORDS_T)} "
               f"({', '.join(pg.format_column(c) for c in columns)}) "
               f"SELECT * FROM unnest({arrays}) ON CONFLICT DO NOTHING")
