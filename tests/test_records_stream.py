@@ -35,16 +35,19 @@ from farm.records import (
     RequestedBy,
     Session,
     SessionStorage,
+    Stamp,
     StorageSink,
 )
 from farm.records.ingest import record_streams
 from farm.records.open import open_recorder, records_transport
 from farm.records.stream import (
+    PACK_MAX_RECORDS,
     EntryError,
     RedisStreamSink,
     decode_record,
     decode_records,
     decode_session,
+    encode_packs,
     encode_record,
     encode_session,
 )
@@ -239,6 +242,90 @@ def test_entries_round_trip_and_refusals() -> None:
         decode_session({**encode_session(session, None), "v": "2"})
     assert newer_envelope.value.retry_later
     recorder.close()
+
+
+def _records(count: int, session: int = 5) -> list[CompilationRecord]:
+    return [CompilationRecord(stamp=Stamp(session=session, seq=seq, offset_s=0.01 * seq),
+                              family="axpy", key=f"{seq:032x}.{'ab' * 12}",
+                              outcome=Outcome.COMPILED, work_s=0.01)
+            for seq in range(1, count + 1)]
+
+
+def test_a_send_travels_as_packs_per_kind_split_by_size() -> None:
+    compiled = _records(60)
+    batch = CompilationBatchRecord(stamp=Stamp(session=5, seq=61, offset_s=1.0), kernels=60,
+                                   compiled=60, wall_s=1.0)
+    big = compiled[0].model_copy(update={"stamp": Stamp(session=5, seq=62, offset_s=1.0),
+                                         "source": "x" * 5000})
+    packs = encode_packs([*compiled, batch, big], max_bytes=4096)
+    assert {stream for stream, _ in packs} == {COMPILATION_STREAM, BATCH_STREAM}
+    for _, fields in packs:
+        assert fields["v"] == "2" and fields["kind"] in (CompilationRecord.KIND,
+                                                         CompilationBatchRecord.KIND)
+        assert len(fields["records"]) <= 4096 or fields["records"].count('"stamp"') == 1
+    back = [decode_records(fields) for _, fields in packs]
+    assert all(not d.bad for d in back)
+    by_stream = {s: [r for (stream, _), d in zip(packs, back, strict=True) if stream == s
+                     for r in d.records] for s in (COMPILATION_STREAM, BATCH_STREAM)}
+    assert by_stream[COMPILATION_STREAM] == [*compiled, big]  # in order, nothing lost
+    assert by_stream[BATCH_STREAM] == [batch]
+    assert len(packs) > 3  # 60 records of ~0.3 KB do not fit one 4 KB pack
+    big_pack = next(f for _, f in packs if '"xxxxx' in f["records"])
+    assert decode_records(big_pack).records == [big]  # over the limit: alone
+
+
+def test_one_record_entries_still_decode() -> None:
+    """Entries of producers before packs (version 1) read as a pack of one."""
+    (record,) = _records(1)
+    fields = {k.encode(): v.encode() for k, v in encode_record(record).items()}
+    decoded = decode_records(fields)
+    assert decoded.records == [record] and not decoded.bad
+    with pytest.raises(EntryError, match="does not validate"):  # a bad one: whole entry
+        decode_records({**encode_record(record), "record": '{"stamp": {}}'})
+
+
+def test_a_bad_record_in_a_pack_costs_only_itself() -> None:
+    good = [json.loads(r.model_dump_json()) for r in _records(4)]
+    hostile = [good[0], {**good[1], "stamp": {**good[1]["stamp"], "seq": 2**63}}, good[2],
+               5, {**good[3], "work_s": "Infinity"}, {"stamp": {}}]
+    fields = {"v": "2", "kind": CompilationRecord.KIND, "records": json.dumps(hostile)}
+    decoded = decode_records(fields)
+    assert decoded.records == [CompilationRecord.model_validate(good[i]) for i in (0, 2)]
+    assert [b.index for b in decoded.bad] == [1, 3, 4, 5]
+    for bad in decoded.bad:
+        assert bad.fields["v"] == "1" and bad.fields["kind"] == CompilationRecord.KIND
+        assert json.loads(bad.fields["record"]) == hostile[bad.index]  # kept as it came
+        assert f"record {bad.index} of a pack of 6" in str(bad.error)
+        assert "\n" not in str(bad.error) and not bad.error.retry_later
+        with pytest.raises(EntryError):  # sent again alone, it is refused alone
+            decode_record(bad.fields)
+    assert "stamp.seq" in str(decoded.bad[0].error)
+
+
+@pytest.mark.parametrize(("records", "reason"), [
+    ("{not json", "malformed"),
+    ('{"stamp": {}}', "malformed"),  # an object, not an array
+    ("[]", "malformed"),  # a pack holds at least one record
+    ("[" + ",".join(["{}"] * (PACK_MAX_RECORDS + 1)) + "]", "malformed"),
+    (None, "malformed"),  # no records field at all
+])
+def test_a_malformed_pack_is_refused_whole(records: str | None, reason: str) -> None:
+    fields = {"v": "2", "kind": CompilationRecord.KIND}
+    if records is not None:
+        fields["records"] = records
+    with pytest.raises(EntryError, match=reason) as refused:
+        decode_records(fields)
+    assert "\n" not in str(refused.value) and not refused.value.retry_later
+
+
+def test_packs_of_a_newer_kind_or_envelope_wait_for_a_newer_ingester() -> None:
+    pack = encode_packs(_records(2))[0][1]
+    with pytest.raises(EntryError) as kind:
+        decode_records({**pack, "kind": "records/v2/compilation"})
+    assert kind.value.retry_later
+    with pytest.raises(EntryError) as envelope:
+        decode_records({**pack, "v": "3"})
+    assert envelope.value.retry_later
 
 
 # -- recorder additions the cluster relies on (no services) ------------------------------

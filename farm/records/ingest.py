@@ -430,17 +430,18 @@ class Ingester:
             sessions, records = self._write_singly(entries, sessions, records, dead)
         self._prune(sessions)
         pipe = self.client.pipeline(transaction=False)
-        for entry in dead:
-            # the fields as they came (bytes that are not UTF-8 included), then ours
-            fields: dict[Any, Any] = {k: v for k, v in (entry.fields or {}).items()
-                                      if not _is_ours(k)}
-            fields.update({"dead:stream": entry.stream, "dead:id": entry.id,
-                           "dead:error": str(entry.error)})
-            if entry.error is not None and entry.error.retry_later:
-                fields["dead:newer"] = "1"
-            pipe.xadd(RECORDS_DEAD_STREAM, fields, maxlen=self.maxlen, approximate=True)
         bad_records = 0
-        for entry in entries:
+        whole = {id(entry) for entry in dead}
+        for entry in entries:  # in the order read: the dead stream reads like the streams
+            if id(entry) in whole:
+                # the fields as they came (bytes that are not UTF-8 included), then ours
+                fields: dict[Any, Any] = {k: v for k, v in (entry.fields or {}).items()
+                                          if not _is_ours(k)}
+                fields.update({"dead:stream": entry.stream, "dead:id": entry.id,
+                               "dead:error": str(entry.error)})
+                if entry.error is not None and entry.error.retry_later:
+                    fields["dead:newer"] = "1"
+                pipe.xadd(RECORDS_DEAD_STREAM, fields, maxlen=self.maxlen, approximate=True)
             for bad in entry.bad:  # one record of a pack, alone, as a one-record entry
                 pipe.xadd(RECORDS_DEAD_STREAM,
                           {**bad.fields, "dead:stream": entry.stream, "dead:id": entry.id,
