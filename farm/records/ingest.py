@@ -31,9 +31,13 @@ Guarantees, and what gives each one:
   dropped: after a prune, records of sessions older than every kept session are not
   written, and the next prune deletes any another ingester wrote.
 
+Record entries are packs (many records of one kind, ``farm.records.stream``) or, from
+producers before packs, one record each; a stream may hold both, and both are read.
 Entries that do not validate (not UTF-8, out-of-range integers, non-finite floats, an
-unknown kind) go to ``farm:records:dead`` (with the reason) and are acknowledged, so
-one bad entry neither blocks the stream nor is retried for ever. Entries that a newer
+unknown kind, a pack that is not a JSON array of records) go to ``farm:records:dead``
+(with the reason) and are acknowledged, so one bad entry neither blocks the stream nor
+is retried for ever. A bad record inside a pack goes there alone, as a one-record
+entry (``dead:index`` names its place): the pack's other records are written. Entries that a newer
 farm may have written (a record kind or envelope version this version does not know)
 go there too, flagged ``dead:newer``: left pending they would be claimed and re-read
 by every ingester for ever. Upgrade the ingesters before the producers; entries set
