@@ -37,11 +37,12 @@ Entries that do not validate (not UTF-8, out-of-range integers, non-finite float
 unknown kind, a pack that is not a JSON array of records) go to ``farm:records:dead``
 (with the reason) and are acknowledged, so one bad entry neither blocks the stream nor
 is retried for ever. A bad record inside a pack goes there alone, as a one-record
-entry (``dead:index`` names its place): the pack's other records are written. Entries that a newer
-farm may have written (a record kind or envelope version this version does not know)
-go there too, flagged ``dead:newer``: left pending they would be claimed and re-read
-by every ingester for ever. Upgrade the ingesters before the producers; entries set
-aside meanwhile can be sent again from the dead stream (docs/RECORDS.md).
+entry (``dead:index`` names its place): the pack's other records are written. Entries
+that a newer farm may have written (a record kind or envelope version this version
+does not know) go there too, flagged ``dead:newer``: left pending they would be
+claimed and re-read by every ingester for ever. Upgrade the ingesters before the
+producers; entries set aside meanwhile can be sent again from the dead stream
+(docs/RECORDS.md).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ class _Entry:
 
 
 def _is_pack(entry: _Entry) -> bool:
-    """Whether the entry is a pack (more than one record, or the pack envelope)."""
+    """Whether the entry is a pack: any envelope but the one-record one (version 1),
+    whose record the storage refuses sets the entry aside whole, as before packs."""
     fields = entry.fields or {}
     version = fields.get("v", fields.get(b"v"))
     return version not in (str(ENVELOPE_VERSION), str(ENVELOPE_VERSION).encode())
