@@ -44,6 +44,20 @@ A record of kind ``records/v<N>/<name>`` travels on ``farm:records:<name>``
 (:func:`records_stream_for`): the stream has no version in its name, the entry carries
 its kind, so a kind's later format version shares its stream (see docs/RECORDS.md).
 
+Records stream entries (flat string fields; ``v`` is the envelope version,
+``farm.records.stream``)::
+
+    farm:records:sessions      v=1  session (JSON), keep_sessions (number or "")
+    farm:records:<kind>        v=2  kind, records (JSON array of 1 to 4096 records of
+                                    that kind, in seq order, at most 8 KB: a pack, one
+                                    per kind per send)
+                               v=1  kind, record (one JSON record: producers before
+                                    packs; still read)
+    farm:records:dead          the entry's fields as they came, plus dead:stream,
+                               dead:id, dead:error (dead:newer="1" when a newer farm
+                               may read it); a record set aside from a pack alone is a
+                               v=1 entry plus dead:index, its place in the pack
+
 Celery queues: ``farm.<fingerprint>`` (one per fingerprint), Redis lists of that name;
 ``farm.default`` (the app's default, consumed by nobody); ``unacked`` (kombu's hash of
 delivered, unacknowledged messages). The one task: ``farm.compile``.

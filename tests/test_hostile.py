@@ -326,6 +326,38 @@ def test_an_entry_the_storage_cannot_hold_is_set_aside_not_retried_for_ever(
     storage.close()
 
 
+@pytest.mark.integration
+def test_a_record_of_a_pack_the_storage_cannot_hold_is_set_aside_alone(client: Any) -> None:
+    """The same defence for packs: the pack is not set aside whole, only the record the
+    storage refuses, as a one-record entry; the pack's other records are written."""
+    from farm.keys import RECORDS_DEAD_STREAM
+    from farm.model import Outcome
+    from farm.records import CompilationRecord, SessionStorage, Stamp
+    from farm.records.ingest import Ingester
+    from farm.records.stream import RedisStreamSink, decode_record
+
+    class Picky(SessionStorage):
+        def write_batch(self, sessions: Any, records: Any) -> int:
+            if any(r.family == "unstorable" for r in records):
+                raise OverflowError("Python int too large to convert to SQLite INTEGER")
+            return super().write_batch(sessions, records)
+
+    records = [CompilationRecord(stamp=Stamp(session=1, seq=i, offset_s=0.0),
+                                 family="unstorable" if i == 2 else "axpy", key="k",
+                                 outcome=Outcome.COMPILED, work_s=0.0) for i in (1, 2, 3)]
+    RedisStreamSink(client).write_records(records)  # one pack of three
+    storage = Picky("sqlite://")
+    stats = Ingester(client, storage, block_ms=10, claim_idle_ms=0).run(drain=True)
+    assert storage.records(1) == [records[0], records[2]]
+    assert (stats.records, stats.dead) == (2, 1)
+    (entry,) = client.xrange(RECORDS_DEAD_STREAM)
+    fields = entry[1]
+    assert b"cannot hold it" in fields[b"dead:error"] and fields[b"dead:index"] == b"1"
+    resend = {k: v for k, v in fields.items() if not k.startswith(b"dead:")}
+    assert decode_record(resend) == records[1]  # can be sent again by itself
+    storage.close()
+
+
 def test_a_worker_refuses_a_payload_whose_integers_no_storage_holds() -> None:
     from pydantic import ValidationError
 

@@ -9,6 +9,7 @@ ingesters running at once, entries a dead ingester held claimed by another.
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from farm.records import (
     Stamp,
 )
 from farm.records.ingest import Ingester, record_streams
-from farm.records.stream import RedisStreamSink, encode_record
+from farm.records.stream import RedisStreamSink, encode_packs, encode_record
 
 pytestmark = pytest.mark.integration
 
@@ -200,12 +201,13 @@ def test_entries_a_dead_ingester_held_are_claimed(
         Ingester(client, scratch, consumer="dead-one").ensure_groups()
     got = client.xreadgroup(RECORDS_GROUP, "dead-one",
                             {COMPILATION_STREAM: ">", "farm:records:sessions": ">"})
-    assert sum(len(messages) for _, messages in got) == 41
+    # the session, then packs: the first change alone, then one per 10 records
+    assert sum(len(messages) for _, messages in got) == 1 + 5
     time.sleep(0.3)
 
     counts = drain(service_env(redis_url, url, tmp_path), tmp_path / "ingest.log",
                    "--claim-idle-ms", "200")
-    assert counts["claimed"] == 41
+    assert counts["claimed"] == 1 + 5
     assert (counts["records"], counts["sessions"]) == (40, 1)
     assert pending_total(client) == 0
     with SessionStorage(url) as storage:
@@ -280,6 +282,45 @@ def test_bad_and_newer_entries_are_set_aside_never_left_pending(
     assert pending_total(client) == 0  # nothing waits for ever
     with SessionStorage(url) as storage:
         assert storage.records(1) == [record]  # the bad one blocked nothing
+
+
+def test_old_and_packed_entries_mix_and_a_bad_record_costs_only_itself(
+    client: Any, redis_url: str, records_url: str, tmp_path: Path
+) -> None:
+    """One stream holding what producers of both versions send: one-record entries
+    (version 1) and packs (version 2), one pack with a bad record in the middle and one
+    pack that is not a pack at all. Every good record is stored, once; the bad record
+    alone and the malformed pack whole go to the dead stream; nothing stays pending."""
+    records = [CompilationRecord(stamp=Stamp(session=1, seq=seq, offset_s=0.1),
+                                 family="axpy", key=KEY, outcome=Outcome.COMPILED,
+                                 work_s=0.01) for seq in range(1, 9)]
+    client.xadd(COMPILATION_STREAM, encode_record(records[0]))  # an old producer's
+    ((_, pack),) = encode_packs(records[1:4])
+    client.xadd(COMPILATION_STREAM, pack)
+    client.xadd(COMPILATION_STREAM, encode_record(records[4]))
+    members = [json.loads(r.model_dump_json()) for r in records[5:8]]
+    members.insert(1, {**members[0], "stamp": {"session": 1, "seq": 2**63, "offset_s": 0}})
+    client.xadd(COMPILATION_STREAM, {**pack, "records": json.dumps(members)})
+    client.xadd(COMPILATION_STREAM, {**pack, "records": '{"not": "a pack"}'})
+    client.xadd(COMPILATION_STREAM, pack)  # sent twice (a retry): stored once
+
+    counts = drain(service_env(redis_url, records_url, tmp_path), tmp_path / "ingest.log")
+    assert (counts["records"], counts["dead"], counts["deferred"]) == (3 + 1 + 1 + 3 + 3,
+                                                                      2, 0)
+    assert pending_total(client) == 0
+    with SessionStorage(records_url) as storage:
+        assert storage.records(1) == records
+    bad, malformed = client.xrange(RECORDS_DEAD_STREAM)
+    # the bad record alone, as a one-record entry that could be sent again by itself
+    assert (bad[1][b"v"], bad[1][b"dead:index"]) == (b"1", b"1")
+    assert json.loads(bad[1][b"record"]) == members[1]
+    assert b"record 1 of a pack of 4" in bad[1][b"dead:error"]
+    assert b"stamp.seq" in bad[1][b"dead:error"]
+    # the malformed pack whole, with its fields as they came
+    assert malformed[1][b"v"] == b"2" and malformed[1][b"records"] == b'{"not": "a pack"}'
+    assert b"malformed" in malformed[1][b"dead:error"]
+    log = (tmp_path / "ingest.log").read_text()
+    assert "1 record(s) of pack" in log and "the others written" in log
 
 
 def test_sigterm_stops_an_idle_ingester_at_once(

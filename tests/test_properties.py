@@ -45,7 +45,9 @@ from farm.records.model import Session
 from farm.records.stream import (
     EntryError,
     decode_record,
+    decode_records,
     decode_session,
+    encode_packs,
     encode_record,
     encode_session,
 )
@@ -288,6 +290,68 @@ def test_stream_entries_decode_and_store_or_are_refused(
     else:
         storage.write_batch([], [decoded])  # type: ignore[list-item]
         assert storage.records(decoded.stamp.session) == [decoded]  # type: ignore[union-attr]
+
+
+def _good_pack_fields() -> dict[str, str]:
+    from farm.model import Outcome
+    from farm.records import CompilationRecord, RequestedBy, Stamp
+
+    records = [CompilationRecord(stamp=Stamp(session=7, seq=seq, offset_s=0.5), family="axpy",
+                                 key="0" * 32 + "." + "1" * 24, outcome=Outcome.COMPILED,
+                                 work_s=0.25, requested_by=RequestedBy(session=9, batch=1))
+               for seq in (1, 2, 3)]
+    ((_, fields),) = encode_packs(records)
+    return fields
+
+
+GOOD_PACK = _good_pack_fields()
+
+
+@given(seed=st.integers(0, 2**32), replacement=JSONISH, raw_field=st.binary(max_size=30),
+       as_bytes=st.booleans())
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+def test_record_packs_decode_and_store_or_are_refused(
+        records_storage: SessionStorage, seed: int, replacement: Any, raw_field: bytes,
+        as_bytes: bool) -> None:
+    """A hostile pack is refused whole in one line, or each of its records is either
+    stored (and reads back) or set aside in one line: never an exception, never a
+    record that validated and then fails in storage, never a record lost silently."""
+    rnd = random.Random(seed)
+    choice = rnd.random()
+    fields: dict[Any, Any]
+    members = json.loads(GOOD_PACK["records"])
+    if choice < 0.6:  # a hostile value inside one record of the pack
+        fields = {**GOOD_PACK, "records": json.dumps(mutate_json(members, rnd, replacement))}
+    elif choice < 0.7:  # a hostile record added to the pack
+        fields = {**GOOD_PACK, "records": json.dumps([*members, replacement])}
+    elif choice < 0.9:  # a hostile envelope field
+        fields = {**GOOD_PACK, rnd.choice([*GOOD_PACK, "x"]): json.dumps(replacement)
+                  if not isinstance(replacement, str) else replacement}
+    else:  # raw bytes (not UTF-8, say) in a field
+        fields = {**GOOD_PACK, rnd.choice([*GOOD_PACK]): raw_field}
+    if as_bytes:
+        fields = {k.encode() if isinstance(k, str) else k:
+                  v.encode("utf-8", "surrogatepass") if isinstance(v, str) else v
+                  for k, v in fields.items()}
+    try:
+        decoded = decode_records(fields)
+    except EntryError as exc:
+        one_line(exc)
+        return
+    for bad in decoded.bad:
+        one_line(bad.error)
+    if fields.get("records", fields.get(b"records")) is not None:
+        total = len(json.loads(fields.get("records") or fields[b"records"]))
+        assert len(decoded.records) + len(decoded.bad) == total  # none lost silently
+    storage = _emptied(records_storage)
+    storage.write_batch([], decoded.records)
+    first: dict[tuple[int, int], Any] = {}  # a mutated seq may repeat another: first wins
+    for record in decoded.records:
+        first.setdefault((record.stamp.session, record.stamp.seq), record)
+    stored = {(r.stamp.session, r.stamp.seq): r
+              for session in {key[0] for key in first} for r in storage.records(session)}
+    assert stored == first
 
 
 # -- bundles -----------------------------------------------------------------------------------

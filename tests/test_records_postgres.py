@@ -64,3 +64,37 @@ def test_tables_of_our_names_that_are_not_ours_are_refused(fresh_database: str) 
         assert sorted(names) == ["sessions"]
     finally:
         engine.dispose()
+
+
+def test_record_rows_read_back_the_same_through_either_insert(fresh_database: str) -> None:
+    """Record rows go to psycopg as one array per column; another driver gets
+    SQLAlchemy's executemany. Both store the same rows: every column, NULLs included
+    (a batch record has no family; a compilation record may name no build)."""
+    from farm.model import Outcome
+    from farm.records import CompilationBatchRecord, CompilationRecord, RequestedBy, Stamp
+
+    def batch(session: int) -> list[Any]:
+        return [
+            CompilationRecord(stamp=Stamp(session=session, seq=1, offset_s=0.5),
+                              family="axpy", key="k", outcome=Outcome.COMPILED, work_s=0.25,
+                              worker="w:1", host="h", requested_by=RequestedBy(session=9,
+                                                                              batch=2)),
+            CompilationRecord(stamp=Stamp(session=session, seq=2, offset_s=0.5),
+                              family="axpy", key="k", outcome=Outcome.LOADED, work_s=0.0),
+            CompilationBatchRecord(stamp=Stamp(session=session, seq=3, offset_s=1.0),
+                                   kernels=2, compiled=1, loaded=1, wall_s=1.0, label="b"),
+        ]
+
+    with SessionStorage(fresh_database) as storage:
+        storage.write_records(batch(1))  # arrays
+        storage._engine.dialect.driver = "another"  # as if another PostgreSQL driver
+        storage.write_records(batch(2))  # SQLAlchemy's executemany
+        storage.write_records(batch(2))  # idempotent on this path too
+        with storage._engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT * FROM records ORDER BY session_id, seq")
+                                ).mappings().all()
+    assert len(rows) == 6
+    for first, second in zip(rows[:3], rows[3:], strict=True):
+        assert {**first, "session_id": 2, "payload": None} == \
+            {**second, "payload": None}
+    assert rows[0]["requested_session"] == 9 and rows[2]["family"] is None

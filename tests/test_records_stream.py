@@ -35,15 +35,19 @@ from farm.records import (
     RequestedBy,
     Session,
     SessionStorage,
+    Stamp,
     StorageSink,
 )
 from farm.records.ingest import record_streams
 from farm.records.open import open_recorder, records_transport
 from farm.records.stream import (
+    PACK_MAX_RECORDS,
     EntryError,
     RedisStreamSink,
     decode_record,
+    decode_records,
     decode_session,
+    encode_packs,
     encode_record,
     encode_session,
 )
@@ -171,6 +175,16 @@ def seqs(records: Sequence[Record]) -> list[int]:
     return [r.stamp.seq for r in records]
 
 
+def stream_records(client: Any, stream: str) -> list[Record]:
+    """Every record of a stream, in order, whether its entries are packs or single."""
+    found: list[Record] = []
+    for _, fields in entries(client, stream):
+        decoded = decode_records(fields)
+        assert not decoded.bad
+        found.extend(decoded.records)
+    return found
+
+
 # -- fixtures ---------------------------------------------------------------------------
 
 
@@ -228,6 +242,90 @@ def test_entries_round_trip_and_refusals() -> None:
         decode_session({**encode_session(session, None), "v": "2"})
     assert newer_envelope.value.retry_later
     recorder.close()
+
+
+def _records(count: int, session: int = 5) -> list[CompilationRecord]:
+    return [CompilationRecord(stamp=Stamp(session=session, seq=seq, offset_s=0.01 * seq),
+                              family="axpy", key=f"{seq:032x}.{'ab' * 12}",
+                              outcome=Outcome.COMPILED, work_s=0.01)
+            for seq in range(1, count + 1)]
+
+
+def test_a_send_travels_as_packs_per_kind_split_by_size() -> None:
+    compiled = _records(60)
+    batch = CompilationBatchRecord(stamp=Stamp(session=5, seq=61, offset_s=1.0), kernels=60,
+                                   compiled=60, wall_s=1.0)
+    big = compiled[0].model_copy(update={"stamp": Stamp(session=5, seq=62, offset_s=1.0),
+                                         "source": "x" * 5000})
+    packs = encode_packs([*compiled, batch, big], max_bytes=4096)
+    assert {stream for stream, _ in packs} == {COMPILATION_STREAM, BATCH_STREAM}
+    for _, fields in packs:
+        assert fields["v"] == "2" and fields["kind"] in (CompilationRecord.KIND,
+                                                         CompilationBatchRecord.KIND)
+        assert len(fields["records"]) <= 4096 or fields["records"].count('"stamp"') == 1
+    back = [decode_records(fields) for _, fields in packs]
+    assert all(not d.bad for d in back)
+    by_stream = {s: [r for (stream, _), d in zip(packs, back, strict=True) if stream == s
+                     for r in d.records] for s in (COMPILATION_STREAM, BATCH_STREAM)}
+    assert by_stream[COMPILATION_STREAM] == [*compiled, big]  # in order, nothing lost
+    assert by_stream[BATCH_STREAM] == [batch]
+    assert len(packs) > 3  # 60 records of ~0.3 KB do not fit one 4 KB pack
+    big_pack = next(f for _, f in packs if '"xxxxx' in f["records"])
+    assert decode_records(big_pack).records == [big]  # over the limit: alone
+
+
+def test_one_record_entries_still_decode() -> None:
+    """Entries of producers before packs (version 1) read as a pack of one."""
+    (record,) = _records(1)
+    fields = {k.encode(): v.encode() for k, v in encode_record(record).items()}
+    decoded = decode_records(fields)
+    assert decoded.records == [record] and not decoded.bad
+    with pytest.raises(EntryError, match="does not validate"):  # a bad one: whole entry
+        decode_records({**encode_record(record), "record": '{"stamp": {}}'})
+
+
+def test_a_bad_record_in_a_pack_costs_only_itself() -> None:
+    good = [json.loads(r.model_dump_json()) for r in _records(4)]
+    hostile = [good[0], {**good[1], "stamp": {**good[1]["stamp"], "seq": 2**63}}, good[2],
+               5, {**good[3], "work_s": "Infinity"}, {"stamp": {}}]
+    fields = {"v": "2", "kind": CompilationRecord.KIND, "records": json.dumps(hostile)}
+    decoded = decode_records(fields)
+    assert decoded.records == [CompilationRecord.model_validate(good[i]) for i in (0, 2)]
+    assert [b.index for b in decoded.bad] == [1, 3, 4, 5]
+    for bad in decoded.bad:
+        assert bad.fields["v"] == "1" and bad.fields["kind"] == CompilationRecord.KIND
+        assert json.loads(bad.fields["record"]) == hostile[bad.index]  # kept as it came
+        assert f"record {bad.index} of a pack of 6" in str(bad.error)
+        assert "\n" not in str(bad.error) and not bad.error.retry_later
+        with pytest.raises(EntryError):  # sent again alone, it is refused alone
+            decode_record(bad.fields)
+    assert "stamp.seq" in str(decoded.bad[0].error)
+
+
+@pytest.mark.parametrize(("records", "reason"), [
+    ("{not json", "malformed"),
+    ('{"stamp": {}}', "malformed"),  # an object, not an array
+    ("[]", "malformed"),  # a pack holds at least one record
+    ("[" + ",".join(["{}"] * (PACK_MAX_RECORDS + 1)) + "]", "malformed"),
+    (None, "malformed"),  # no records field at all
+])
+def test_a_malformed_pack_is_refused_whole(records: str | None, reason: str) -> None:
+    fields = {"v": "2", "kind": CompilationRecord.KIND}
+    if records is not None:
+        fields["records"] = records
+    with pytest.raises(EntryError, match=reason) as refused:
+        decode_records(fields)
+    assert "\n" not in str(refused.value) and not refused.value.retry_later
+
+
+def test_packs_of_a_newer_kind_or_envelope_wait_for_a_newer_ingester() -> None:
+    pack = encode_packs(_records(2))[0][1]
+    with pytest.raises(EntryError) as kind:
+        decode_records({**pack, "kind": "records/v2/compilation"})
+    assert kind.value.retry_later
+    with pytest.raises(EntryError) as envelope:
+        decode_records({**pack, "v": "3"})
+    assert envelope.value.retry_later
 
 
 # -- recorder additions the cluster relies on (no services) ------------------------------
@@ -329,11 +427,13 @@ def test_a_changing_session_goes_first_then_its_held_records_in_order(
     decoded = decode_session(session_entry[1])
     assert decoded.session.id == recorder.session.id and decoded.keep_sessions == 4
     compiled = entries(client, COMPILATION_STREAM)
-    assert [decode_record(f).stamp.seq for _, f in compiled] == [1, 2, 3, 4]
-    assert [decode_record(f).outcome for _, f in compiled] == [Outcome.LOADED] * 3 + [  # type: ignore[union-attr]
+    assert len(compiled) == 1  # the four records of one send travel as one pack
+    records = stream_records(client, COMPILATION_STREAM)
+    assert seqs(records) == [1, 2, 3, 4]
+    assert [r.outcome for r in records] == [Outcome.LOADED] * 3 + [  # type: ignore[union-attr]
         Outcome.COMPILED]
     (batch_entry,) = entries(client, BATCH_STREAM)
-    assert decode_record(batch_entry[1]).stamp.seq == 5
+    assert seqs(decode_records(batch_entry[1]).records) == [5]
 
     # The session went to Redis first, then the held records with the change, together.
     assert calls == ["session", "records 4", "records 1"]
@@ -356,18 +456,19 @@ def test_a_changing_session_goes_first_then_its_held_records_in_order(
 @pytest.mark.integration
 def test_the_cap_trims_approximately(client: Any, redis_url: str) -> None:
     sink = RedisStreamSink.open(redis_url, maxlen=100)
-    recorder = Recorder(sink, label="many", flush_records=50)
+    recorder = Recorder(sink, label="many", flush_records=1)  # one record per entry
     for _ in range(1000):
         _compile(recorder)
     recorder.close()
     length = client.xlen(COMPILATION_STREAM)
     node = int(client.config_get("stream-node-max-entries")["stream-node-max-entries"])
-    # At least the cap is kept; whole nodes go, so up to about a node more stays.
+    # The cap counts entries: at least the cap is kept; whole nodes go, so up to about
+    # a node more stays.
     assert 100 <= length <= 100 + 2 * node, length
     assert length < 1000
-    newest = entries(client, COMPILATION_STREAM)
-    assert decode_record(newest[-1][1]).stamp.seq == 1000  # the oldest go, never the newest
-    assert [decode_record(f).stamp.seq for _, f in newest] == list(range(1001 - length, 1001))
+    newest = stream_records(client, COMPILATION_STREAM)
+    assert newest[-1].stamp.seq == 1000  # the oldest go, never the newest
+    assert seqs(newest) == list(range(1001 - length, 1001))
 
 
 def test_a_producer_without_redis_keeps_its_records_and_does_not_fail() -> None:

@@ -31,24 +31,31 @@ Guarantees, and what gives each one:
   dropped: after a prune, records of sessions older than every kept session are not
   written, and the next prune deletes any another ingester wrote.
 
+Record entries are packs (many records of one kind, ``farm.records.stream``) or, from
+producers before packs, one record each; a stream may hold both, and both are read.
 Entries that do not validate (not UTF-8, out-of-range integers, non-finite floats, an
-unknown kind) go to ``farm:records:dead`` (with the reason) and are acknowledged, so
-one bad entry neither blocks the stream nor is retried for ever. Entries that a newer
-farm may have written (a record kind or envelope version this version does not know)
-go there too, flagged ``dead:newer``: left pending they would be claimed and re-read
-by every ingester for ever. Upgrade the ingesters before the producers; entries set
-aside meanwhile can be sent again from the dead stream (docs/RECORDS.md).
+unknown kind, a pack that is not a JSON array of records) go to ``farm:records:dead``
+(with the reason) and are acknowledged, so one bad entry neither blocks the stream nor
+is retried for ever. A bad record inside a pack goes there alone, as a one-record
+entry (``dead:index`` names its place): the pack's other records are written. Entries
+that a newer farm may have written (a record kind or envelope version this version
+does not know) go there too, flagged ``dead:newer``: left pending they would be
+claimed and re-read by every ingester for ever. Upgrade the ingesters before the
+producers; entries set aside meanwhile can be sent again from the dead stream
+(docs/RECORDS.md).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -63,11 +70,15 @@ from farm.keys import (
 )
 from farm.records.model import RECORD_KINDS, Record
 from farm.records.stream import (
+    ENVELOPE_VERSION,
     STREAM_MAXLEN,
+    BadRecord,
+    DecodedRecords,
     EntryError,
     SessionEntry,
-    decode_record,
+    decode_records,
     decode_session,
+    encode_record,
 )
 
 if TYPE_CHECKING:
@@ -131,8 +142,47 @@ class _Entry:
     stream: str
     id: str
     fields: dict[Any, Any] | None  # None: trimmed away while pending
-    decoded: SessionEntry | Record | None = None
-    error: EntryError | None = None
+    decoded: SessionEntry | DecodedRecords | None = None
+    error: EntryError | None = None  # the entry as a whole is set aside
+    bad: list[BadRecord] = field(default_factory=list)  # records of a pack set aside
+
+
+def _is_pack(entry: _Entry) -> bool:
+    """Whether the entry is a pack: any envelope but the one-record one (version 1),
+    whose record the storage refuses sets the entry aside whole, as before packs."""
+    fields = entry.fields or {}
+    version = fields.get("v", fields.get(b"v"))
+    return version not in (str(ENVELOPE_VERSION), str(ENVELOPE_VERSION).encode())
+
+
+def _places(decoded: DecodedRecords) -> list[int]:
+    """Each valid record's index in its pack (the bad ones' indices skipped)."""
+    skipped = {bad.index for bad in decoded.bad}
+    total = len(decoded.records) + len(skipped)
+    return [i for i in range(total) if i not in skipped]
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Keep Python's cyclic garbage collector off for one round.
+
+    A round builds tens of thousands of short-lived objects (a validated model and a
+    row per record, none in a reference cycle: reference counting frees them all when
+    the round ends). Left on, the collector runs every few hundred allocations and
+    traverses everything the round holds, and now and then the whole heap: it took a
+    third of the ingester's time. Cycles made meanwhile wait for the next collection.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _unstorable(exc: BaseException) -> EntryError:
+    return EntryError(f"the records storage cannot hold it: {type(exc).__name__}: {exc}"[:300])
 
 
 def _text(value: Any) -> str:
@@ -341,6 +391,10 @@ class Ingester:
         """Decode, write in one transaction, prune, then acknowledge."""
         if not entries:
             return 0
+        with _cyclic_gc_paused():
+            return self._handle_round(entries)
+
+    def _handle_round(self, entries: list[_Entry]) -> int:
         sessions: list[SessionEntry] = []
         records: list[Record] = []
         ack: dict[str, list[str]] = {}
@@ -358,8 +412,10 @@ class Ingester:
                     entry.decoded = decoded_session
                     sessions.append(decoded_session)
                 else:
-                    entry.decoded = decode_record(entry.fields)
-                    records.append(entry.decoded)
+                    decoded = decode_records(entry.fields)
+                    entry.decoded = decoded
+                    entry.bad.extend(decoded.bad)
+                    records.extend(decoded.records)
             except EntryError as exc:
                 entry.error = exc
                 dead.append(entry)
@@ -380,15 +436,24 @@ class Ingester:
             sessions, records = self._write_singly(entries, sessions, records, dead)
         self._prune(sessions)
         pipe = self.client.pipeline(transaction=False)
-        for entry in dead:
-            # the fields as they came (bytes that are not UTF-8 included), then ours
-            fields: dict[Any, Any] = {k: v for k, v in (entry.fields or {}).items()
-                                      if not _is_ours(k)}
-            fields.update({"dead:stream": entry.stream, "dead:id": entry.id,
-                           "dead:error": str(entry.error)})
-            if entry.error is not None and entry.error.retry_later:
-                fields["dead:newer"] = "1"
-            pipe.xadd(RECORDS_DEAD_STREAM, fields, maxlen=self.maxlen, approximate=True)
+        bad_records = 0
+        whole = {id(entry) for entry in dead}
+        for entry in entries:  # in the order read: the dead stream reads like the streams
+            if id(entry) in whole:
+                # the fields as they came (bytes that are not UTF-8 included), then ours
+                fields: dict[Any, Any] = {k: v for k, v in (entry.fields or {}).items()
+                                          if not _is_ours(k)}
+                fields.update({"dead:stream": entry.stream, "dead:id": entry.id,
+                               "dead:error": str(entry.error)})
+                if entry.error is not None and entry.error.retry_later:
+                    fields["dead:newer"] = "1"
+                pipe.xadd(RECORDS_DEAD_STREAM, fields, maxlen=self.maxlen, approximate=True)
+            for bad in entry.bad:  # one record of a pack, alone, as a one-record entry
+                pipe.xadd(RECORDS_DEAD_STREAM,
+                          {**bad.fields, "dead:stream": entry.stream, "dead:id": entry.id,
+                           "dead:index": str(bad.index), "dead:error": str(bad.error)},
+                          maxlen=self.maxlen, approximate=True)
+                bad_records += 1
         for stream, ids in ack.items():
             pipe.xack(stream, RECORDS_GROUP, *ids)
         pipe.execute()
@@ -399,36 +464,56 @@ class Ingester:
             else:
                 log.error("ingester %s: entry %s of %s set aside in %s: %s", self.consumer,
                           entry.id, entry.stream, RECORDS_DEAD_STREAM, entry.error)
+        for entry in entries:
+            if entry.bad:  # one line per pack, however many of its records are bad
+                log.error("ingester %s: %d record(s) of pack %s of %s set aside in %s, the "
+                          "others written; first: %s", self.consumer, len(entry.bad),
+                          entry.id, entry.stream, RECORDS_DEAD_STREAM, entry.bad[0].error)
         self.stats.batches += 1
         self.stats.sessions += len(sessions)
         self.stats.records += len(records)
-        self.stats.dead += len(dead) - len(newer)
+        self.stats.dead += len(dead) - len(newer) + bad_records
         self.stats.deferred += len(newer)
         return len(entries)
 
     def _write_singly(self, entries: list[_Entry], sessions: list[SessionEntry],
                       records: list[Record], dead: list[_Entry]
                       ) -> tuple[list[SessionEntry], list[Record]]:
-        """Write the batch entry by entry; set aside (in ``dead``) those the storage
-        refuses for their data. Storage being down still raises ``StoreError``."""
+        """Write the batch item by item; set aside those the storage refuses for their
+        data: a session or one-record entry whole (in ``dead``), a record of a pack
+        alone (in its entry's ``bad``). Storage being down still raises ``StoreError``."""
         wanted = {id(x) for x in (*sessions, *records)}
         kept_sessions: list[SessionEntry] = []
         kept_records: list[Record] = []
         for entry in entries:
             item = entry.decoded
-            if item is None or id(item) not in wanted:
-                continue
-            try:
-                if isinstance(item, SessionEntry):
+            if isinstance(item, SessionEntry):
+                if id(item) not in wanted:
+                    continue
+                try:
                     self.storage.write_batch([item.session], [])
                     kept_sessions.append(item)
-                else:
-                    self.storage.write_batch([], [item])
-                    kept_records.append(item)
-            except (ValueError, TypeError, OverflowError) as exc:
-                entry.error = EntryError(f"the records storage cannot hold it: "
-                                         f"{type(exc).__name__}: {exc}"[:300])
-                dead.append(entry)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    entry.error = _unstorable(exc)
+                    dead.append(entry)
+                continue
+            if item is None:
+                continue
+            packed = _is_pack(entry)
+            places = _places(item)
+            for place, record in zip(places, item.records, strict=True):
+                if id(record) not in wanted:
+                    continue
+                try:
+                    self.storage.write_batch([], [record])
+                    kept_records.append(record)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    if not packed:  # the entry is this one record: set it aside whole
+                        entry.error = _unstorable(exc)
+                        dead.append(entry)
+                    else:
+                        entry.bad.append(BadRecord(place, encode_record(record),
+                                                   _unstorable(exc)))
         return kept_sessions, kept_records
 
     def _prune(self, sessions: list[SessionEntry]) -> None:
