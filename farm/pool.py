@@ -201,10 +201,16 @@ class CrashSafePool:
             self._launch(job)
 
     def close(self) -> None:
-        """Stop the processes. Idle ones (every job answered: the end of a batch) are
-        sent SIGTERM rather than asked to exit: they hold nothing to flush, and a clean
-        exit tears the drivers down in user space (NVIDIA: the OpenCL and CUDA contexts,
-        about 2 s for 16 processes on an H200) while the caller waits."""
+        """Stop the processes.
+
+        Idle ones (every job answered: the end of a batch) hold nothing to flush, so
+        they are sent SIGTERM and not waited for: a process's exit includes the driver's
+        teardown of its GPU contexts, which NVIDIA's kernel driver runs one process at a
+        time (about 2 s for 16 processes on an H200, two contexts each). Nothing the
+        caller needs waits on that; a daemon thread reaps them, and a caller that exits
+        first leaves them to init. A pool with jobs still running is shut down and
+        waited for, as before.
+        """
         with self._lock:
             self._closed = True
             gen = self._gen
@@ -212,7 +218,39 @@ class CrashSafePool:
         if gen is None:
             return
         if idle:
-            for process in list((getattr(gen.executor, "_processes", None) or {}).values()):
-                with contextlib.suppress(OSError, ValueError):
-                    process.terminate()
+            _stop_without_waiting(gen.executor)
         gen.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop_without_waiting(executor: ProcessPoolExecutor) -> None:
+    """SIGTERM ``executor``'s idle processes and hand their reaping to a daemon thread.
+
+    Both waits that would follow are on private tables: the executor joins the processes
+    in its ``_processes`` at shutdown, and ``multiprocessing`` joins every process in
+    ``multiprocessing.process._children`` at interpreter exit. Taking them out of both
+    (before the signal, so the executor's thread never sees them die) leaves the waiting
+    to :func:`_reap`. Where a Python keeps these tables otherwise, the processes are
+    only terminated, and shutdown waits for them.
+    """
+    table = getattr(executor, "_processes", None)
+    children = getattr(multiprocessing.process, "_children", None)
+    if not isinstance(table, dict):
+        return
+    processes = list(table.values())
+    detach = isinstance(children, set)
+    if detach:
+        table.clear()
+        for process in processes:
+            children.discard(process)  # type: ignore[union-attr]
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            process.terminate()
+    if detach and processes:
+        threading.Thread(target=_reap, args=(processes,), name="pool-reaper",
+                         daemon=True).start()
+
+
+def _reap(processes: list[Any]) -> None:
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError, AssertionError, AttributeError):
+            process.join()

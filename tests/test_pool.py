@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import resource
 import signal
@@ -66,6 +67,22 @@ def test_closing_an_idle_pool_stops_its_processes_without_waiting_for_their_exit
     start = time.monotonic()
     pool.close()
     assert time.monotonic() - start < 10, "close waited for the processes' own exit"
-    for pid in pids:  # gone, not left behind
+    assert not multiprocessing.active_children(), "interpreter exit would wait for them"
+    deadline = time.monotonic() + 15
+    for pid in pids:  # terminated and reaped (by the pool's reaper thread), not left behind
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_closing_a_busy_pool_waits_for_its_jobs_processes() -> None:
+    pool = CrashSafePool(1, crash_limit=2)
+    running = pool.submit(work, "slow")
+    pool.close()  # a job in flight: shut down and waited for, never left running
+    assert running.done()
+    assert not multiprocessing.active_children()
