@@ -27,29 +27,16 @@ def main() -> None:
     parser.add_argument("--manifest", default="large")
     args = parser.parse_args()
     import pyopencl as cl
+    from probe_nvidia import distinct_lowered  # bench/ is on sys.path when run as a script
 
     from farm.device import probe_devices, select_device
-    from farm.families import Registry
-    from farm.manifest import expand, load_manifest, resolve_manifest
     from farm.native import linker_for
 
     info = select_device(probe_devices(), "nvidia")
     dev = cl.get_platforms()[info.platform_index].get_devices()[info.device_index]
     ctx = cl.Context([dev])
     linker = linker_for(dev)
-    registry = Registry.load([])
-    sources = []
-    seen = set()
-    for entry in expand(load_manifest(resolve_manifest(args.manifest)), registry):
-        try:
-            lowered = registry.get(entry.artifact.kernel.family).lower_id(entry.artifact, info)
-        except Exception:
-            continue
-        if lowered.source_hash not in seen:
-            seen.add(lowered.source_hash)
-            sources.append(lowered)
-        if len(sources) >= args.kernels:
-            break
+    sources = distinct_lowered(args.manifest, info, args.kernels)
     variants = {"plain": [], "O0": ["-cl-nv-opt-level=0"], "verbose": ["-cl-nv-verbose"],
                 "O0_verbose": ["-cl-nv-opt-level=0", "-cl-nv-verbose"],
                 "arch_compute_90": ["-cl-nv-arch", "compute_90"],

@@ -25,6 +25,28 @@ import time
 from typing import Any
 
 
+def distinct_lowered(manifest: str, info: Any, limit: int) -> list[Any]:
+    """The first ``limit`` distinct sources of ``manifest`` lowered for ``info`` (kernels
+    the device cannot run left out); shared by the NVIDIA probes."""
+    from farm.families import Registry
+    from farm.manifest import expand, load_manifest, resolve_manifest
+
+    registry = Registry.load([])
+    sources: list[Any] = []
+    seen: set[str] = set()
+    for entry in expand(load_manifest(resolve_manifest(manifest)), registry):
+        try:
+            lowered = registry.get(entry.artifact.kernel.family).lower_id(entry.artifact, info)
+        except Exception:
+            continue
+        if lowered.source_hash not in seen:
+            seen.add(lowered.source_hash)
+            sources.append(lowered)
+        if len(sources) >= limit:
+            break
+    return sources
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", type=int, default=40)
@@ -33,10 +55,8 @@ def main() -> None:
     import pyopencl as cl
 
     from farm.device import info_from_device, probe_devices, select_device
-    from farm.families import Registry
     from farm.finalize import finalize
     from farm.load import load_binary
-    from farm.manifest import expand, load_manifest, resolve_manifest
 
     out: dict[str, object] = {"import_s": time.perf_counter() - t0}
     t = time.perf_counter()
@@ -90,20 +110,7 @@ def main() -> None:
     out["open_linker_s"] = time.perf_counter() - t
     assert linker is not None, "no linker on an NVIDIA device"
 
-    registry = Registry.load([])
-    manifest = load_manifest(resolve_manifest("medium"))
-    sources = []
-    seen = set()
-    for entry in expand(manifest, registry):
-        try:
-            lowered = registry.get(entry.artifact.kernel.family).lower_id(entry.artifact, info)
-        except Exception:
-            continue
-        if lowered.source_hash not in seen:
-            seen.add(lowered.source_hash)
-            sources.append(lowered)
-        if len(sources) >= args.kernels:
-            break
+    sources = distinct_lowered("medium", info, args.kernels)
     compile_s, link_s, ptx_load_s, cubin_load_s = [], [], [], []
     for lowered in sources:
         built = finalize(ctx, dev, lowered)
