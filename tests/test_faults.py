@@ -73,9 +73,16 @@ def _redis(c: LocalCluster) -> Any:
     return redis.Redis.from_url(c.redis_url)
 
 
-def _fingerprint(c: LocalCluster) -> str:
-    served = json.loads(farm(c.env(), "workers", "--json").stdout)
-    return str(next(iter(served)))
+def _fingerprint(c: LocalCluster, timeout: float = 60) -> str:
+    """The fingerprint the cluster's worker serves. Polled: after an earlier test
+    restarted Redis, the worker is listed again only from its next heartbeat."""
+    deadline = time.monotonic() + timeout
+    while True:
+        served = json.loads(farm(c.env(), "workers", "--json").stdout)
+        if served:
+            return str(next(iter(served)))
+        assert time.monotonic() < deadline, "no worker listed by `farm workers`"
+        time.sleep(0.5)
 
 
 def _keys(manifest: Path) -> list[Key]:
