@@ -118,7 +118,7 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
 
     native = linker_for(device) if linker == "auto" else linker
     extra = native.build_options if native is not None else ()
-    built = finalize(ctx, device, lowered, extra) if extra else finalize(ctx, device, lowered)
+    built = finalize(ctx, device, lowered, extra)
     if not built.ok and extra:
         # A driver that refuses the linker's options must not fail a kernel it compiles:
         # the plain build decides (this costs a second build only for failing kernels).
@@ -150,19 +150,24 @@ def _with_native(ctx: cl.Context, device: cl.Device, lowered: Lowered,
     try:
         machine_code = linker.link(built.binary)
     except Exception as exc:  # a linker is a driver: any refusal means "store PTX"
-        return built.model_copy(update={"native_error": f"{type(exc).__name__}: {exc}"[:500],
-                                        "work_s": built.work_s + time.perf_counter() - start})
+        return _spent(built, start, f"{type(exc).__name__}: {exc}"[:500])
     linked = time.perf_counter()
     try:
         load(ctx, device, machine_code, lowered.kernel_names)
     except LoadError as exc:
-        return built.model_copy(update={"native_error": f"machine code refused: {exc}",
-                                        "work_s": built.work_s + time.perf_counter() - start})
+        return _spent(built, start, f"machine code refused: {exc}")
     done = time.perf_counter()
     return built.model_copy(update={
         "binary": pack(linker.arch, machine_code, built.binary), "validated": True,
         "native_arch": linker.arch, "native_s": linked - start, "validate_s": done - linked,
         "work_s": built.work_s + done - start})
+
+
+def _spent(built: FinalizeResult, start: float, error: str) -> FinalizeResult:
+    """``built`` after a failed conversion: the time it took counts as native work."""
+    spent = time.perf_counter() - start
+    return built.model_copy(update={"native_error": error, "native_s": spent,
+                                    "work_s": built.work_s + spent})
 
 
 def _build_log(program: cl.Program, device: cl.Device) -> str:

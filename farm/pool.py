@@ -214,7 +214,7 @@ class CrashSafePool:
         with self._lock:
             self._closed = True
             gen = self._gen
-            idle = gen is not None and not any(not j.out.done() for j in gen.jobs.values())
+            idle = gen is not None and all(j.out.done() for j in gen.jobs.values())
         if gen is None:
             return
         if idle:

@@ -70,7 +70,6 @@ from farm.keys import (
 )
 from farm.records.model import RECORD_KINDS, Record
 from farm.records.stream import (
-    ENVELOPE_VERSION,
     STREAM_MAXLEN,
     BadRecord,
     DecodedRecords,
@@ -145,14 +144,6 @@ class _Entry:
     decoded: SessionEntry | DecodedRecords | None = None
     error: EntryError | None = None  # the entry as a whole is set aside
     bad: list[BadRecord] = field(default_factory=list)  # records of a pack set aside
-
-
-def _is_pack(entry: _Entry) -> bool:
-    """Whether the entry is a pack: any envelope but the one-record one (version 1),
-    whose record the storage refuses sets the entry aside whole, as before packs."""
-    fields = entry.fields or {}
-    version = fields.get("v", fields.get(b"v"))
-    return version not in (str(ENVELOPE_VERSION), str(ENVELOPE_VERSION).encode())
 
 
 def _places(decoded: DecodedRecords) -> list[int]:
@@ -499,7 +490,6 @@ class Ingester:
                 continue
             if item is None:
                 continue
-            packed = _is_pack(entry)
             places = _places(item)
             for place, record in zip(places, item.records, strict=True):
                 if id(record) not in wanted:
@@ -508,7 +498,7 @@ class Ingester:
                     self.storage.write_batch([], [record])
                     kept_records.append(record)
                 except (ValueError, TypeError, OverflowError) as exc:
-                    if not packed:  # the entry is this one record: set it aside whole
+                    if not item.packed:  # the entry is this one record: set it aside whole
                         entry.error = _unstorable(exc)
                         dead.append(entry)
                     else:

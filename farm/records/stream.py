@@ -249,6 +249,8 @@ class DecodedRecords:
     kind: str
     records: list[Record]
     bad: list[BadRecord] = field(default_factory=list)
+    #: a pack (version 2); False for a one-record entry, which is set aside whole
+    packed: bool = True
 
 
 def decode_records(fields: Mapping[Any, Any]) -> DecodedRecords:
@@ -263,7 +265,7 @@ def decode_records(fields: Mapping[Any, Any]) -> DecodedRecords:
     version = _check_version(text, (ENVELOPE_VERSION, PACK_VERSION))
     kind = _known_kind(text)
     if version == ENVELOPE_VERSION:
-        return DecodedRecords(kind, [_decode_one(kind, text.get("record", ""))])
+        return DecodedRecords(kind, [_decode_one(kind, text.get("record", ""))], packed=False)
     payload = text.get("records", "")
     try:  # the whole pack in one call: the common case, and the cheap one
         return DecodedRecords(kind, list(_PACK_ADAPTERS[kind].validate_json(payload)))
