@@ -33,7 +33,7 @@ _LOAD = False
 
 def _init(device_json: str, load: bool) -> None:
     global _CTX, _LOAD
-    from farm.device import DeviceInfo, open_device
+    from farm.core.device import DeviceInfo, open_device
 
     _CTX = open_device(DeviceInfo.model_validate_json(device_json))
     _LOAD = load
@@ -54,11 +54,11 @@ def _build(job: tuple[str, list[str]]) -> tuple[int, float]:
 
 def bare_pool(manifest: str, workers: int, load: bool = False) -> dict[str, object]:
     t0 = time.perf_counter()
-    from farm.device import probe_devices, select_device
-    from farm.errors import UnsupportedFeature
+    from farm.core.device import probe_devices, select_device
+    from farm.core.errors import UnsupportedFeature
+    from farm.core.settings import load_settings
     from farm.families import Registry
     from farm.manifest import expand, load_manifest, resolve_manifest
-    from farm.settings import load_settings
 
     settings = load_settings()
     registry = Registry.load(settings.family_modules)

@@ -98,9 +98,9 @@ def embedded(manifest: str, workers: int, home: Path) -> tuple[float, dict[str, 
 # -- 4: the cluster build -----------------------------------------------------------------
 def cluster(manifest: str, workers: int, work: Path) -> tuple[float, dict[str, Any],
                                                               dict[str, Any]]:
+    from farm.core.keys import Namespace
+    from farm.core.settings import Settings
     from farm.devservices.cluster import local_cluster
-    from farm.keys import Namespace
-    from farm.settings import Settings
     from farm.store.minio import MinioStore
 
     bucket = f"bench-{uuid.uuid4().hex[:12]}"

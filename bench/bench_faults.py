@@ -81,7 +81,7 @@ def scenario(kind: str, args: argparse.Namespace, redis: Any, minio: Any,
             import redis as redis_py
             from test_faults import _publish_poison  # the test's messages, not a copy
 
-            from farm.keys import DEAD_LETTERS
+            from farm.core.keys import DEAD_LETTERS
             served = json.loads(subprocess.run(
                 [sys.executable, "-m", "farm", "workers", "--json"], env=c.env(),
                 capture_output=True, text=True, check=True).stdout)

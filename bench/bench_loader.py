@@ -101,8 +101,8 @@ def _floor(loader: Any, binaries: list[bytes]) -> dict[str, Any]:
 
 def _sources(manifest: str) -> tuple[Any, Any, list[tuple[str, list[str]]], int]:
     """(ctx, device, [(source, options)], unsupported) of the manifest on device 0."""
-    from farm.device import open_device, probe_devices, select_device
-    from farm.errors import UnsupportedFeature
+    from farm.core.device import open_device, probe_devices, select_device
+    from farm.core.errors import UnsupportedFeature
     from farm.families import Registry
     from farm.manifest import expand, load_manifest, resolve_manifest
 
@@ -177,7 +177,7 @@ def machine() -> dict[str, str]:
         pass
     import pyopencl as cl
 
-    from farm.device import discover_devices
+    from farm.core.device import discover_devices
 
     dev = discover_devices()[0]
     return {"cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(),

@@ -59,9 +59,9 @@ def _farm(args: list[str], env: dict[str, str]) -> tuple[dict[str, Any], float]:
 
 LOADS = textwrap.dedent("""
     import json, sqlite3, sys, time
-    from farm.device import DeviceContext, probe_devices, select_device
-    from farm.load import load_binary
-    from farm.native import unpack
+    from farm.core.device import DeviceContext, probe_devices, select_device
+    from farm.compilation.load import load_binary
+    from farm.compilation.native import unpack
     store, ptx_n = sys.argv[1], int(sys.argv[2])
     dev = select_device(probe_devices(), None)
     ctx, cl_dev = DeviceContext(dev).get()
@@ -90,7 +90,7 @@ STARTUP = textwrap.dedent("""
     t0 = time.perf_counter()
     import farm.cli.main  # noqa: F401
     t1 = time.perf_counter()
-    from farm.device import DeviceContext, probe_devices, select_device
+    from farm.core.device import DeviceContext, probe_devices, select_device
     dev = select_device(probe_devices(), None)
     t2 = time.perf_counter()
     DeviceContext(dev).get()

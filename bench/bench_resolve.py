@@ -86,11 +86,11 @@ def placeholder(key: Any) -> bytes:
 # -- the cluster resolve ------------------------------------------------------------------
 def plan(manifest: str) -> tuple[str, list[tuple[Any, str, str | None]]]:
     """(fingerprint, [(key, family, source hash or None when unsupported)])."""
-    from farm.device import discover_devices, select_device
-    from farm.errors import UnsupportedFeature
+    from farm.core.device import discover_devices, select_device
+    from farm.core.errors import UnsupportedFeature
+    from farm.core.model import Key
     from farm.families import Registry
     from farm.manifest import expand, load_manifest, resolve_manifest
-    from farm.model import Key
 
     device = select_device(discover_devices())
     registry = Registry.load()
@@ -108,7 +108,7 @@ def plan(manifest: str) -> tuple[str, list[tuple[Any, str, str | None]]]:
 
 def fill(store: Any, ns: Any, items: list[tuple[Any, str, str]]) -> float:
     """Put a placeholder artifact under each key; seconds taken."""
-    from farm.model import Artifact
+    from farm.core.model import Artifact
     from farm.store.base import PutResult
 
     def put(item: tuple[Any, str, str]) -> PutResult:
@@ -126,9 +126,9 @@ def fill(store: Any, ns: Any, items: list[tuple[Any, str, str]]) -> float:
 
 
 def cluster_resolve(manifest: str, repeat: int, work: Path) -> dict[str, Any]:
+    from farm.core.keys import Namespace
+    from farm.core.settings import Settings
     from farm.devservices.cluster import local_cluster
-    from farm.keys import Namespace
-    from farm.settings import Settings
     from farm.store.minio import MinioStore
 
     t = time.perf_counter()

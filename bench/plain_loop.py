@@ -25,11 +25,11 @@ def plain_loop(manifest: str, binaries: bool) -> dict[str, object]:
     t0 = time.perf_counter()
     import pyopencl as cl
 
-    from farm.device import open_device, probe_devices, select_device
-    from farm.errors import UnsupportedFeature
+    from farm.core.device import open_device, probe_devices, select_device
+    from farm.core.errors import UnsupportedFeature
+    from farm.core.settings import load_settings
     from farm.families import Registry
     from farm.manifest import expand, load_manifest, resolve_manifest
-    from farm.settings import load_settings
 
     settings = load_settings()
     registry = Registry.load(settings.family_modules)

@@ -24,7 +24,7 @@ import time
 CHILD = r'''
 import ctypes, hashlib, sys, time
 import pyopencl as cl
-from farm.device import probe_devices, select_device
+from farm.core.device import probe_devices, select_device
 from farm.families import Registry
 mode = sys.argv[1]
 info = select_device(probe_devices(), "nvidia")

@@ -1,6 +1,6 @@
 """Does NVIDIA's OpenCL build run ptxas, and can a farm build skip that part?
 
-The farm links each kernel's PTX into a cubin itself (``farm.native``), so whatever
+The farm links each kernel's PTX into a cubin itself (``farm.compilation.native``), so whatever
 machine code NVIDIA's ``clBuildProgram`` makes internally is thrown away. This probe
 builds the same kernels with several option sets, interleaved, and reports per set:
 the build's median time, whether the PTX it returns is byte-identical to the plain
@@ -29,8 +29,8 @@ def main() -> None:
     import pyopencl as cl
     from probe_nvidia import distinct_lowered  # bench/ is on sys.path when run as a script
 
-    from farm.device import probe_devices, select_device
-    from farm.native import linker_for
+    from farm.compilation.native import linker_for
+    from farm.core.device import probe_devices, select_device
 
     info = select_device(probe_devices(), "nvidia")
     dev = cl.get_platforms()[info.platform_index].get_devices()[info.device_index]

@@ -54,9 +54,9 @@ def main() -> None:
     t0 = time.perf_counter()
     import pyopencl as cl
 
-    from farm.device import info_from_device, probe_devices, select_device
-    from farm.finalize import finalize
-    from farm.load import load_binary
+    from farm.compilation.finalize import finalize
+    from farm.compilation.load import load_binary
+    from farm.core.device import info_from_device, probe_devices, select_device
 
     out: dict[str, object] = {"import_s": time.perf_counter() - t0}
     t = time.perf_counter()
@@ -74,7 +74,7 @@ def main() -> None:
 
     made: dict[str, Any] = {}
 
-    from farm.device import _create_context
+    from farm.core.device import _create_context
 
     # First the farm's way (ctypes, GIL released): the cold cost; then pyopencl's own.
     for name, make_one in (("farm", lambda: _create_context(dev)),
@@ -103,7 +103,7 @@ def main() -> None:
     lib.cuCtxGetCurrent(ctypes.byref(current))
     out["cuda_context_current_after_opencl"] = bool(current.value)
 
-    from farm.native import linker_for
+    from farm.compilation.native import linker_for
 
     t = time.perf_counter()
     linker = linker_for(dev)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from farm.lazy import lazy_exports
+from farm.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from farm.device import DeviceInfo, discover_devices
-    from farm.errors import (
+    from farm.core.device import DeviceInfo, discover_devices
+    from farm.core.errors import (
         BundleError,
         ClusterError,
         CompileError,
@@ -33,26 +33,26 @@ if TYPE_CHECKING:
         UnsupportedFeature,
         VersionSkewError,
     )
+    from farm.core.keys import Namespace
+    from farm.core.model import ArtifactId, KernelId, Key, LaunchSettings, Lowered, Outcome, Variant
+    from farm.core.settings import Settings, load_settings
     from farm.families import Example, KernelFamily, LocalMem, Params, Registry
-    from farm.keys import Namespace
-    from farm.model import ArtifactId, KernelId, Key, LaunchSettings, Lowered, Outcome, Variant
-    from farm.settings import Settings, load_settings
 
 from farm.version import __version__
 
 _WHERE = {
-    **dict.fromkeys(("DeviceInfo", "discover_devices"), "farm.device"),
+    **dict.fromkeys(("DeviceInfo", "discover_devices"), "farm.core.device"),
     **dict.fromkeys(("BundleError", "ClusterError", "CompileError", "DeviceError",
                      "FarmError", "ForeignStoreError", "InputError", "KernelError",
                      "LoadError", "ManifestError", "ParameterError", "SettingsError",
                      "StoreError", "UnknownFamilyError", "UnsupportedFeature",
-                     "VersionSkewError"), "farm.errors"),
+                     "VersionSkewError"), "farm.core.errors"),
     **dict.fromkeys(("Example", "KernelFamily", "LocalMem", "Params", "Registry"),
                     "farm.families"),
-    "Namespace": "farm.keys",
+    "Namespace": "farm.core.keys",
     **dict.fromkeys(("ArtifactId", "KernelId", "Key", "LaunchSettings", "Lowered", "Outcome",
-                     "Variant"), "farm.model"),
-    **dict.fromkeys(("Settings", "load_settings"), "farm.settings"),
+                     "Variant"), "farm.core.model"),
+    **dict.fromkeys(("Settings", "load_settings"), "farm.core.settings"),
 }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from farm.lazy import lazy_exports
+from farm.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from loader.errors import ArtifactMissing, UnknownKernelName

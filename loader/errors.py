@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from farm.errors import (
+from farm.core.errors import (
     CompileError,
     FarmError,
     InputError,
@@ -12,7 +12,7 @@ from farm.errors import (
     UnsupportedFeature,
     VersionSkewError,
 )
-from farm.model import KernelFailure
+from farm.core.model import KernelFailure
 
 
 class ArtifactMissing(KernelError):

@@ -3,7 +3,7 @@
 One loader holds one OpenCL context on one device and serves kernels from, in order:
 
 1. **memory**: programs this loader already loaded, in a
-   :class:`~farm.generation.GenerationCache` keyed by (generation, key). It keeps the
+   :class:`~farm.core.generation.GenerationCache` keyed by (generation, key). It keeps the
    *program*, not the artifact's bytes: a loaded program is all a kernel needs, and the
    binary would only double the memory. A generation bump (environment switch) empties
    it, so nothing loaded from the old environment's store is served afterwards;
@@ -14,12 +14,12 @@ One loader holds one OpenCL context on one device and serves kernels from, in or
    network, and a binary this device refused is never copied;
 3. **a full miss**: ``on_miss="compile"`` (default) runs the farm's batch here (lower,
    rekey or compile, load, store after the load), ``on_miss="farm"`` asks the cluster's
-   workers (:func:`farm.cluster.cluster_build`) and then loads what they stored, and
+   workers (:func:`farm.cluster.build.cluster_build`) and then loads what they stored, and
    ``on_miss="fail"`` raises :class:`ArtifactMissing`.
 
 Every trip that is not a memory hit is recorded (a Loaded, Compiled or Rekeyed
 compilation record); a trip that fails records nothing and raises a
-:class:`~farm.errors.FarmError` subclass (a :class:`~farm.errors.KernelError` with the
+:class:`~farm.core.errors.FarmError` subclass (a :class:`~farm.core.errors.KernelError` with the
 build log for a kernel that cannot be obtained).
 
 **Threads.** A loader may be shared by threads. A kernel asked for by several threads at
@@ -46,18 +46,18 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
-from farm.batch import Batch, BatchReport
-from farm.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
-from farm.device import DeviceContext, DeviceInfo, probe_devices, select_device
-from farm.errors import KernelError, SettingsError
+from farm.compilation.batch import Batch, BatchReport
+from farm.compilation.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
+from farm.core.device import DeviceContext, DeviceInfo, probe_devices, select_device
+from farm.core.errors import KernelError, SettingsError
+from farm.core.generation import bump_generation
+from farm.core.keys import Namespace
+from farm.core.model import ArtifactId, Key, LaunchSettings, Outcome, Variant
+from farm.core.settings import Settings, load_settings
 from farm.families import Registry
-from farm.generation import bump_generation
-from farm.keys import Namespace
 from farm.manifest import Manifest
-from farm.model import ArtifactId, Key, LaunchSettings, Outcome, Variant
 from farm.records import Recorder
 from farm.records.open import open_recorder
-from farm.settings import Settings, load_settings
 from farm.store import ArtifactStore, open_store
 from loader.errors import ArtifactMissing, UnknownKernelName, failure_error
 from loader.programs import InFlight, LoadedProgram
@@ -81,7 +81,7 @@ class LoaderStats:
     and ``remote`` store hits loaded, ``compiled``/``rekeyed`` full misses obtained here,
     ``farm`` full misses obtained through the workers, ``loads`` programs this loader
     created from store binaries, ``native_fallbacks`` those of them whose machine code the
-    device refused (their portable binary was loaded: see farm/native.py), ``failures``
+    device refused (their portable binary was loaded: see farm/compilation/native.py), ``failures``
     trips that raised.
     """
 
@@ -113,8 +113,8 @@ class KernelLoader:
 
     ``settings`` default to the ``FARM_*`` environment. ``device`` picks the device by
     fingerprint, fingerprint prefix or name substring (default: ``settings.device``, else
-    the first device), or is a :class:`~farm.device.DeviceInfo`; ``context`` is a
-    :class:`~farm.device.DeviceContext` a caller already started (its device is then the
+    the first device), or is a :class:`~farm.core.device.DeviceInfo`; ``context`` is a
+    :class:`~farm.core.device.DeviceContext` a caller already started (its device is then the
     loader's). ``store``, ``registry``, ``recorder`` and ``compiler`` replace what the
     settings would open (the loader then does not close them). Use it as a context
     manager, or call :meth:`close`.
@@ -178,7 +178,7 @@ class KernelLoader:
         """Serve from another named environment (``FARM_ENVIRONMENT``) from now on.
 
         Closes this environment's store and records session, opens the other's, and
-        bumps the process-wide generation (:mod:`farm.generation`): this loader's memory
+        bumps the process-wide generation (:mod:`farm.core.generation`): this loader's memory
         and every other generation-bound cache in the process drop what they hold, so
         no program loaded from the old environment's store is served in the new one.
         A loader given its own ``store`` or ``recorder`` cannot switch (they are the
@@ -256,7 +256,7 @@ class KernelLoader:
         """A fresh ``pyopencl.Kernel`` of a family's kernel, ready to launch.
 
         ``name`` picks a kernel of a program that has several (default: its first).
-        Raises a :class:`~farm.errors.KernelError` (with the build log) when the kernel
+        Raises a :class:`~farm.core.errors.KernelError` (with the build log) when the kernel
         cannot be obtained, :class:`ArtifactMissing` with ``on_miss="fail"``.
         """
         return self.kernel_for(self.artifact_id(family, params, launch=launch,
@@ -406,16 +406,16 @@ class KernelLoader:
                    label: str = "") -> BatchReport:
         """Full misses through the cluster's workers; they store, the caller loads.
 
-        Fails fast with a :class:`~farm.errors.ClusterError` when no live worker serves
+        Fails fast with a :class:`~farm.core.errors.ClusterError` when no live worker serves
         this device's fingerprint (rather than waiting on a queue nobody reads). The
         workers record how they obtained each kernel; this process records its loads.
         """
         import redis
 
-        from farm.cluster import check_served, cluster_build
+        from farm.cluster.build import check_served, cluster_build
 
         if self._celery is None:
-            from farm.celery_app import make_app
+            from farm.cluster.celery_app import make_app
 
             self._celery = make_app(self.settings)
         client: Any = redis.Redis.from_url(self.settings.redis_url or "")

@@ -2,7 +2,7 @@
 
 :class:`InFlight` is the one table both ways of asking use: one kernel at a time
 (``KernelLoader.kernel``) and a whole manifest (``warm``). Memory is keyed by
-(generation, key) in a :class:`~farm.generation.GenerationCache`, so an environment
+(generation, key) in a :class:`~farm.core.generation.GenerationCache`, so an environment
 switch empties it; a key being fetched by one thread is a future the others wait on, so
 a kernel asked for by several threads at once is fetched and loaded once.
 """
@@ -15,9 +15,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from farm.errors import KernelError
-from farm.generation import GenerationCache, generation
-from farm.model import Key
+from farm.core.errors import KernelError
+from farm.core.generation import GenerationCache, generation
+from farm.core.model import Key
 
 #: a key under the generation it was loaded in
 CacheKey = tuple[int, Key]

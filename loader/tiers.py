@@ -15,19 +15,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from farm.errors import FarmError, LoadError
-from farm.keys import Namespace
-from farm.load import LoadedBinary
-from farm.load import load_binary as load_artifact
-from farm.model import Artifact, ArtifactId, Key
-from farm.signing import SigningStore
+from farm.compilation.load import LoadedBinary
+from farm.compilation.load import load_binary as load_artifact
+from farm.core.errors import FarmError, LoadError
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, ArtifactId, Key
 from farm.store import ArtifactStore, MemoryStore, SQLiteStore, TieredStore
+from farm.store.signing import SigningStore
 from loader.programs import LoadedProgram
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
-    from farm.device import DeviceContext
+    from farm.core.device import DeviceContext
 
 log = logging.getLogger(__name__)
 

@@ -32,16 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from farm.batch import BatchReport, KernelResult
-from farm.errors import FarmError
+from farm.compilation.batch import BatchReport, KernelResult
+from farm.core.errors import FarmError
+from farm.core.model import Artifact, ArtifactId, KernelFailure, Key, Outcome
+from farm.core.settings import Settings
 from farm.manifest import Manifest, expand, load_manifest, resolve_manifest
-from farm.model import Artifact, ArtifactId, KernelFailure, Key, Outcome
-from farm.settings import Settings
 from loader.errors import failure_error
 from loader.programs import InFlight, LoadedProgram
 
 if TYPE_CHECKING:
-    from farm.device import DeviceInfo
+    from farm.core.device import DeviceInfo
     from loader.kernel_loader import KernelLoader, OnMiss
 
 Source = Literal["memory", "local", "remote", "compiled", "rekeyed", "farm"]

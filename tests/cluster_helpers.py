@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from farm.keys import Namespace
-from farm.settings import Settings
+from farm.core.keys import Namespace
+from farm.core.settings import Settings
 from farm.store.minio import MinioStore
 
 _db = itertools.count(1)

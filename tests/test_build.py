@@ -33,9 +33,9 @@ from typing import Any
 
 import pytest
 
-from farm.model import Outcome
+from farm.core.model import Outcome
+from farm.core.settings import Settings
 from farm.records import CompilationBatchRecord, CompilationRecord, SessionStorage
-from farm.settings import Settings
 
 FARM = Path(sys.executable).with_name("farm")
 TINY_KERNELS = 20
@@ -200,15 +200,15 @@ def test_second_build_never_calls_the_platform_compiler(
         built_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pyopencl as cl
 
-    import farm.compiler
-    import farm.finalize
-    from farm.local import local_farm
+    import farm.compilation.compiler
+    import farm.compilation.finalize
+    from farm.compilation.local import local_farm
 
     def no_finalize(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("finalize was called")
 
-    monkeypatch.setattr(farm.finalize, "finalize", no_finalize)
-    monkeypatch.setattr(farm.compiler, "finalize_and_validate", no_finalize)
+    monkeypatch.setattr(farm.compilation.finalize, "finalize", no_finalize)
+    monkeypatch.setattr(farm.compilation.compiler, "finalize_and_validate", no_finalize)
     source_builds: list[str] = []
     real_build = cl.Program.build
 
@@ -233,8 +233,8 @@ def test_second_build_never_calls_the_platform_compiler(
 # -- integrity -------------------------------------------------------------------------------
 def test_corrupted_artifact_is_detected_recompiled_and_repaired(
         built_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import farm.batch
-    from farm.local import local_farm
+    import farm.compilation.batch
+    from farm.compilation.local import local_farm
 
     conn = sqlite3.connect(store_path(built_copy))
     id_hash, build_id, binary = conn.execute(
@@ -248,14 +248,14 @@ def test_corrupted_artifact_is_detected_recompiled_and_repaired(
     conn.close()
 
     loaded_binaries: list[bytes] = []
-    real_load = farm.batch.load_binary
+    real_load = farm.compilation.batch.load_binary
 
     def spy_load(ctx: Any, dev: Any, binary: bytes, *names: Any, **kw: Any) -> Any:
         assert binary != bytes(evil), "the corrupted binary reached the device"
         loaded_binaries.append(binary)
         return real_load(ctx, dev, binary, *names, **kw)
 
-    monkeypatch.setattr(farm.batch, "load_binary", spy_load)
+    monkeypatch.setattr(farm.compilation.batch, "load_binary", spy_load)
     # keep_programs: every kernel is loaded in this process (the loader's path), so the
     # spy sees every binary that reaches the device.
     with local_farm(settings_for(built_copy), label="test corrupt", workers=0) as f:
@@ -285,7 +285,7 @@ from __future__ import annotations
 import numpy as np
 
 from farm.families.base import Example, KernelFamily, Params
-from farm.model import Lowered
+from farm.core.model import Lowered
 
 
 class BrokenParams(Params):

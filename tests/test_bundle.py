@@ -18,18 +18,18 @@ from typing import Any
 
 import pytest
 
-from farm.bundle import (
+from farm.core.errors import BundleError
+from farm.core.keys import Namespace, artifact_object
+from farm.core.model import Artifact, Key
+from farm.core.settings import Settings
+from farm.store import SQLiteStore
+from farm.store.bundle import (
     MANIFEST_MEMBER,
     MAX_ARTIFACT_BYTES,
     export_bundle,
     import_bundle,
     read_bundle,
 )
-from farm.errors import BundleError
-from farm.keys import Namespace, artifact_object
-from farm.model import Artifact, Key
-from farm.settings import Settings
-from farm.store import SQLiteStore
 
 NS1 = Namespace.for_fingerprint("pocl-test-device-0123456789ab")
 NS2 = Namespace.for_fingerprint("nvidia-h200-0123456789ab")
@@ -456,7 +456,7 @@ def _no_finalize(*args: object, **kwargs: object) -> Any:
 @pytest.fixture(scope="module")
 def built_tiny(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """Environment A: the tiny manifest built by a local farm (two compile processes)."""
-    from farm.local import local_farm
+    from farm.compilation.local import local_farm
     from farm.manifest import expand, load_manifest, resolve_manifest
 
     settings = Settings(home=tmp_path_factory.mktemp("farm-a"), workers=2, redis_url=None,
@@ -471,8 +471,8 @@ def built_tiny(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 def test_offline_flow_build_export_import_warm_without_compiler(
         built_tiny: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import farm.compiler
-    import farm.finalize
+    import farm.compilation.compiler
+    import farm.compilation.finalize
     from loader import KernelLoader
 
     store_a = SQLiteStore(built_tiny.store_path)
@@ -492,7 +492,8 @@ def test_offline_flow_build_export_import_warm_without_compiler(
     store_b.close()
 
     forbidden = 0
-    for module in (farm.finalize, farm.compiler):  # every entry to the platform compiler
+    # every entry to the platform compiler
+    for module in (farm.compilation.finalize, farm.compilation.compiler):
         for name in dir(module):
             if name.startswith("finalize") and callable(getattr(module, name)):
                 monkeypatch.setattr(module, name, _no_finalize)

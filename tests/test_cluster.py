@@ -25,10 +25,10 @@ from cluster_helpers import (
     write_manifest,
 )
 
+from farm.core.model import Key
 from farm.devservices.cluster import LocalCluster, local_cluster
 from farm.families import Registry
 from farm.manifest import expand, load_manifest
-from farm.model import Key
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ SKEW_FAMILY = '''
 """A user family for the version-skew test ({tag})."""
 import numpy as np
 from farm.families.base import Example, KernelFamily, Params
-from farm.model import Lowered
+from farm.core.model import Lowered
 
 
 class ScaleParams(Params):
@@ -195,7 +195,7 @@ def test_corrupted_artifact_in_minio_is_detected_recompiled_and_repaired(
 
     from minio import Minio
 
-    from farm.keys import artifact_object
+    from farm.core.keys import artifact_object
 
     raw = Minio(cluster.minio_endpoint, access_key=cluster.minio_access_key,
                 secret_key=cluster.minio_secret_key, secure=False)

@@ -16,11 +16,11 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from farm.device import DeviceInfo, open_device, probe_devices
-from farm.errors import ParameterError, UnsupportedFeature
+from farm.core.device import DeviceInfo, open_device, probe_devices
+from farm.core.errors import ParameterError, UnsupportedFeature
+from farm.core.model import LaunchSettings
 from farm.families.registry import Registry
 from farm.families.run import check_example, run_example
-from farm.model import LaunchSettings
 
 #: (family, params): small shapes, and shape parameters that are deliberately not
 #: multiples of the work-group or tile sizes, so the bounds guards are exercised

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from farm.device import discover_devices, select_device
-from farm.errors import ParameterError
+from farm.core.device import discover_devices, select_device
+from farm.core.errors import ParameterError
+from farm.core.model import LaunchSettings
 from farm.families import KernelFamily, Params, Registry
 from farm.manifest import expand, load_manifest
-from farm.model import LaunchSettings
 
 FARM = Path(sys.executable).with_name("farm")
 

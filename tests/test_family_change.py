@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from farm.device import DeviceInfo
+from farm.core.device import DeviceInfo
 from farm.families.base import Example, KernelFamily, Params
-from farm.model import LaunchSettings, Lowered
+from farm.core.model import LaunchSettings, Lowered
 
 
 class ScaleParams(Params):

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 from cluster_helpers import farm, minio_store, namespace, next_redis_db, write_manifest
 
+from farm.core.keys import DEAD_LETTERS, queue_name, source_object
+from farm.core.model import Key
 from farm.devservices import MinioServer, RedisServer
 from farm.devservices.cluster import LocalCluster, local_cluster
 from farm.families import Registry
-from farm.keys import DEAD_LETTERS, queue_name, source_object
 from farm.manifest import expand, load_manifest
-from farm.model import Key
 
 pytestmark = pytest.mark.integration
 
@@ -370,7 +370,7 @@ def test_a_lost_put_reply_never_leaves_an_artifact_unindexed(cluster: LocalClust
     assert store.find_source(ns, art.meta.source_hash) is None
     # the retry of a put whose reply was lost (SAME), with the source the worker lowered:
     # the index is written from that source (never from the artifact's own metadata)
-    from farm.device import probe_devices, select_device
+    from farm.core.device import probe_devices, select_device
 
     registry = Registry.load([])
     [entry] = expand(load_manifest(manifest), registry)

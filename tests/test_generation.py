@@ -1,6 +1,6 @@
 """The process-wide generation: caches drop what they held under another environment."""
 
-from farm.generation import GenerationCache, bump_generation, generation
+from farm.core.generation import GenerationCache, bump_generation, generation
 
 
 def test_generation_reset_drops_cache_entries() -> None:

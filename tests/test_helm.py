@@ -30,7 +30,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from farm.settings import Settings
+from farm.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "kernel-farm"
@@ -414,7 +414,7 @@ def test_pods_carry_a_checksum_of_the_secret(helm_bin: str, tmp_path: Path,
 def test_settings_read_the_rendered_environment(scenario: str,
                                                 rendered: dict[str, list[dict]],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """farm/settings.py accepts every FARM_* variable the chart sets, with its value."""
+    """farm/core/settings.py accepts every FARM_* variable the chart sets, with its value."""
     docs = rendered[scenario]
     farm = chart_values(scenario)["farm"]
     config = named(docs, "ConfigMap", FULLNAME)["data"]
@@ -600,8 +600,8 @@ def _run_probe(command: list[str], health: Path) -> int:
 def test_probes_read_the_health_files(scenario: str, rendered: dict[str, list[dict]],
                                       tmp_path: Path) -> None:
     """Every worker and ingester pod has startup, readiness and liveness probes, and they
-    do what they promise against the files farm/health.py writes."""
-    from farm.health import HealthFiles
+    do what they promise against the files farm/cluster/health.py writes."""
+    from farm.cluster.health import HealthFiles
 
     docs = rendered[scenario]
     assert named(docs, "ConfigMap", FULLNAME)["data"]["FARM_HEALTH_DIR"] == HEALTH_DIR
@@ -818,8 +818,8 @@ def test_service_monitor_scrapes_workers_and_ingester(rendered: dict[str, list[d
 
 
 def exported_metrics() -> set[str]:
-    """Metric names farm/metrics.py exports (without _total/_bucket/... suffixes)."""
-    source = (ROOT / "farm" / "metrics.py").read_text()
+    """Metric names farm/cluster/metrics.py exports (without _total/_bucket/... suffixes)."""
+    source = (ROOT / "farm" / "cluster" / "metrics.py").read_text()
     counters = source.split("COUNTERS = (")[1].split(")")[0]
     return set(re.findall(r'"(farm_[a-z_]+)', source)) | \
         {f"farm_ingest_{c}" for c in re.findall(r'"([a-z]+)"', counters)}

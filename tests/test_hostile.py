@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from farm.bundle import export_bundle, import_bundle
-from farm.keys import Namespace
-from farm.model import Artifact, Key, Lowered
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, Key, Lowered
 from farm.store import MemoryStore, SQLiteStore
+from farm.store.bundle import export_bundle, import_bundle
 
 FARM = Path(sys.executable).with_name("farm")
 NS = Namespace.for_fingerprint("pocl-test-device-0123456789ab")
@@ -143,9 +143,9 @@ from importlib import resources
 
 import numpy as np
 
-from farm.device import DeviceInfo
+from farm.core.device import DeviceInfo
 from farm.families.base import Example, KernelFamily, Params
-from farm.model import LaunchSettings, Lowered
+from farm.core.model import LaunchSettings, Lowered
 
 
 class ScaleParams(Params):
@@ -245,8 +245,8 @@ def test_poison_entries_never_stop_farm_ingest(client: Any, redis_url: str,
                                                tmp_path: Path) -> None:
     from test_records_stream import drain, pending_total, service_env
 
-    from farm.keys import RECORDS_DEAD_STREAM, records_stream_for
-    from farm.model import Outcome
+    from farm.core.keys import RECORDS_DEAD_STREAM, records_stream_for
+    from farm.core.model import Outcome
     from farm.records import CompilationRecord, SessionStorage, Stamp
     from farm.records.stream import encode_record
 
@@ -296,8 +296,8 @@ def test_an_entry_the_storage_cannot_hold_is_set_aside_not_retried_for_ever(
         client: Any) -> None:
     """Defence in depth behind the models: a value that validates but that the storage
     refuses for its data sets that entry aside; the rest of the batch is written."""
-    from farm.keys import RECORDS_DEAD_STREAM, records_stream_for
-    from farm.model import Outcome
+    from farm.core.keys import RECORDS_DEAD_STREAM, records_stream_for
+    from farm.core.model import Outcome
     from farm.records import CompilationRecord, SessionStorage, Stamp
     from farm.records.ingest import Ingester
     from farm.records.stream import encode_record
@@ -330,8 +330,8 @@ def test_an_entry_the_storage_cannot_hold_is_set_aside_not_retried_for_ever(
 def test_a_record_of_a_pack_the_storage_cannot_hold_is_set_aside_alone(client: Any) -> None:
     """The same defence for packs: the pack is not set aside whole, only the record the
     storage refuses, as a one-record entry; the pack's other records are written."""
-    from farm.keys import RECORDS_DEAD_STREAM
-    from farm.model import Outcome
+    from farm.core.keys import RECORDS_DEAD_STREAM
+    from farm.core.model import Outcome
     from farm.records import CompilationRecord, SessionStorage, Stamp
     from farm.records.ingest import Ingester
     from farm.records.stream import RedisStreamSink, decode_record
@@ -361,7 +361,7 @@ def test_a_record_of_a_pack_the_storage_cannot_hold_is_set_aside_alone(client: A
 def test_a_worker_refuses_a_payload_whose_integers_no_storage_holds() -> None:
     from pydantic import ValidationError
 
-    from farm.payloads import CompileRequest
+    from farm.cluster.payloads import CompileRequest
 
     raw = {"fingerprint": NS.fingerprint, "requested_by": {"session": 2**70, "batch": 1},
            "kernels": [{"artifact": {"kernel": {"family": "elementwise_unary",
@@ -378,7 +378,7 @@ def test_a_worker_refuses_a_payload_whose_integers_no_storage_holds() -> None:
 def test_non_finite_floats_are_refused_where_they_enter(bad: float) -> None:
     from pydantic import ValidationError
 
-    from farm.model import ArtifactMeta, KernelId
+    from farm.core.model import ArtifactMeta, KernelId
     from farm.records import CompilationRecord, Stamp
 
     with pytest.raises(ValidationError):
@@ -395,8 +395,8 @@ def test_non_finite_floats_are_refused_where_they_enter(bad: float) -> None:
 
 def test_a_bundle_with_infinity_in_its_metadata_is_refused_and_nothing_stored(
         tmp_path: Path) -> None:
-    from farm.bundle import MANIFEST_MEMBER
-    from farm.errors import BundleError
+    from farm.core.errors import BundleError
+    from farm.store.bundle import MANIFEST_MEMBER
 
     scratch = SQLiteStore(tmp_path / "scratch.sqlite")
     scratch.put(NS, Artifact.create(Key(id_hash="a" * 32, build_id="1" * 24), "f", b"bin",
@@ -430,7 +430,7 @@ def test_a_bundle_with_infinity_in_its_metadata_is_refused_and_nothing_stored(
 def test_a_huge_vocab_is_refused_before_anything_is_planned(tmp_path: Path) -> None:
     import resource
 
-    from farm.errors import ManifestError
+    from farm.core.errors import ManifestError
     from farm.families import Registry
     from farm.manifest import expand, load_manifest
 
@@ -460,7 +460,7 @@ def _sparse_bundle(tmp_path: Path) -> Path:
     import io
     import tarfile
 
-    from farm.bundle import MANIFEST_MEMBER
+    from farm.store.bundle import MANIFEST_MEMBER
 
     k = Key(id_hash="a" * 32, build_id="1" * 24)
     size = 200 * 1024 * 1024
@@ -499,7 +499,7 @@ def _sparse_bundle(tmp_path: Path) -> Path:
 
 
 def test_sparse_members_are_refused_without_expanding_them(tmp_path: Path) -> None:
-    from farm.errors import BundleError
+    from farm.core.errors import BundleError
 
     path = _sparse_bundle(tmp_path)
     assert path.stat().st_size < 8192
@@ -518,8 +518,8 @@ def test_sparse_members_are_refused_without_expanding_them(tmp_path: Path) -> No
 def test_a_sparse_member_header_is_refused_whatever_it_declares(tmp_path: Path) -> None:
     import tarfile
 
-    from farm.bundle import _check_member
-    from farm.errors import BundleError
+    from farm.core.errors import BundleError
+    from farm.store.bundle import _check_member
 
     for kind in (tarfile.GNUTYPE_SPARSE,):
         info = tarfile.TarInfo("opencl/v1/x/artifacts/a/b")
@@ -587,7 +587,7 @@ def test_a_broken_plugin_is_one_warning_and_other_manifests_still_build(
 RAISING_FAMILY = '''\
 import numpy as np
 from farm.families.base import KernelFamily, Params
-from farm.model import Lowered
+from farm.core.model import Lowered
 
 
 class P(Params):
@@ -748,7 +748,7 @@ def _bundle_with_source_hash(tmp_path: Path, source_hash: str) -> Path:
     import io
     import tarfile
 
-    from farm.bundle import MANIFEST_MEMBER
+    from farm.store.bundle import MANIFEST_MEMBER
 
     scratch = SQLiteStore(tmp_path / "scratch.sqlite")
     for i in range(3):
@@ -776,7 +776,7 @@ def test_a_bundle_with_a_bad_source_hash_writes_nothing_to_minio(
         tmp_path: Path, minio_server: Any, source_hash: str) -> None:
     import uuid
 
-    from farm.errors import BundleError
+    from farm.core.errors import BundleError
     from farm.store.minio import MinioStore
 
     bucket = f"hostile-{uuid.uuid4().hex[:12]}"
@@ -806,7 +806,7 @@ def test_env_file_values_are_quoted_so_sourcing_runs_nothing(tmp_path: Path) -> 
 
 
 def test_a_bad_task_payload_is_one_line_that_survives_celerys_json() -> None:
-    from farm.payloads import PayloadError, parse_request
+    from farm.cluster.payloads import PayloadError, parse_request
 
     with pytest.raises(PayloadError) as caught:
         parse_request({"fingerprint": "pocl-x", "kernels": [{"artifact": {"kernel": {
@@ -863,7 +863,7 @@ def test_a_worker_entry_in_redis_with_a_non_finite_heartbeat_is_not_a_worker(
         heartbeat: str) -> None:
     from pydantic import ValidationError
 
-    from farm.workers import WorkerInfo
+    from farm.cluster.workers import WorkerInfo
 
     raw = ('{"host": "h", "pid": 1, "fingerprint": "pocl-x", "device_name": "d", '
            f'"processes": 1, "version": "0", "queues": [], "heartbeat": {heartbeat}}}')

@@ -28,8 +28,8 @@ from test_records_stream import (
     service_env,
 )
 
-from farm.keys import RECORDS_DEAD_STREAM, RECORDS_GROUP, records_stream_for
-from farm.model import Outcome
+from farm.core.keys import RECORDS_DEAD_STREAM, RECORDS_GROUP, records_stream_for
+from farm.core.model import Outcome
 from farm.records import (
     CompilationRecord,
     Recorder,
@@ -46,7 +46,7 @@ COMPILATION_STREAM = records_stream_for(CompilationRecord.KIND)
 
 PRODUCER = r"""
 import sys, time
-from farm.model import Outcome
+from farm.core.model import Outcome
 from farm.records import Recorder, RecordsConfig
 from farm.records.stream import RedisStreamSink
 

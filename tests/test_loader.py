@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 
 import loader.tiers as kl
-from farm.errors import UnsupportedFeature
+from farm.core.errors import UnsupportedFeature
+from farm.core.generation import bump_generation
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, ArtifactId, Key, LaunchSettings, Lowered
+from farm.core.settings import Settings
 from farm.families.run import check_example, run_example
-from farm.generation import bump_generation
-from farm.keys import Namespace
-from farm.model import Artifact, ArtifactId, Key, LaunchSettings, Lowered
 from farm.records import Recorder
 from farm.records.model import Session
-from farm.settings import Settings
 from farm.store import ArtifactStore, PutResult, SQLiteStore, TieredStore
 from loader import ArtifactMissing, KernelLoader, UnknownKernelName
 
@@ -206,7 +206,7 @@ def test_switching_environment_serves_nothing_of_the_old_one(seeded: Settings) -
 
 
 def test_a_loader_given_its_store_cannot_switch(seeded: Settings) -> None:
-    from farm.errors import SettingsError
+    from farm.core.errors import SettingsError
 
     with KernelLoader(seeded, store=SQLiteStore(seeded.store_path),
                       recorder=SpyRecorder()) as loader, pytest.raises(SettingsError):
@@ -270,11 +270,11 @@ def test_threads_asking_for_one_kernel_load_it_once(seeded: Settings,
 
 def test_full_miss_compiles_then_stores_after_the_load(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    import farm.batch
+    import farm.compilation.batch
 
     settings = settings_for(tmp_path / "home")
     events: list[str] = []
-    real_load, real_put = farm.batch.load_binary, SQLiteStore.put
+    real_load, real_put = farm.compilation.batch.load_binary, SQLiteStore.put
 
     def load(*args: Any, **kwargs: Any) -> Any:
         program = real_load(*args, **kwargs)
@@ -286,7 +286,7 @@ def test_full_miss_compiles_then_stores_after_the_load(tmp_path: Path,
         events.append("put")
         return real_put(self, ns, artifact, source=source)
 
-    monkeypatch.setattr(farm.batch, "load_binary", load)
+    monkeypatch.setattr(farm.compilation.batch, "load_binary", load)
     monkeypatch.setattr(SQLiteStore, "put", put)
     spy = SpyRecorder()
     family, params = UNSEEDED
@@ -447,9 +447,9 @@ def test_warm_reads_every_artifact_while_the_context_is_still_being_made(
         seeded: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a GPU a context takes seconds: warm reads (and verifies) the stored artifacts
     meanwhile, and only the loads wait for it."""
-    import farm.device
+    import farm.core.device
 
-    real_open = farm.device.open_device
+    real_open = farm.core.device.open_device
     context_made: list[float] = []
 
     def slow_open(info: Any) -> Any:
@@ -466,7 +466,7 @@ def test_warm_reads_every_artifact_while_the_context_is_still_being_made(
         reads.append(time.perf_counter())
         return found
 
-    monkeypatch.setattr(farm.device, "open_device", slow_open)
+    monkeypatch.setattr(farm.core.device, "open_device", slow_open)
     monkeypatch.setattr(SQLiteStore, "get", timed_get)
     with KernelLoader(seeded, on_miss="fail", recorder=SpyRecorder()) as loader:
         report = loader.warm([loader.artifact_id(f, p) for f, p in SEEDED], threads=1)

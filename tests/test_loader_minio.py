@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from farm.batch import Batch
-from farm.compiler import ProcessPoolCompiler
-from farm.device import open_device, probe_devices, select_device
+from farm.compilation.batch import Batch
+from farm.compilation.compiler import ProcessPoolCompiler
+from farm.core.device import open_device, probe_devices, select_device
+from farm.core.keys import Namespace
+from farm.core.settings import Settings
 from farm.families import Registry
-from farm.keys import Namespace
 from farm.manifest import expand, load_manifest, resolve_manifest
-from farm.settings import Settings
 from farm.store import SQLiteStore, open_store
 from farm.store.minio import MinioStore
 
@@ -121,9 +121,9 @@ def test_on_miss_farm_asks_the_workers_then_loads_from_minio(
     MinIO, and the loader loads from there (and keeps a local copy)."""
     import numpy as np
 
+    from farm.core.model import LaunchSettings
     from farm.devservices.cluster import local_cluster
     from farm.families.run import check_example, run_example
-    from farm.model import LaunchSettings
     from loader import KernelLoader
 
     with local_cluster(tmp_path / "cluster", redis=redis_server, minio=minio_server,

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from farm.cli.manifest import app
-from farm.errors import ManifestError
+from farm.core.errors import ManifestError
 from farm.families.registry import Registry
 from farm.manifest import (
     MAX_FILE_BYTES,

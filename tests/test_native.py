@@ -1,6 +1,7 @@
-"""Native artifacts (farm/native.py) with the CUDA seam faked, on PoCL.
+"""Native artifacts (farm/compilation/native.py) with the CUDA seam faked, on PoCL.
 
-CI has no GPU, so the linker seam (:func:`farm.native.open_linker`) is replaced by fakes:
+CI has no GPU, so the linker seam (:func:`farm.compilation.native.open_linker`) is replaced by
+fakes:
 one that hands back the PoCL binary itself as "machine code" (which PoCL loads), one that
 raises, one that returns bytes no device loads. What is proved:
 
@@ -23,16 +24,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-import farm.native
-from farm.device import DeviceInfo, probe_devices, select_device
-from farm.errors import LoadError
+import farm.compilation.native
+from farm.compilation.load import load_binary
+from farm.compilation.native import MAGIC, pack, unpack
+from farm.core.device import DeviceInfo, probe_devices, select_device
+from farm.core.errors import LoadError
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, Key
+from farm.core.settings import Settings
 from farm.families import Registry
 from farm.families.run import check_example, run_example
-from farm.keys import Namespace
-from farm.load import load_binary
-from farm.model import Artifact, Key
-from farm.native import MAGIC, pack, unpack
-from farm.settings import Settings
 from farm.store import SQLiteStore
 
 FAKE_ARCH = "fake_1"
@@ -75,8 +76,8 @@ def settings_for(home: Path, **extra: Any) -> Settings:
 
 def use_linker(monkeypatch: pytest.MonkeyPatch, linker: Any) -> None:
     """Replace the seam and forget the linkers this process already opened."""
-    monkeypatch.setattr(farm.native, "open_linker", lambda cl_device: linker)
-    monkeypatch.setattr(farm.native, "_linkers", {})
+    monkeypatch.setattr(farm.compilation.native, "open_linker", lambda cl_device: linker)
+    monkeypatch.setattr(farm.compilation.native, "_linkers", {})
 
 
 def stored_binaries(home: Path) -> list[bytes]:
@@ -85,7 +86,7 @@ def stored_binaries(home: Path) -> list[bytes]:
 
 
 def build_tiny(home: Path, **extra: Any) -> Any:
-    from farm.local import local_farm
+    from farm.compilation.local import local_farm
     from farm.manifest import expand, load_manifest, resolve_manifest
 
     with local_farm(settings_for(home, **extra), label="test native", workers=0) as f:
@@ -154,8 +155,8 @@ def test_native_binaries_off_never_calls_the_linker(
 
 
 def test_finalize_reports_the_architecture_and_the_conversion_time() -> None:
-    from farm.device import DeviceContext
-    from farm.finalize import finalize_and_validate
+    from farm.compilation.finalize import finalize_and_validate
+    from farm.core.device import DeviceContext
 
     device = select_device(probe_devices())
     ctx, cl_device = DeviceContext(device).get()
@@ -174,8 +175,8 @@ def test_the_linkers_build_options_reach_the_build_and_a_refusal_falls_back_to_a
         monkeypatch: pytest.MonkeyPatch) -> None:
     import pyopencl as cl
 
-    from farm.device import DeviceContext
-    from farm.finalize import finalize, finalize_and_validate
+    from farm.compilation.finalize import finalize, finalize_and_validate
+    from farm.core.device import DeviceContext
 
     device = select_device(probe_devices())
     ctx, cl_device = DeviceContext(device).get()
@@ -216,8 +217,8 @@ def test_the_linkers_build_options_reach_the_build_and_a_refusal_falls_back_to_a
 
 # -- loading ----------------------------------------------------------------------------------
 def test_load_tries_machine_code_first_and_falls_back_to_the_portable_part() -> None:
-    from farm.device import DeviceContext
-    from farm.finalize import finalize
+    from farm.compilation.finalize import finalize
+    from farm.core.device import DeviceContext
 
     device = select_device(probe_devices())
     ctx, cl_device = DeviceContext(device).get()
@@ -237,7 +238,7 @@ def test_load_tries_machine_code_first_and_falls_back_to_the_portable_part() -> 
 
 def test_loader_counts_records_and_survives_a_refused_cubin(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from farm.local import local_farm
+    from farm.compilation.local import local_farm
     from farm.records import SessionStorage
     from loader import KernelLoader
 
@@ -286,12 +287,12 @@ def test_the_native_architecture_and_the_driver_name_the_namespace() -> None:
 
 
 def test_without_a_gpu_the_real_seam_answers_none(tmp_path: Path) -> None:
-    from farm.cuda import open_cuda_linker
-    from farm.device import DeviceContext
+    from farm.compilation.cuda import open_cuda_linker
+    from farm.core.device import DeviceContext
 
     device = select_device(probe_devices())
     _, cl_device = DeviceContext(device).get()
-    assert farm.native.open_linker(cl_device) is None  # not an NVIDIA device
+    assert farm.compilation.native.open_linker(cl_device) is None  # not an NVIDIA device
     try:
         import ctypes
 
@@ -305,7 +306,7 @@ def test_contexts_are_made_through_the_loader_pyopencl_uses_with_the_gil_release
     calls the same ICD loader through ctypes instead, which releases it."""
     import pyopencl as cl
 
-    from farm.device import _create_context, _opencl_loader
+    from farm.core.device import _create_context, _opencl_loader
 
     device = select_device(probe_devices())
     dev = cl.get_platforms()[device.platform_index].get_devices()[device.device_index]

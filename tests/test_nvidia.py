@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.native import unpack
+from farm.compilation.native import unpack
 
 pytestmark = pytest.mark.gpu
 
@@ -28,11 +28,11 @@ pytestmark = pytest.mark.gpu
 WARM_AND_RUN = textwrap.dedent("""
     import json, sys, time
     import numpy as np
-    import farm.finalize
+    import farm.compilation.finalize
     def forbidden(*a, **k):
         raise SystemExit("the compiler was called in the loading process")
-    farm.finalize.finalize = forbidden
-    from farm.errors import UnsupportedFeature
+    farm.compilation.finalize.finalize = forbidden
+    from farm.core.errors import UnsupportedFeature
     from farm.families.run import check_example, run_example
     from loader import KernelLoader
     from loader.warm import artifacts_of
@@ -109,11 +109,11 @@ def test_build_stores_cubins_and_a_fresh_process_loads_them_without_a_jit(
 def test_the_linkers_cheaper_build_returns_the_same_ptx_as_a_plain_build() -> None:
     """The build options a native linker adds (``-cl-nv-opt-level=0``) must leave the PTX
     byte for byte as a plain build makes it: the PTX is what a loader falls back to."""
-    from farm.device import DeviceContext, probe_devices, select_device
+    from farm.compilation.finalize import finalize, finalize_and_validate
+    from farm.compilation.native import linker_for
+    from farm.core.device import DeviceContext, probe_devices, select_device
     from farm.families import Registry
-    from farm.finalize import finalize, finalize_and_validate
     from farm.manifest import expand, load_manifest, resolve_manifest
-    from farm.native import linker_for
 
     device = select_device(probe_devices(), os.environ.get("FARM_DEVICE", "nvidia"))
     ctx, cl_device = DeviceContext(device).get()

@@ -25,12 +25,12 @@ import pytest
 from cluster_helpers import build_json, farm, next_redis_db, write_manifest
 from prometheus_client.parser import text_string_to_metric_families
 
-from farm.celery_app import make_app
+from farm.cluster.celery_app import make_app
+from farm.cluster.queues import in_flight, queue_depth, queue_stats
+from farm.core.keys import TASK_NAME, queue_name
+from farm.core.settings import Settings
 from farm.devservices.cluster import LocalCluster, local_cluster
 from farm.devservices.ports import free_port, log_tail
-from farm.keys import TASK_NAME, queue_name
-from farm.queues import in_flight, queue_depth, queue_stats
-from farm.settings import Settings
 from worker.startup import celery_argv
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from farm.outage import OutageError, Waiter, redis_location
+from farm.core.outage import OutageError, Waiter, redis_location
 
 
 def test_an_outage_shorter_than_the_limit_is_waited_out_with_one_line_each_way() -> None:

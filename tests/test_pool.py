@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from farm.pool import CrashSafePool, JobCrashed, exit_status
+from farm.compilation.pool import CrashSafePool, JobCrashed, exit_status
 
 
 def work(arg: str) -> str:

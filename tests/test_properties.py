@@ -33,13 +33,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from farm.bundle import export_bundle, import_bundle
-from farm.errors import BundleError, FarmError, ManifestError, SettingsError
+from farm.cluster.payloads import PayloadError, parse_request
+from farm.core.errors import BundleError, FarmError, ManifestError, SettingsError
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, Key, Lowered
+from farm.core.settings import load_settings
 from farm.families import Registry
-from farm.keys import Namespace
 from farm.manifest import expand, load_manifest
-from farm.model import Artifact, Key, Lowered
-from farm.payloads import PayloadError, parse_request
 from farm.records import SessionStorage
 from farm.records.model import Session
 from farm.records.stream import (
@@ -51,8 +51,8 @@ from farm.records.stream import (
     encode_record,
     encode_session,
 )
-from farm.settings import load_settings
 from farm.store import MemoryStore, SQLiteStore
+from farm.store.bundle import export_bundle, import_bundle
 
 settings.register_profile(
     "ci", max_examples=150, deadline=None,
@@ -215,7 +215,7 @@ def test_task_payloads_are_validated_or_refused_in_one_line(seed: int,
 
 # -- records stream entries ----------------------------------------------------------------------
 def _good_record_fields() -> dict[str, str]:
-    from farm.model import Outcome
+    from farm.core.model import Outcome
     from farm.records import CompilationRecord, RequestedBy, Stamp
 
     record = CompilationRecord(stamp=Stamp(session=7, seq=3, offset_s=0.5), family="axpy",
@@ -293,7 +293,7 @@ def test_stream_entries_decode_and_store_or_are_refused(
 
 
 def _good_pack_fields() -> dict[str, str]:
-    from farm.model import Outcome
+    from farm.core.model import Outcome
     from farm.records import CompilationRecord, RequestedBy, Stamp
 
     records = [CompilationRecord(stamp=Stamp(session=7, seq=seq, offset_s=0.5), family="axpy",

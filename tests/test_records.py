@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy as sa
 from pydantic import ValidationError
 
-from farm.errors import ForeignStoreError, StoreError
-from farm.model import Key, Outcome
+from farm.core.errors import ForeignStoreError, StoreError
+from farm.core.model import Key, Outcome
 from farm.records import (
     SCHEMA_VERSION,
     CompilationBatchRecord,

@@ -23,9 +23,10 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from farm.errors import SettingsError
-from farm.keys import RECORDS_GROUP, RECORDS_SESSIONS_STREAM, records_stream_for
-from farm.model import Outcome
+from farm.core.errors import SettingsError
+from farm.core.keys import RECORDS_GROUP, RECORDS_SESSIONS_STREAM, records_stream_for
+from farm.core.model import Outcome
+from farm.core.settings import Settings
 from farm.records import (
     CompilationBatchRecord,
     CompilationRecord,
@@ -51,7 +52,6 @@ from farm.records.stream import (
     encode_record,
     encode_session,
 )
-from farm.settings import Settings
 
 KEY = "0123456789abcdef.fedcba9876543210"
 COMPILATION_STREAM = records_stream_for(CompilationRecord.KIND)

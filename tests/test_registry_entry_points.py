@@ -16,7 +16,7 @@ def test_an_installed_distribution_registers_its_families(tmp_path: Path) -> Non
     (pkg / "__init__.py").write_text(textwrap.dedent('''
         import numpy as np
         from farm.families.base import Example, KernelFamily, Params
-        from farm.model import Lowered
+        from farm.core.model import Lowered
 
 
         class NegParams(Params):

@@ -1,7 +1,7 @@
 """The rekey rule: move an earlier build of the same family, copy anything else."""
 
-from farm.model import Key
-from farm.rekey import RekeyAction, rekey_action
+from farm.compilation.rekey import RekeyAction, rekey_action
+from farm.core.model import Key
 
 OLD = Key(id_hash="a" * 32, build_id="1" * 24)
 NEW = Key(id_hash="a" * 32, build_id="2" * 24)

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from farm.errors import SettingsError
-from farm.keys import Namespace
-from farm.model import Artifact, Key
-from farm.settings import Settings
-from farm.signing import Signer, SigningStore, Verifier, generate_keypair, with_signatures
+from farm.core.errors import SettingsError
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, Key
+from farm.core.settings import Settings
 from farm.store import PutResult, SQLiteStore
+from farm.store.signing import Signer, SigningStore, Verifier, generate_keypair, with_signatures
 
 NS = Namespace.for_fingerprint("pocl-test-device-0123456789ab")
 KEY = Key(id_hash="a" * 32, build_id="b" * 24)

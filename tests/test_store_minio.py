@@ -23,12 +23,12 @@ import urllib3
 from minio import Minio
 from minio.error import S3Error
 
+from farm.core.errors import SettingsError, StoreError
+from farm.core.keys import Namespace, artifact_object, source_object
+from farm.core.model import Artifact, Key, Lowered
+from farm.core.settings import Settings
 from farm.devservices import MinioServer
 from farm.devservices.ports import LOOPBACK, free_port
-from farm.errors import SettingsError, StoreError
-from farm.keys import Namespace, artifact_object, source_object
-from farm.model import Artifact, Key, Lowered
-from farm.settings import Settings
 from farm.store import PutResult, SQLiteStore, TieredStore, open_store
 from farm.store.minio import MAGIC, MinioStore, encode_artifact
 

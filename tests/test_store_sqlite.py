@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from farm.errors import ForeignStoreError
-from farm.keys import Namespace
-from farm.model import Artifact, Key, Lowered
+from farm.core.errors import ForeignStoreError
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, Key, Lowered
 from farm.store import PutResult, SQLiteStore
 
 NS = Namespace.for_fingerprint("pocl-test-device-0123456789ab")

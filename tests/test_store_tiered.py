@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import urllib3
 
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, Key, Lowered
 from farm.devservices import MinioServer
-from farm.keys import Namespace
-from farm.model import Artifact, Key, Lowered
 from farm.store import ArtifactStore, MemoryStore, PutResult, SQLiteStore, TieredStore
 from farm.store.minio import MinioStore
 

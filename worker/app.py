@@ -1,4 +1,4 @@
-"""The compile task, registered on the Celery app of :mod:`farm.celery_app`.
+"""The compile task, registered on the Celery app of :mod:`farm.cluster.celery_app`.
 
 The app itself (its settings and why) lives in the core, so that clients reach it
 without importing the worker.
@@ -12,8 +12,8 @@ from typing import Any
 
 from celery import Celery
 
-from farm.keys import TASK_NAME
-from farm.metrics import outcome_label
+from farm.cluster.metrics import outcome_label
+from farm.core.keys import TASK_NAME
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +23,14 @@ def register_tasks(app: Celery, get_state: Any, request_cls: Any = None) -> None
     """Register the compile task; ``get_state()`` gives the process's ``WorkerState``;
     ``request_cls`` is the worker's Celery ``Request`` (crash bookkeeping).
 
-    Each chunk is counted in the worker's metrics (``farm.metrics``) and logged as one
+    Each chunk is counted in the worker's metrics (``farm.cluster.metrics``) and logged as one
     line of counts: Celery's own "succeeded" line, which carries the whole reply, is
     kept at DEBUG (see ``worker.startup``).
     """
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from farm.metrics import worker_metrics
-    from farm.payloads import parse_request
+    from farm.cluster.metrics import worker_metrics
+    from farm.cluster.payloads import parse_request
     from worker.execute import execute_job
 
     transient: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)

@@ -8,14 +8,14 @@ and its ``app``, configured from the ``FARM_*`` settings like every farm process
     celery -A worker events
     celery -A worker flower        # pip install 'kernel-farm[ops]'
 
-Everything else gets its app from :func:`farm.celery_app.make_app` with settings passed
+Everything else gets its app from :func:`farm.cluster.celery_app.make_app` with settings passed
 explicitly; this module exists only for those command lines, and reads the environment
 once, when Celery imports it.
 """
 
 from __future__ import annotations
 
-from farm.celery_app import make_app
-from farm.settings import load_settings
+from farm.cluster.celery_app import make_app
+from farm.core.settings import load_settings
 
 app = make_app(load_settings())

@@ -4,7 +4,7 @@ times, then fails as ``crashed``, and is never sent again in that build.
 With ``task_reject_on_worker_lost`` Celery puts a task back on its queue when the pool
 process running it dies, with no limit: a compiler that aborts on one kernel would be
 fed that kernel for ever while the client waits. So, per task id, in Redis (names in
-:mod:`farm.keys`, all expiring after a day):
+:mod:`farm.core.keys`, all expiring after a day):
 
 * the pool process counts the task's deliveries and notes the kernel it is working on
   (``TaskLedger``);
@@ -30,7 +30,8 @@ from typing import Any
 
 from celery.worker.request import Request
 
-from farm.keys import (
+from farm.cluster.lease import release_lease
+from farm.core.keys import (
     TASK_STATE_TTL_S,
     task_crashes_key,
     task_deliveries_key,
@@ -38,8 +39,7 @@ from farm.keys import (
     task_kernel_key,
     task_lease_key,
 )
-from farm.lease import release_lease
-from farm.outage import Waiter
+from farm.core.outage import Waiter
 
 log = logging.getLogger(__name__)
 

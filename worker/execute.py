@@ -1,13 +1,14 @@
 """``execute_job``: the one seam through which a worker obtains a chunk of kernels.
 
-Per kernel, in order (the same outcomes as an embedded batch, see ``farm.batch``):
+Per kernel, in order (the same outcomes as an embedded batch, see ``farm.compilation.batch``):
 
 1. the family must be registered here and give the build id the client computed, else
    the kernel fails with a version-skew error naming both ids (client and worker run
    different kernel code; storing would put an artifact under a key its code did not
    produce);
 2. the key is in the store -> **Loaded** (digest verified, loaded on this device);
-3. lower; the source index knows the source -> **Rekeyed** (copy or move, ``farm.rekey``);
+3. lower; the source index knows the source -> **Rekeyed** (copy or move,
+   ``farm.compilation.rekey``);
 4. take the compile lease for the source: holding it, finalize, load, store ->
    **Compiled**; when another worker holds it, wait for it to go and look again, so a
    kernel in flight in two builds is compiled once.
@@ -16,7 +17,7 @@ A failing kernel is reported with its build log and nothing of it is stored.
 
 Faults (docs/RELIABILITY.md): a kernel that killed its compiling process ``crash_limit``
 times fails as ``crashed`` untouched (``worker.crashes``); Redis and MinIO outages are
-waited out up to ``outage_limit`` (``farm.outage``), past it the kernel fails as
+waited out up to ``outage_limit`` (``farm.core.outage``), past it the kernel fails as
 ``store`` or ``error`` rather than as bad input; a compile's (or rekey's) record is sent
 to the records stream *before* the store is written, so a process killed at any moment
 never leaves an artifact whose record never came.
@@ -29,7 +30,11 @@ import socket
 import time
 from collections.abc import Callable
 
-from farm.errors import (
+from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
+from farm.compilation.finalize import finalize_and_validate
+from farm.compilation.load import load
+from farm.compilation.rekey import RekeyAction, rekey_action
+from farm.core.errors import (
     ClusterError,
     CompileError,
     FarmError,
@@ -38,12 +43,8 @@ from farm.errors import (
     StoreError,
     VersionSkewError,
 )
-from farm.finalize import finalize_and_validate
-from farm.load import load
-from farm.model import Artifact, KernelFailure, Key, Lowered, Outcome
-from farm.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
+from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.records.model import RequestedBy
-from farm.rekey import RekeyAction, rekey_action
 from worker.crashes import TaskLedger, holder_name
 from worker.state import WorkerState
 

@@ -8,7 +8,7 @@ restored to the queue, and every worker of that fingerprint that starts dies on 
 So the worker's consumer (:class:`GuardedConsumer`, ``worker_consumer``) checks every
 message before Celery sees it (:func:`problem`): the headers Celery reads, the body's
 ``[args, kwargs, embed]`` shape and the payload itself (a :class:`CompileRequest`). A
-message that fails is dead-lettered (``farm:dead``, see :mod:`farm.keys`: the reason,
+message that fails is dead-lettered (``farm:dead``, see :mod:`farm.core.keys`: the reason,
 headers and a cut body, for a person to read), acknowledged so it never comes back, and
 its task id, when it has one, gets a failed result so that a waiting client learns why.
 Anything Celery itself still raises on a message that passed is handled the same way.
@@ -26,9 +26,9 @@ from typing import Any
 from celery.worker.consumer import Consumer
 from pydantic import ValidationError
 
-from farm.errors import first_error
-from farm.keys import DEAD_LETTERS, TASK_NAME
-from farm.payloads import CompileRequest
+from farm.cluster.payloads import CompileRequest
+from farm.core.errors import first_error
+from farm.core.keys import DEAD_LETTERS, TASK_NAME
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 OpenCL state never crosses a fork (NVIDIA's OpenCL runs on CUDA, which forbids it), so
 the main process learns its devices and fingerprints from a short-lived child
-(``farm.device.discover_devices``) and only the pool processes create contexts, once
+(``farm.core.device.discover_devices``) and only the pool processes create contexts, once
 each, in ``worker_process_init``.
 
 Faults (docs/RELIABILITY.md): the consumer refuses malformed messages
@@ -23,14 +23,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from farm.celery_app import make_app
-from farm.device import DeviceInfo, discover_devices
-from farm.errors import DeviceError
-from farm.keys import TASK_STATE_TTL_S, queue_name, task_holder_key
-from farm.outage import OutageError, redis_waiter
-from farm.settings import Settings
+from farm.cluster.celery_app import make_app
+from farm.cluster.workers import Heartbeat, WorkerInfo
+from farm.core.device import DeviceInfo, discover_devices
+from farm.core.errors import DeviceError
+from farm.core.keys import TASK_STATE_TTL_S, queue_name, task_holder_key
+from farm.core.outage import OutageError, redis_waiter
+from farm.core.settings import Settings
 from farm.version import __version__
-from farm.workers import Heartbeat, WorkerInfo
 from worker.app import register_tasks
 from worker.crashes import crash_request_class
 from worker.state import WorkerState, open_state
@@ -93,14 +93,14 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     metrics_dir = Path(tempfile.gettempdir()) / f"farm-metrics-{os.getpid()}"
     if port:
         # Before anything imports prometheus-client: the pool's processes inherit it.
-        from farm.metrics import prepare_multiprocess
+        from farm.cluster.metrics import prepare_multiprocess
 
         prepare_multiprocess(metrics_dir)
 
     import redis
     from celery import signals
 
-    from farm.health import HealthFiles
+    from farm.cluster.health import HealthFiles
 
     events = settings.worker_events if events is None else events
     heartbeat = settings.worker_heartbeat if heartbeat is None else heartbeat
@@ -160,7 +160,7 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     app.conf.worker_lost_wait = 1.0
 
     if port:
-        from farm.metrics import ClusterCollector, serve
+        from farm.cluster.metrics import ClusterCollector, serve
 
         serve(port, [ClusterCollector(client)], multiprocess=True)
         log.info("metrics on port %d", port)

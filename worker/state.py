@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from farm.device import DeviceInfo, open_device
+from farm.cluster.lease import Leases
+from farm.compilation.finalize import worker_name
+from farm.core.device import DeviceInfo, open_device
+from farm.core.keys import Namespace
+from farm.core.outage import Waiter, redis_waiter
+from farm.core.settings import Settings
 from farm.families import Registry
-from farm.finalize import worker_name
-from farm.keys import Namespace
-from farm.lease import Leases
-from farm.outage import Waiter, redis_waiter
 from farm.records import Recorder
-from farm.settings import Settings
 from farm.store import ArtifactStore
 
 if TYPE_CHECKING:
@@ -55,10 +55,10 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     """Open process ``index``'s device (round-robin over ``devices``) and connections."""
     import redis
 
-    from farm.metrics import InstrumentedStore, TimedLeases
+    from farm.cluster.metrics import InstrumentedStore, TimedLeases
     from farm.records.open import open_recorder
-    from farm.signing import with_signatures
     from farm.store.minio import MinioStore
+    from farm.store.signing import with_signatures
 
     device = devices[index % len(devices)]
     ctx, cl_device = open_device(device)

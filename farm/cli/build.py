@@ -14,10 +14,10 @@ from farm.cli.console import err, out, print_json
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from farm.batch import Batch, BatchReport, KernelResult
+    from farm.compilation.batch import Batch, BatchReport, KernelResult
+    from farm.core.model import ArtifactId
+    from farm.core.settings import Settings
     from farm.manifest import Manifest
-    from farm.model import ArtifactId
-    from farm.settings import Settings
 
 
 def build(
@@ -46,9 +46,9 @@ def build(
         "node-exporter's textfile collector); FARM_METRICS_PUSHGATEWAY pushes it")] = None,
 ) -> None:
     """Build a model's kernels into the store (locally or on the cluster)."""
-    from farm.local import local_farm
+    from farm.compilation.local import local_farm
+    from farm.core.settings import load_settings
     from farm.manifest import expand, load_manifest, resolve_manifest
-    from farm.settings import load_settings
 
     overrides = {"device": device} if device else {}
     settings = load_settings(**overrides)
@@ -90,13 +90,13 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     """Build through the workers; ``None`` when falling back to a local build."""
     import redis
 
-    from farm.celery_app import make_app
-    from farm.cluster import check_served, cluster_build
-    from farm.device import probe_devices, select_device
-    from farm.errors import ClusterError, InputError
+    from farm.cluster.build import check_served, cluster_build
+    from farm.cluster.celery_app import make_app
+    from farm.core.device import probe_devices, select_device
+    from farm.core.errors import ClusterError, InputError
+    from farm.core.outage import redis_waiter
     from farm.families import Registry
     from farm.manifest import expand
-    from farm.outage import redis_waiter
     from farm.records.open import open_recorder
     from farm.store.open import open_store
 
@@ -168,8 +168,8 @@ def _publish_metrics(report: BatchReport, settings: Settings, *, manifest: str,
     """The summary as Prometheus metrics. A Pushgateway that fails is a warning (the
     build succeeded and its artifacts are stored); a file that cannot be written is an
     error of the option."""
-    from farm.errors import InputError
-    from farm.metrics import build_registry, publish_build
+    from farm.cluster.metrics import build_registry, publish_build
+    from farm.core.errors import InputError
 
     registry = build_registry(report.summary(), manifest=manifest, fingerprint=fingerprint,
                               cluster=cluster)
@@ -187,7 +187,7 @@ def _publish_metrics(report: BatchReport, settings: Settings, *, manifest: str,
 
 
 def _by_worker(report: BatchReport) -> dict[str, dict[str, float]]:
-    from farm.model import Outcome
+    from farm.core.model import Outcome
 
     out_: dict[str, dict[str, float]] = {}
     for r in report.results:

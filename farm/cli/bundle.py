@@ -1,8 +1,8 @@
 """``farm bundle export|import|show``: move a store's artifacts as one file.
 
 A bundle is untrusted input: every refusal is one line and exit status 2 (a
-:class:`~farm.errors.BundleError`), and a refused bundle leaves the store unchanged.
-See :mod:`farm.bundle` for the format and the rules.
+:class:`~farm.core.errors.BundleError`), and a refused bundle leaves the store unchanged.
+See :mod:`farm.store.bundle` for the format and the rules.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from farm.cli.console import err, out, print_json
-from farm.defaults import BUNDLE_MAX_BYTES
-from farm.errors import InputError
+from farm.core.defaults import BUNDLE_MAX_BYTES
+from farm.core.errors import InputError
 
 if TYPE_CHECKING:
-    from farm.keys import Namespace
+    from farm.core.keys import Namespace
 
 app = typer.Typer(help="Move artifacts between stores as one file (offline machines).",
                   no_args_is_help=True, add_completion=False,
@@ -31,8 +31,8 @@ MaxSize = Annotated[int, typer.Option(
 
 def _namespace(text: str) -> Namespace:
     """A full namespace (``opencl/v1/<fingerprint>``) or a bare fingerprint."""
-    from farm.bundle import parse_namespace, reason
-    from farm.keys import Namespace
+    from farm.core.keys import Namespace
+    from farm.store.bundle import parse_namespace, reason
 
     try:
         return parse_namespace(text) if "/" in text else Namespace.for_fingerprint(text)
@@ -42,9 +42,9 @@ def _namespace(text: str) -> Namespace:
 
 def _this_device_namespace(device: str | None) -> Namespace:
     """The namespace of this machine's device, found without initialising OpenCL here."""
-    from farm.device import discover_devices, select_device
-    from farm.keys import Namespace
-    from farm.settings import load_settings
+    from farm.core.device import discover_devices, select_device
+    from farm.core.keys import Namespace
+    from farm.core.settings import load_settings
 
     settings = load_settings()
     chosen = select_device(discover_devices(), device or settings.device)
@@ -66,9 +66,9 @@ def export(
     """Export artifacts of the current environment's store to one bundle file."""
     from rich.table import Table
 
-    from farm.bundle import export_bundle
-    from farm.settings import load_settings
+    from farm.core.settings import load_settings
     from farm.store import open_store
+    from farm.store.bundle import export_bundle
 
     if namespace and all_namespaces:
         raise InputError("give --namespace or --all, not both")
@@ -107,9 +107,9 @@ def import_(
     """Verify a bundle in full, then import it into the current environment's store."""
     from rich.table import Table
 
-    from farm.bundle import import_bundle
-    from farm.settings import load_settings
+    from farm.core.settings import load_settings
     from farm.store import open_store
+    from farm.store.bundle import import_bundle
 
     store = open_store(load_settings())
     try:
@@ -144,7 +144,7 @@ def show(
     """List what a bundle holds (verifying it in full) without importing it."""
     from rich.table import Table
 
-    from farm.bundle import parse_namespace, read_bundle
+    from farm.store.bundle import parse_namespace, read_bundle
 
     read = read_bundle(bundle, max_bytes=max_size)
     m = read.manifest

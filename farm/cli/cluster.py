@@ -43,9 +43,9 @@ def up(
     The logs (worker-N.log, ingester-0.log) and the records stay in the work folder
     after the cluster stops: that is where to look when something went wrong.
     """
+    from farm.core.keys import RECORDS_FILE
     from farm.devservices import export_lines
     from farm.devservices.cluster import local_cluster
-    from farm.keys import RECORDS_FILE
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -22,7 +22,7 @@ from farm.cli.build import _run_with_progress, print_failures, print_summary
 from farm.cli.console import out, print_json
 
 if TYPE_CHECKING:
-    from farm.model import ArtifactId
+    from farm.core.model import ArtifactId
     from loader import KernelLoader
 
 
@@ -36,10 +36,10 @@ def demo(
     """Build MANIFEST on the local device, load every kernel back, run one against numpy."""
     from rich.table import Table
 
-    from farm.local import local_farm
+    from farm.compilation.local import local_farm
+    from farm.core.model import Outcome
+    from farm.core.settings import load_settings
     from farm.manifest import expand, load_manifest, resolve_manifest
-    from farm.model import Outcome
-    from farm.settings import load_settings
     from loader import KernelLoader
 
     with tempfile.TemporaryDirectory(prefix="farm-demo-") as tmp:

@@ -13,7 +13,7 @@ def devices(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List OpenCL devices with their fingerprints (probed in a child process)."""
     from rich.table import Table
 
-    from farm.device import discover_devices
+    from farm.core.device import discover_devices
 
     found = discover_devices()
     if json_out:

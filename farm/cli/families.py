@@ -29,8 +29,8 @@ def list_families(
 ) -> None:
     """Every registered family: where it comes from, its build id, whether it has an
     example; and every entry point that could not be loaded, with the reason."""
+    from farm.core.settings import load_settings
     from farm.families.registry import Registry
-    from farm.settings import load_settings
 
     settings = load_settings()
     registry = Registry.load(settings.family_modules)
@@ -65,10 +65,10 @@ def check(
     family; exit status 1 when one differs or fails to compile."""
     import pyopencl as cl
 
-    from farm.device import discover_devices, open_device, select_device
+    from farm.core.device import discover_devices, open_device, select_device
+    from farm.core.settings import load_settings
     from farm.families.registry import Registry
     from farm.families.run import check_family
-    from farm.settings import load_settings
 
     settings = load_settings(**({"device": device} if device else {}))
     registry = Registry.load(settings.family_modules)

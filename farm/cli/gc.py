@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from farm.cli.console import out, print_json
-from farm.errors import InputError, first_error
+from farm.core.errors import InputError, first_error
 
 
 def gc(
@@ -19,10 +19,10 @@ def gc(
     """Delete stored keys whose family's code has changed since they were built."""
     from pydantic import ValidationError
 
+    from farm.core.keys import Namespace
+    from farm.core.settings import load_settings
     from farm.families import Registry
-    from farm.gc import collect
-    from farm.keys import Namespace
-    from farm.settings import load_settings
+    from farm.store.gc import collect
     from farm.store.open import open_store
 
     settings = load_settings()

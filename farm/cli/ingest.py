@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from farm.cli.console import err, print_json
-from farm.defaults import INGEST_BATCH, INGEST_BLOCK_MS, INGEST_CLAIM_IDLE_MS
-from farm.errors import SettingsError
+from farm.core.defaults import INGEST_BATCH, INGEST_BLOCK_MS, INGEST_CLAIM_IDLE_MS
+from farm.core.errors import SettingsError
 
 if TYPE_CHECKING:
-    from farm.health import HealthFiles
+    from farm.cluster.health import HealthFiles
 
 
 def _watched_ingester() -> type:
@@ -69,10 +69,10 @@ def ingest(
         "(default FARM_METRICS_PORT; unset: none)")] = None,
 ) -> None:
     """Write the records streams into session storage until stopped (SIGTERM/SIGINT)."""
-    from farm.health import HealthFiles
+    from farm.cluster.health import HealthFiles
+    from farm.core.settings import load_settings
     from farm.records.ingest import default_consumer_name
     from farm.records.stream import connect
-    from farm.settings import load_settings
 
     settings = load_settings()
     if not settings.redis_url:
@@ -104,7 +104,7 @@ def ingest(
                 ingester.health.reset()
             port = metrics_port or settings.metrics_port
             if port:
-                from farm.metrics import ClusterCollector, IngestCollector, serve
+                from farm.cluster.metrics import ClusterCollector, IngestCollector, serve
 
                 serve(port, [IngestCollector(ingester, client), ClusterCollector(client)])
             err.print(f"ingester {consumer}: {settings.redis_url.split('@')[-1]} -> "

@@ -1,4 +1,4 @@
-"""``farm keygen``: a key pair for signed artifacts (see ``farm.signing``)."""
+"""``farm keygen``: a key pair for signed artifacts (see ``farm.store.signing``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from farm.cli.console import out
-from farm.errors import InputError
+from farm.core.errors import InputError
 
 
 def keygen(out_file: Annotated[Path, typer.Argument(
@@ -19,7 +19,7 @@ def keygen(out_file: Annotated[Path, typer.Argument(
     Writers (workers, build clients) get FARM_SIGNING_KEY from that file (through a
     secret); loaders get FARM_VERIFY_KEY=<the printed public key>.
     """
-    from farm.signing import generate_keypair
+    from farm.store.signing import generate_keypair
 
     if out_file.exists():
         raise InputError(f"{out_file}: exists; refusing to overwrite a key")

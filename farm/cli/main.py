@@ -19,7 +19,7 @@ from farm.cli.cluster import app as cluster_app
 from farm.cli.families import app as families_app
 from farm.cli.manifest import app as manifest_app
 from farm.cli.records import app as records_app
-from farm.errors import FarmError, one_line
+from farm.core.errors import FarmError, one_line
 
 app = typer.Typer(help="kernel-farm: a compilation farm for OpenCL kernels.",
                   pretty_exceptions_enable=False, no_args_is_help=True,

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from farm.errors import FarmError
+from farm.core.errors import FarmError
 from farm.manifests import builtin_manifests
 
 app = typer.Typer(
@@ -40,9 +40,9 @@ def show(
     from rich.table import Table
     from rich.text import Text
 
+    from farm.core.settings import load_settings
     from farm.families.registry import Registry
     from farm.manifest import expand, load_manifest, resolve_manifest, summarize
-    from farm.settings import load_settings
 
     try:
         path = resolve_manifest(file)

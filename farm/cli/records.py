@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from farm.cli.console import out, print_json
-from farm.errors import FarmError, InputError, StoreError
+from farm.core.errors import FarmError, InputError, StoreError
 
 if TYPE_CHECKING:
+    from farm.core.settings import Settings
     from farm.records.model import Record, Session
     from farm.records.query import Summary
     from farm.records.storage import SessionStorage
-    from farm.settings import Settings
 
 app = typer.Typer(help="Read what the farm did: sessions, records, builds, timelines.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -38,8 +38,8 @@ def open_storage(settings: Settings | None = None, *,
     yet reads as empty (a read command creates no file). A read command never migrates
     (nor switches to WAL): it checks the database is ours and at this schema version,
     so a read-only or foreign file is diagnosed as what it is."""
+    from farm.core.settings import load_settings
     from farm.records.storage import SCHEMA_VERSION, SessionStorage
-    from farm.settings import load_settings
 
     settings = settings or load_settings()
     path = settings.records_path

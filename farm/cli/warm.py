@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from farm.cli.console import err, out, print_json
-from farm.errors import SettingsError
+from farm.core.errors import SettingsError
 
 
 def warm(
@@ -33,7 +33,7 @@ def warm(
     """Warm a manifest: fetch, load and (if missing) compile every kernel."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from farm.settings import load_settings
+    from farm.core.settings import load_settings
 
     if on_miss not in ("compile", "farm", "fail"):
         raise SettingsError(f"--on-miss must be compile, farm or fail, not {on_miss!r}")
@@ -41,7 +41,7 @@ def warm(
     # The device's context first, on a thread that releases the GIL: it costs seconds on
     # a GPU, and everything below (the loader's modules, the families, the manifest,
     # the store look-ups and reads) runs meanwhile.
-    from farm.device import DeviceContext, probe_devices, select_device
+    from farm.core.device import DeviceContext, probe_devices, select_device
 
     context = DeviceContext(select_device(probe_devices(), settings.device)).start()
     from loader import KernelLoader, WarmItem

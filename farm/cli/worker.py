@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from farm.cli.console import out, print_json
-from farm.errors import SettingsError
+from farm.core.errors import SettingsError
 
 
 def worker(
@@ -33,7 +33,7 @@ def worker(
         "`farm worker -- --max-tasks-per-child=100`", show_default=False)] = None,
 ) -> None:
     """Run a compile worker for one device fingerprint (needs FARM_REDIS_URL, FARM_MINIO_*)."""
-    from farm.settings import load_settings
+    from farm.core.settings import load_settings
     from worker.startup import run_worker
 
     settings = load_settings()
@@ -52,15 +52,15 @@ def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     import redis
     from rich.table import Table
 
-    from farm.queues import queue_stats
-    from farm.settings import load_settings
-    from farm.workers import served
+    from farm.cluster.queues import queue_stats
+    from farm.cluster.workers import served
+    from farm.core.settings import load_settings
 
     settings = load_settings()
     if not settings.redis_url:
         raise SettingsError("setting FARM_REDIS_URL: needed to list the workers")
-    from farm.errors import ClusterError
-    from farm.outage import is_redis_down, redis_location
+    from farm.core.errors import ClusterError
+    from farm.core.outage import is_redis_down, redis_location
 
     client: Any = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
                                        socket_connect_timeout=5)

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farm.core.keys import DEFAULT_BUCKET
 from farm.devservices.minio import MinioServer
 from farm.devservices.ports import ServiceError, log_tail, stop_process
 from farm.devservices.redis import RedisServer
-from farm.keys import DEFAULT_BUCKET
 
 
 @dataclass

@@ -31,10 +31,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from farm.device import DeviceInfo
-from farm.errors import FarmError, KernelError, ParameterError, UnsupportedFeature, first_error
-from farm.hashing import sha256_hex
-from farm.model import ArtifactId, KernelId, LaunchSettings, Lowered, Variant
+from farm.core.device import DeviceInfo
+from farm.core.errors import FarmError, KernelError, ParameterError, UnsupportedFeature, first_error
+from farm.core.hashing import sha256_hex
+from farm.core.model import ArtifactId, KernelId, LaunchSettings, Lowered, Variant
 from farm.version import __version__
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from importlib.metadata import entry_points
 from typing import Any
 
-from farm.errors import SettingsError, UnknownFamilyError
+from farm.core.errors import SettingsError, UnknownFamilyError
 from farm.families.base import KernelFamily
 
 ENTRY_POINT_GROUP = "kernel_farm.families"

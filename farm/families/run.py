@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from farm.device import DeviceInfo
-from farm.errors import ParameterError, UnsupportedFeature
+from farm.core.device import DeviceInfo
+from farm.core.errors import ParameterError, UnsupportedFeature
+from farm.core.model import LaunchSettings
 from farm.families.base import Example, KernelFamily, LocalMem
-from farm.model import LaunchSettings
 
 if TYPE_CHECKING:
     import pyopencl as cl

@@ -15,7 +15,7 @@ Explicit kernels come after the model's. :func:`expand` turns a manifest into
 stable order, so two expansions of one file ask the farm for the same keys in the same
 order on every machine.
 
-Every problem is a :class:`~farm.errors.ManifestError` of one line,
+Every problem is a :class:`~farm.core.errors.ManifestError` of one line,
 ``<file>:<line>: <field.path>: <what is wrong>``: a person fixing a manifest wants to
 jump to the line, and the CLI prints it as is. tomllib reports no positions for valid
 TOML, so :class:`_LineIndex` scans the text once to find the line of every table, key

@@ -8,7 +8,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm.errors import ManifestError, ParameterError, UnknownFamilyError
+from farm.core.errors import ManifestError, ParameterError, UnknownFamilyError
+from farm.core.model import ArtifactId, LaunchSettings, Variant
 from farm.families.registry import Registry
 from farm.manifest.lines import Loc
 from farm.manifest.messages import _error, _format_loc
@@ -21,7 +22,6 @@ from farm.manifest.schema import (
     MatmulTile,
     ModelSpec,
 )
-from farm.model import ArtifactId, LaunchSettings, Variant
 
 
 # ----------------------------------------------------------------------------------------

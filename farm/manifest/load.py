@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from farm.errors import ManifestError, first_error
+from farm.core.errors import ManifestError, first_error
 from farm.manifest.expand import _plan
 from farm.manifest.lines import _LineIndex
 from farm.manifest.messages import _allowed_keys, _clean_loc, _error, _format_loc, _one_line

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from farm.errors import ManifestError
+from farm.core.errors import ManifestError
 from farm.manifest.lines import Loc
 from farm.manifest.schema import Manifest
 

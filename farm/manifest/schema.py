@@ -16,9 +16,9 @@ from pydantic import (
     model_validator,
 )
 
-from farm.errors import first_error
+from farm.core.errors import first_error
+from farm.core.model import ArtifactId, Frozen, LaunchSettings, Variant
 from farm.manifest.lines import Loc, _LineIndex
-from farm.model import ArtifactId, Frozen, LaunchSettings, Variant
 
 #: the manifest format this farm reads (the ``format`` key)
 FORMAT_VERSION = 1

@@ -3,7 +3,7 @@
 Guarantees, and what gives each one:
 
 - **Nothing lost while it is in the streams.** Ingesters read through one consumer group
-  (``farm.keys.RECORDS_GROUP``); an entry a consumer has read stays *pending* (Redis
+  (``farm.core.keys.RECORDS_GROUP``); an entry a consumer has read stays *pending* (Redis
   keeps it, under that consumer) until acknowledged, and the ingester acknowledges only
   after the storage transaction that holds it has committed. An ingester that dies (even
   SIGKILL) between reading and acknowledging leaves its entries pending; any other
@@ -60,9 +60,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from farm.defaults import INGEST_BATCH, INGEST_BLOCK_MS, INGEST_CLAIM_IDLE_MS
-from farm.errors import StoreError
-from farm.keys import (
+from farm.core.defaults import INGEST_BATCH, INGEST_BLOCK_MS, INGEST_CLAIM_IDLE_MS
+from farm.core.errors import StoreError
+from farm.core.keys import (
     RECORDS_DEAD_STREAM,
     RECORDS_GROUP,
     RECORDS_SESSIONS_STREAM,

@@ -28,8 +28,8 @@ from pydantic import (
     field_validator,
 )
 
-from farm.keys import record_kind
-from farm.model import (
+from farm.core.keys import record_kind
+from farm.core.model import (
     INT64_MAX,
     ColumnText,
     Int32,
@@ -254,7 +254,7 @@ class CompilationRecord(_Record):
     options: list[str] | None = Field(default=None, max_length=256)
     requested_by: RequestedBy | None = None
     #: a native artifact whose machine code the device refused: why (its portable
-    #: binary was loaded instead; see farm/native.py). "" for every normal load.
+    #: binary was loaded instead; see farm/compilation/native.py). "" for every normal load.
     native_fallback: str = Field(default="", max_length=1000)
 
     @field_validator("key", mode="before")

@@ -21,11 +21,11 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from farm.errors import SettingsError
+from farm.core.errors import SettingsError
+from farm.core.settings import Settings
 from farm.records.model import STORAGE_COMPONENT, RecordsConfig
 from farm.records.recorder import Recorder
 from farm.records.sink import RecordSink, StorageSink
-from farm.settings import Settings
 
 
 def records_transport(settings: Settings) -> str:

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from farm.errors import InputError
-from farm.model import Outcome
+from farm.core.errors import InputError
+from farm.core.model import Outcome
 from farm.records.model import CompilationBatchRecord, CompilationRecord, Record, Session
 
 if TYPE_CHECKING:

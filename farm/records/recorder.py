@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Sequence
 from types import TracebackType
 
-from farm.model import Key, Outcome
+from farm.core.model import Key, Outcome
 from farm.records.model import (
     Clock,
     CompilationBatchRecord,

@@ -51,7 +51,8 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 
-from farm.errors import ForeignStoreError, SettingsError, StoreError, one_line
+from farm.core.errors import ForeignStoreError, SettingsError, StoreError, one_line
+from farm.core.sqlite_wal import enable_wal
 from farm.records.model import (
     RECORD_KINDS,
     STORAGE_COMPONENT,
@@ -61,7 +62,6 @@ from farm.records.model import (
     Session,
     parse_record,
 )
-from farm.sqlite_wal import enable_wal
 
 log = logging.getLogger(__name__)
 

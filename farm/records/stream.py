@@ -6,7 +6,7 @@ hundreds of worker processes, each with a short burst of records; an append to R
 costs a fraction of a millisecond and needs no database connection per process, and the
 ingester turns many small appends into few large, idempotent transactions.
 
-Layout (names from ``farm.keys``):
+Layout (names from ``farm.core.keys``):
 
 - ``farm:records:sessions``: one entry per session, sent when the session first changes
   something (the recorder decides when; this sink never sees an observe-only session),
@@ -52,9 +52,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import to_json
 
-from farm.errors import one_line
-from farm.keys import RECORDS_SESSIONS_STREAM, records_stream_for
-from farm.model import INT64_MAX
+from farm.core.errors import one_line
+from farm.core.keys import RECORDS_SESSIONS_STREAM, records_stream_for
+from farm.core.model import INT64_MAX
 from farm.records.model import RECORD_KINDS, Record, Session, parse_record
 
 STREAM_MAXLEN = 40_000

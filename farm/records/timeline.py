@@ -18,8 +18,8 @@ import html
 import math
 from pathlib import Path
 
-from farm.errors import InputError
-from farm.model import Outcome
+from farm.core.errors import InputError
+from farm.core.model import Outcome
 from farm.records.query import STRAGGLER_FACTOR, Timeline
 
 COLORS = {Outcome.COMPILED: "#4c78a8", Outcome.REKEYED: "#54a24b", Outcome.LOADED: "#bab0ac"}

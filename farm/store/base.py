@@ -9,7 +9,7 @@ Rules every backend keeps (see docs/ARCHITECTURE.md, "The artifact store"):
 * **Integrity.** ``get`` verifies size and SHA-256 before returning; a mismatch is
   counted (:attr:`StoreStats.corrupt`) and answered as a miss, never raised.
 * **Source index.** An artifact is indexed by the hash of its source only when the
-  writer passes the :class:`~farm.model.Lowered` source it compiled (or rekeyed) it from,
+  writer passes the :class:`~farm.core.model.Lowered` source it compiled (or rekeyed) it from,
   so a key that misses can be served by rekeying an artifact of the same source. The
   index never takes a source hash from an artifact's metadata: metadata comes from
   bundles and other machines, and a lying ``meta.source_hash`` would otherwise repoint
@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from farm.keys import Namespace
-from farm.model import Artifact, Key, Lowered
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, Key, Lowered
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class StoreStats:
     refused: int = 0
     corrupt: int = 0
     repaired: int = 0
-    #: reads refused for a missing or wrong signature (see ``farm.signing``)
+    #: reads refused for a missing or wrong signature (see ``farm.store.signing``)
     unsigned: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -15,8 +15,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
-from farm.keys import Namespace
-from farm.model import Artifact, Key, Lowered
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, Key, Lowered
 from farm.store.base import (
     ArtifactStore,
     PutResult,

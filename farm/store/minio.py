@@ -1,4 +1,4 @@
-"""The cluster artifact store: one MinIO (S3) bucket, objects laid out by :mod:`farm.keys`.
+"""The cluster artifact store: one MinIO (S3) bucket, objects laid out by :mod:`farm.core.keys`.
 
 Object format (``kernel-farm-artifact`` version 1)::
 
@@ -34,9 +34,9 @@ delete for a move) costs one upload more than a copy and keeps every rule.
 Transient failures (connection errors, 5xx, ``SlowDown``) are retried with exponential
 backoff by tenacity; the SDK's own urllib3 retries are switched off so the two do not
 multiply. A store made from settings waits out an outage of up to ``FARM_OUTAGE_LIMIT``
-seconds (one warning line when it starts, one when it ends; see :mod:`farm.outage`)
+seconds (one warning line when it starts, one when it ends; see :mod:`farm.core.outage`)
 instead of a fixed number of attempts. Other failures, and transient ones that outlast
-the retries, raise :class:`~farm.errors.StoreError` naming the store's location, never
+the retries, raise :class:`~farm.core.errors.StoreError` naming the store's location, never
 its credentials.
 
 The source-index entry is written *before* the artifact (and again when a put finds the
@@ -70,8 +70,8 @@ from tenacity import (
     wait_exponential,
 )
 
-from farm.errors import SettingsError, StoreError
-from farm.keys import (
+from farm.core.errors import SettingsError, StoreError
+from farm.core.keys import (
     NAMESPACE_LEVELS,
     Namespace,
     artifact_object,
@@ -80,9 +80,9 @@ from farm.keys import (
     namespace_from_prefix,
     source_object,
 )
-from farm.model import Artifact, ArtifactMeta, Key, Lowered
-from farm.outage import OutageError, Waiter
-from farm.settings import Settings
+from farm.core.model import Artifact, ArtifactMeta, Key, Lowered
+from farm.core.outage import OutageError, Waiter
+from farm.core.settings import Settings
 from farm.store.base import (
     ArtifactStore,
     PutResult,

@@ -7,14 +7,14 @@ machine keeps what it loaded or compiled and a second run needs no network.
 
 from __future__ import annotations
 
-from farm.settings import Settings
+from farm.core.settings import Settings
 from farm.store.base import ArtifactStore
 from farm.store.sqlite import SQLiteStore
 
 
 def open_store(settings: Settings) -> ArtifactStore:
     """The environment's store; MinIO credentials come only from ``settings``."""
-    from farm.signing import with_signatures
+    from farm.store.signing import with_signatures
 
     local = SQLiteStore(settings.store_path)
     if not settings.minio_endpoint:

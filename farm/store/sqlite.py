@@ -29,10 +29,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from farm.errors import ForeignStoreError, StoreError
-from farm.keys import Namespace
-from farm.model import Artifact, ArtifactMeta, Key, Lowered
-from farm.sqlite_wal import enable_wal
+from farm.core.errors import ForeignStoreError, StoreError
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, ArtifactMeta, Key, Lowered
+from farm.core.sqlite_wal import enable_wal
 from farm.store.base import (
     ArtifactStore,
     PutResult,

@@ -22,7 +22,7 @@ it that make a warm load local. The rules:
 
 Filling a front tier is a cache fill: when it fails (local disk full, a locked file)
 the failure is logged and the read or write of the shared tier still stands. A shared
-tier that cannot be reached raises :class:`~farm.errors.StoreError` from the calls that
+tier that cannot be reached raises :class:`~farm.core.errors.StoreError` from the calls that
 need it; a front-tier hit never touches it.
 """
 
@@ -32,9 +32,9 @@ import logging
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 
-from farm.errors import FarmError
-from farm.keys import Namespace
-from farm.model import Artifact, Key, Lowered
+from farm.core.errors import FarmError
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, Key, Lowered
 from farm.store.base import ArtifactStore, PutResult, StoreStats
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from farm.core.model import Lowered
 from farm.families.base import Example, KernelFamily, Params
-from farm.model import Lowered
 
 MARKER = re.compile(r"FARM_FAULT:(abort|kill)")
 
@@ -61,8 +61,8 @@ def die_if_marked(source: str) -> None:
 
 
 def arm() -> None:
-    """Wrap ``farm.finalize.finalize`` so a marked source kills the compiling process."""
-    import farm.finalize as fin
+    """Wrap ``farm.compilation.finalize.finalize``: a marked source kills the compiling process."""
+    import farm.compilation.finalize as fin
 
     if getattr(fin.finalize, "_fault_armed", False):
         return

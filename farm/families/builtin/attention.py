@@ -16,7 +16,8 @@ import math
 import numpy as np
 from pydantic import Field
 
-from farm.device import DeviceInfo
+from farm.core.device import DeviceInfo
+from farm.core.model import LaunchSettings, Lowered
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
@@ -28,7 +29,6 @@ from farm.families.builtin.common import (
     row_example,
     tree_reduce,
 )
-from farm.model import LaunchSettings, Lowered
 
 
 class AttentionParams(Params):

@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal, Protocol, TypeAlias
 import numpy as np
 from pydantic import AfterValidator, Field
 
-from farm.device import DeviceInfo
-from farm.errors import ParameterError
+from farm.core.device import DeviceInfo
+from farm.core.errors import ParameterError
+from farm.core.model import LaunchSettings, Lowered
 from farm.families.base import Example, KernelFamily, LocalMem
-from farm.model import LaunchSettings, Lowered
 
 DType = Literal["float", "half", "double"]
 #: the arguments of an :class:`~farm.families.base.Example`

@@ -7,7 +7,8 @@ from typing import Literal
 
 import numpy as np
 
-from farm.device import DeviceInfo
+from farm.core.device import DeviceInfo
+from farm.core.model import LaunchSettings, Lowered
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
@@ -17,7 +18,6 @@ from farm.families.builtin.common import (
     lower_elementwise,
     vec,
 )
-from farm.model import LaunchSettings, Lowered
 
 Op = Literal["add", "sub", "mul", "div", "max", "min"]
 

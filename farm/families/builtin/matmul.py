@@ -17,7 +17,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator
 
-from farm.device import DeviceInfo
+from farm.core.device import DeviceInfo
+from farm.core.model import LaunchSettings, Lowered
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
@@ -30,7 +31,6 @@ from farm.families.builtin.common import (
     kernel_source,
     round_up,
 )
-from farm.model import LaunchSettings, Lowered
 
 Wpt = Literal[1, 2, 4, 8]
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from farm.device import DeviceInfo
+from farm.core.device import DeviceInfo
+from farm.core.model import LaunchSettings, Lowered
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
@@ -23,7 +24,6 @@ from farm.families.builtin.common import (
     row_example,
     tree_reduce,
 )
-from farm.model import LaunchSettings, Lowered
 
 
 class RmsnormParams(Params):

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field, field_validator
 
-from farm.device import DeviceInfo
+from farm.core.device import DeviceInfo
+from farm.core.model import LaunchSettings, Lowered
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
@@ -24,7 +25,6 @@ from farm.families.builtin.common import (
     literal,
     lower_elementwise,
 )
-from farm.model import LaunchSettings, Lowered
 
 
 class RotaryParams(Params):

@@ -13,7 +13,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from farm.device import DeviceInfo
+from farm.core.device import DeviceInfo
+from farm.core.model import LaunchSettings, Lowered
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
@@ -23,7 +24,6 @@ from farm.families.builtin.common import (
     kernel_source,
     round_up,
 )
-from farm.model import LaunchSettings, Lowered
 
 
 class TransposeParams(Params):

@@ -4,7 +4,7 @@ Read straight from the broker (kombu's Redis transport): a queue is a Redis list
 depth is ``LLEN``; with late acknowledgement a chunk a worker has taken stays in kombu's
 ``unacked`` hash until it is done, so the chunks in flight are that hash's entries per
 routing key. ``farm workers`` prints these, and the workers and the ingester export them
-as Prometheus gauges (``farm.metrics``) for dashboards and autoscaling.
+as Prometheus gauges (``farm.cluster.metrics``) for dashboards and autoscaling.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from farm.keys import (
+from farm.cluster.workers import served
+from farm.core.keys import (
     CELERY_UNACKED,
     QUEUE_PATTERN,
     QUEUE_PRIORITY_SEP,
     queue_fingerprint,
     queue_name,
 )
-from farm.workers import served
 
 #: kombu's default priority steps: messages of priority p > 0 wait in their own list
 _PRIORITY_STEPS = (3, 6, 9)

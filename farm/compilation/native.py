@@ -3,7 +3,7 @@
 Where a device's OpenCL binary is itself a portable form that every load compiles again
 (NVIDIA: PTX, JIT-compiled to SASS on each load, one at a time per process), the process
 that compiled a kernel also turns that binary into the device's machine code (a cubin,
-:mod:`farm.cuda`) and stores both, in one artifact::
+:mod:`farm.compilation.cuda`) and stores both, in one artifact::
 
     b"KFNATIVE"                    8 bytes, magic
     header length                  4 bytes, little-endian, at most 4 KiB
@@ -18,7 +18,7 @@ an old loader that finds a plain binary (every store written before this) still 
 Who decides where a cubin may be served: the namespace. A cubin is valid for one GPU
 architecture and loadable by drivers at least as new as the one that made it; the
 fingerprint names the device's compute capability and the exact driver version
-(:meth:`farm.device.DeviceInfo.identity`), so a cubin is only ever looked up by a device
+(:meth:`farm.core.device.DeviceInfo.identity`), so a cubin is only ever looked up by a device
 of that architecture under that driver. The header's ``arch`` is checked again at load,
 and a refused native part falls back to the portable one: counted, recorded, never a
 failed kernel.
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from farm.errors import LoadError
+from farm.core.errors import LoadError
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -141,7 +141,7 @@ def open_linker(cl_device: cl.Device) -> NativeLinker | None:
     (not NVIDIA, no ``libcuda.so.1``, the driver refuses). Tests replace this."""
     if not device_arch(cl_device):
         return None
-    from farm.cuda import open_cuda_linker
+    from farm.compilation.cuda import open_cuda_linker
 
     linker = open_cuda_linker(_nv_attribute(cl_device, "PCI_BUS_ID_NV"),
                               _nv_attribute(cl_device, "PCI_SLOT_ID_NV"),

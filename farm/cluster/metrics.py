@@ -9,7 +9,7 @@ Where each number comes from:
   imports prometheus-client (:func:`prepare_multiprocess`), the pool processes write
   their samples there, and the main process serves them all on ``FARM_METRICS_PORT``.
 * **Queue depth, chunks in flight and live workers** per fingerprint are read from
-  Redis at scrape time (:class:`ClusterCollector`, see ``farm.queues``): the broker is
+  Redis at scrape time (:class:`ClusterCollector`, see ``farm.cluster.queues``): the broker is
   the truth, so they need no bookkeeping and are right after any restart.
 * **The ingester** exports its running totals and, per stream, the entries the consumer
   group has not read yet (lag) and has read but not acknowledged (pending).
@@ -32,15 +32,15 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm.keys import RECORDS_GROUP, Namespace
-from farm.lease import Leases
-from farm.model import Artifact, Key, Lowered, Outcome
+from farm.cluster.lease import Leases
+from farm.core.keys import RECORDS_GROUP, Namespace
+from farm.core.model import Artifact, Key, Lowered, Outcome
 from farm.store.base import ArtifactStore, PutResult, WrappedStore
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from farm.payloads import CompileReply
+    from farm.cluster.payloads import CompileReply
 
 #: seconds: kernels compile in tens of ms (NVIDIA) to seconds (PoCL on a small CPU)
 COMPILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -198,7 +198,7 @@ class ClusterCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from farm.queues import queue_stats
+        from farm.cluster.queues import queue_stats
 
         families = {
             "depth": GaugeMetricFamily("farm_queue_depth", "Chunks waiting in a "

@@ -74,7 +74,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from farm.model import Key
+from farm.core.model import Key
 
 BACKEND = "opencl"
 STORE_FORMAT = "v1"

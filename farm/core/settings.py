@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from farm.errors import SettingsError, first_error
-from farm.keys import DEFAULT_BUCKET, RECORDS_FILE, STORE_FILE
-from farm.model import INT64_MAX
+from farm.core.errors import SettingsError, first_error
+from farm.core.keys import DEFAULT_BUCKET, RECORDS_FILE, STORE_FILE
+from farm.core.model import INT64_MAX
 from farm.records.model import RecordLevel
 
 #: a dotted Python module name (FARM_FAMILY_MODULES entries)
@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=0, le=1024)
 
     #: store the device's machine code beside its portable binary where the device allows
-    #: it (NVIDIA: a cubin linked from the PTX by the CUDA driver; farm/native.py), so a
+    #: it (NVIDIA: a cubin linked from the PTX by the CUDA driver; farm/compilation/native.py), so a
     #: load is a copy, not a JIT (FARM_NATIVE_BINARIES)
     native_binaries: bool = True
 

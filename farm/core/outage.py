@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
-from farm.errors import ClusterError
+from farm.core.errors import ClusterError
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from celery import Celery
 
-from farm.errors import SettingsError
-from farm.keys import DEFAULT_QUEUE
-from farm.settings import Settings
+from farm.core.errors import SettingsError
+from farm.core.keys import DEFAULT_QUEUE
+from farm.core.settings import Settings
 
 
 def make_app(settings: Settings) -> Celery:

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
-from farm.keys import Namespace, lease_key
+from farm.core.keys import Namespace, lease_key
 
 if TYPE_CHECKING:
     import redis
 
-    from farm.outage import Waiter
+    from farm.core.outage import Waiter
 
 log = logging.getLogger(__name__)
 

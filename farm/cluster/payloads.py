@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from farm.errors import InputError, first_error
-from farm.keys import Namespace
-from farm.model import ArtifactId, Frozen, KernelFailure, Outcome, ShortText
+from farm.core.errors import InputError, first_error
+from farm.core.keys import Namespace
+from farm.core.model import ArtifactId, Frozen, KernelFailure, Outcome, ShortText
 from farm.records.model import RequestedBy
 
 

@@ -20,10 +20,10 @@ import base64
 import binascii
 import logging
 
-from farm.errors import SettingsError
-from farm.keys import Namespace
-from farm.model import Artifact, ArtifactMeta, Key, Lowered
-from farm.settings import Settings
+from farm.core.errors import SettingsError
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, ArtifactMeta, Key, Lowered
+from farm.core.settings import Settings
 from farm.store.base import ArtifactStore, PutResult, WrappedStore
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ An artifact is only ever stored after this succeeds, so a binary the device refu
 never served to anyone.
 
 A binary is either plain (what the device's OpenCL returned) or a native container
-(:mod:`farm.native`: machine code plus the portable binary it came from). A container's
+(:mod:`farm.compilation.native`: machine code plus the portable binary it came from). A container's
 machine code is tried first; where the device refuses it, or it was made for another
 architecture, the portable part is loaded instead and the fallback is reported in
 :attr:`LoadedBinary.fallback` for the caller to count and record. Only when no part
@@ -22,8 +22,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from farm.errors import LoadError
-from farm.native import unpack
+from farm.compilation.native import unpack
+from farm.core.errors import LoadError
 
 if TYPE_CHECKING:
     import pyopencl as cl

@@ -26,7 +26,7 @@ import ctypes
 import logging
 import threading
 
-from farm.errors import FarmError
+from farm.core.errors import FarmError
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
-from farm.errors import LoadError
-from farm.load import load
-from farm.model import Lowered
+from farm.compilation.load import load
+from farm.core.errors import LoadError
+from farm.core.model import Lowered
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
-    from farm.native import NativeLinker
+    from farm.compilation.native import NativeLinker
 
 
 class FinalizeResult(BaseModel):
@@ -42,7 +42,7 @@ class FinalizeResult(BaseModel):
     host: str = ""
     worker: str = ""
     #: the binary is a native container with machine code for this architecture
-    #: (:mod:`farm.native`); "" when it is the plain binary the compiler returned
+    #: (:mod:`farm.compilation.native`); "" when it is the plain binary the compiler returned
     native_arch: str = ""
     #: seconds spent turning the portable binary into machine code (part of ``work_s``)
     native_s: float = 0.0
@@ -76,7 +76,8 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered,
              extra_options: tuple[str, ...] = ()) -> FinalizeResult:
     """Compile ``lowered`` on ``device``; the binary is what ``load`` takes.
 
-    ``extra_options`` are the native linker's (:attr:`farm.native.NativeLinker.build_options`):
+    ``extra_options`` are the native linker's
+    (:attr:`farm.compilation.native.NativeLinker.build_options`):
     they change how the build spends its time, never the binary, so they are not part
     of the kernel's options or its key.
     """
@@ -108,13 +109,13 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
     load happened in the requesting process.
 
     Where the device has a native linker (``"auto"``: this process's
-    :func:`farm.native.linker_for` the device; NVIDIA through the CUDA driver), the
+    :func:`farm.compilation.native.linker_for` the device; NVIDIA through the CUDA driver), the
     portable binary is also turned into machine code here, and the *machine code* is
     what the validating load checks: the artifact becomes a native container that every
     later process loads in about a millisecond. A conversion or load that fails leaves
     the plain binary, validated as before (``native_error`` says why).
     """
-    from farm.native import linker_for
+    from farm.compilation.native import linker_for
 
     native = linker_for(device) if linker == "auto" else linker
     extra = native.build_options if native is not None else ()
@@ -144,7 +145,7 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
 def _with_native(ctx: cl.Context, device: cl.Device, lowered: Lowered,
                  built: FinalizeResult, linker: NativeLinker) -> FinalizeResult:
     """``built`` as a validated native container, or with ``native_error`` set."""
-    from farm.native import pack
+    from farm.compilation.native import pack
 
     start = time.perf_counter()
     try:

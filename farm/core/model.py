@@ -20,7 +20,7 @@ from pydantic import (
     field_validator,
 )
 
-from farm.hashing import canonical_json, sha256_hex, stable_hash
+from farm.core.hashing import canonical_json, sha256_hex, stable_hash
 
 #: the largest integer every storage takes (SQLite and PostgreSQL BIGINT): an integer
 #: from outside beyond it is refused where it enters, not by a database later

@@ -1,7 +1,7 @@
 """Which workers serve which fingerprints: written by workers, read by build clients.
 
 Each worker's main process refreshes one field of ``farm:workers:<fingerprint>`` (see
-``farm.keys``) every ``FARM_HEARTBEAT_INTERVAL`` seconds with a :class:`WorkerInfo`. A
+``farm.core.keys``) every ``FARM_HEARTBEAT_INTERVAL`` seconds with a :class:`WorkerInfo`. A
 field whose heartbeat is older than the grace (``FARM_DEAD_WORKER_GRACE``) is a dead
 worker and is ignored (and cleaned up); a build client re-sends the chunks it held.
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from farm.device import DeviceInfo
-from farm.keys import WORKERS_PATTERN, workers_key
-from farm.outage import OutageError, Waiter
+from farm.core.device import DeviceInfo
+from farm.core.keys import WORKERS_PATTERN, workers_key
+from farm.core.outage import OutageError, Waiter
 
 HEARTBEAT_S = 3.0
 STALE_S = 20.0

@@ -6,14 +6,14 @@ Format ``kernel-farm-bundle`` version 1 is a plain (uncompressed) POSIX tar arch
   and version, the farm version that wrote it, the creation time and host, every
   namespace with its fingerprint, count and bytes, and every artifact's namespace, key,
   size, SHA-256 digest and full metadata;
-* then one regular-file member per artifact, named by :func:`farm.keys.artifact_object`
+* then one regular-file member per artifact, named by :func:`farm.core.keys.artifact_object`
   (``<namespace>/artifacts/<id hash>/<build id>``), holding the binary.
 
 A bundle is **untrusted input**. It is read as one sequential stream, member by member,
 in memory; nothing is ever extracted to disk, so member names are only labels and can
 never reach a path. Every rule below is checked for the whole bundle *before* anything
 is written, so a refused bundle leaves the target store as it was, and every refusal is
-one :class:`~farm.errors.BundleError` line (the CLI exits 2):
+one :class:`~farm.core.errors.BundleError` line (the CLI exits 2):
 
 * not a tar archive (garbage), truncated data, a manifest missing or not first;
 * another format or format version;
@@ -21,7 +21,7 @@ one :class:`~farm.errors.BundleError` line (the CLI exits 2):
   file (links, devices, and *sparse* files, whose few stored bytes expand to any
   size), a duplicate member, a member the manifest does not list, an artifact the
   manifest lists but the bundle lacks;
-* a namespace that is not a valid :class:`~farm.keys.Namespace` of this farm's backend
+* a namespace that is not a valid :class:`~farm.core.keys.Namespace` of this farm's backend
   and store format;
 * a declared size over :data:`MAX_ARTIFACT_BYTES`, a file or a sum of sizes over the
   total cap (``max_bytes``), a member or a manifest that declares more bytes than the
@@ -67,11 +67,11 @@ from pydantic import (
     model_validator,
 )
 
-from farm.defaults import BUNDLE_MAX_BYTES
-from farm.errors import BundleError, InputError, first_error, one_line
-from farm.hashing import sha256_hex
-from farm.keys import BACKEND, STORE_FORMAT, Namespace, artifact_object
-from farm.model import Artifact, ArtifactMeta, Key
+from farm.core.defaults import BUNDLE_MAX_BYTES
+from farm.core.errors import BundleError, InputError, first_error, one_line
+from farm.core.hashing import sha256_hex
+from farm.core.keys import BACKEND, STORE_FORMAT, Namespace, artifact_object
+from farm.core.model import Artifact, ArtifactMeta, Key
 from farm.store.base import ArtifactStore, PutResult
 from farm.version import __version__
 

@@ -5,7 +5,7 @@ and nothing per kernel is serialized behind it:
 
 1. compute every key (no expansion needed) and ask the store which it holds, in bulk;
 2. lower the misses on threads; a miss whose source the index knows is *rekeyed*
-   (see :mod:`farm.rekey`); the rest are grouped by source and each group's first
+   (see :mod:`farm.compilation.rekey`); the rest are grouped by source and each group's first
    kernel (its leader) is sent to the compiler, the others reuse its artifact;
 3. while the compiler works, load the hits (verifying digests; a corrupt or refused
    hit becomes a miss that is compiled again, which repairs the store);
@@ -32,20 +32,20 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from farm.device import DeviceContext, DeviceInfo
-from farm.errors import FarmError, KernelError, LoadError
+from farm.compilation.finalize import FinalizeResult
+from farm.compilation.load import load_binary
+from farm.compilation.rekey import RekeyAction, rekey_action
+from farm.core.device import DeviceContext, DeviceInfo
+from farm.core.errors import FarmError, KernelError, LoadError
+from farm.core.keys import Namespace
+from farm.core.model import Artifact, ArtifactId, KernelFailure, Key, Lowered, Outcome
 from farm.families import Registry
-from farm.finalize import FinalizeResult
-from farm.keys import Namespace
-from farm.load import load_binary
-from farm.model import Artifact, ArtifactId, KernelFailure, Key, Lowered, Outcome
-from farm.rekey import RekeyAction, rekey_action
 from farm.store.base import ArtifactStore
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
-    from farm.compiler import Compiler
+    from farm.compilation.compiler import Compiler
     from farm.records.recorder import Recorder
 
 log = logging.getLogger(__name__)

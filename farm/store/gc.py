@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from farm.core.keys import Namespace
 from farm.families import Registry
-from farm.keys import Namespace
 from farm.store import ArtifactStore
 
 
@@ -45,7 +45,7 @@ def find_stale(store: ArtifactStore, registry: Registry,
 def collect(store: ArtifactStore, registry: Registry, *, dry_run: bool = False,
             namespaces: list[Namespace] | None = None) -> list[Stale]:
     """Delete (unless ``dry_run``) and return the stale keys."""
-    from farm.model import Key
+    from farm.core.model import Key
 
     stale = list(find_stale(store, registry, namespaces))
     if not dry_run:

@@ -6,7 +6,7 @@ whose device version names the LLVM target CPU) the target. It reads as a slug a
 made unique by a hash of those fields, e.g. ``pocl-pthread-intel-r-xeon-r-processor-1a2b3c4d5e6f``.
 
 OpenCL state never crosses a fork: :func:`discover_devices` asks a short-lived child
-interpreter (``farm.device._main``) so that the calling process, which may later fork a
+interpreter (``farm.core.device._main``) so that the calling process, which may later fork a
 worker pool, never initialises a driver. :func:`probe_devices` is the in-process probe
 for processes that will hold a context anyway.
 """
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from farm.errors import DeviceError
-from farm.hashing import stable_hash
+from farm.core.errors import DeviceError
+from farm.core.hashing import stable_hash
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -52,7 +52,7 @@ class DeviceInfo(BaseModel):
     max_compute_units: int
     extensions: tuple[str, ...]
     #: the machine-code architecture where the farm stores native code (``sm_90`` on an
-    #: H200), else "" (see :mod:`farm.native`)
+    #: H200), else "" (see :mod:`farm.compilation.native`)
     native_arch: str = ""
 
     @property
@@ -102,7 +102,7 @@ def _slug(text: str) -> str:
 
 def info_from_device(platform_index: int, device_index: int, dev: cl.Device) -> DeviceInfo:
     """Read a pyopencl device's identity and limits."""
-    from farm.native import device_arch
+    from farm.compilation.native import device_arch
 
     platform = dev.platform
     return DeviceInfo(
@@ -150,7 +150,7 @@ _DEVICES = TypeAdapter(list[DeviceInfo])
 def discover_devices(timeout_s: float = 120.0) -> list[DeviceInfo]:
     """List devices from a child process, leaving this process free of OpenCL state."""
     try:
-        proc = subprocess.run([sys.executable, "-c", "from farm.device import _main; _main()"],
+        proc = subprocess.run([sys.executable, "-c", "from farm.core.device import _main; _main()"],
                               capture_output=True,
                               text=True, timeout=timeout_s, env=os.environ.copy(), check=False)
     except subprocess.TimeoutExpired as exc:

@@ -6,7 +6,7 @@
   context (it loads what the pool compiles).
   A process that dies while compiling (a compiler abort, an out-of-memory kill) fails
   only the kernel it held, with kind ``crashed`` after ``crash_limit`` deaths; the pool
-  is rebuilt and the rest of the batch goes on (:mod:`farm.pool`).
+  is rebuilt and the rest of the batch goes on (:mod:`farm.compilation.pool`).
 * :class:`InlineCompiler` — compile in the calling thread (``--workers 0``, tests). A
   compiler that aborts takes the calling process with it: see docs/RELIABILITY.md.
 * The cluster's Celery compiler implements the same protocol in ``worker/``.
@@ -18,10 +18,10 @@ import os
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from farm.device import DeviceInfo, open_device
-from farm.finalize import FinalizeResult, finalize_and_validate
-from farm.model import Lowered
-from farm.pool import CrashSafePool, JobCrashed
+from farm.compilation.finalize import FinalizeResult, finalize_and_validate
+from farm.compilation.pool import CrashSafePool, JobCrashed
+from farm.core.device import DeviceInfo, open_device
+from farm.core.model import Lowered
 
 if TYPE_CHECKING:
     import pyopencl as cl

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from farm.batch import Batch
-from farm.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
-from farm.device import DeviceContext, DeviceInfo, probe_devices, select_device
+from farm.compilation.batch import Batch
+from farm.compilation.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
+from farm.core.device import DeviceContext, DeviceInfo, probe_devices, select_device
+from farm.core.settings import Settings
 from farm.families import Registry
 from farm.records import Recorder
 from farm.records.open import open_recorder
-from farm.settings import Settings
 from farm.store import ArtifactStore
 from farm.store.open import open_store
 

@@ -6,7 +6,7 @@ chunks, to the queue of the target fingerprint. Workers do the rest (see
 ``worker.execute``); the client gathers their replies as they arrive.
 
 Faults (docs/RELIABILITY.md): every Redis round trip of the client goes through a
-:class:`~farm.outage.Waiter`, so an outage shorter than ``FARM_OUTAGE_LIMIT`` only
+:class:`~farm.core.outage.Waiter`, so an outage shorter than ``FARM_OUTAGE_LIMIT`` only
 pauses the build (one line says what is waited for). Each worker notes which tasks it
 holds (``farm:task:<id>:holder``); a chunk whose holder has not heartbeaten for
 ``FARM_DEAD_WORKER_GRACE`` seconds is sent again as a new task (first writer wins makes
@@ -25,20 +25,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from farm.batch import BatchReport, KernelResult
-from farm.device import DeviceInfo
-from farm.errors import ClusterError, FarmError, UnsupportedFeature
+from farm.cluster.lease import release_lease
+from farm.cluster.payloads import CompileReply, CompileRequest, KernelRequest
+from farm.cluster.workers import WorkerInfo, served
+from farm.compilation.batch import BatchReport, KernelResult
+from farm.core.device import DeviceInfo
+from farm.core.errors import ClusterError, FarmError, UnsupportedFeature
+from farm.core.keys import (
+    TASK_NAME,
+    Namespace,
+    queue_name,
+    task_holder_key,
+    task_lease_key,
+    workers_key,
+)
+from farm.core.model import ArtifactId, KernelFailure, Key, Outcome
+from farm.core.outage import Say, Waiter, redis_waiter
+from farm.core.settings import Settings
 from farm.families import Registry
-from farm.keys import TASK_NAME, Namespace, queue_name, task_holder_key, task_lease_key, workers_key
-from farm.lease import release_lease
-from farm.model import ArtifactId, KernelFailure, Key, Outcome
-from farm.outage import Say, Waiter, redis_waiter
-from farm.payloads import CompileReply, CompileRequest, KernelRequest
 from farm.records import Recorder
 from farm.records.model import RequestedBy
-from farm.settings import Settings
 from farm.store import ArtifactStore
-from farm.workers import WorkerInfo, served
 
 Progress = Callable[[KernelResult], None]
 
@@ -73,7 +80,7 @@ def cluster_build(settings: Settings, *, app: Any | Callable[[], Any],
     ``say`` gets the lines worth keeping (an outage waited for, a chunk re-sent),
     ``status`` the live line (chunks in flight per worker); ``waiter`` waits out Redis
     outages (one is made from the settings when not given). A Redis outage longer than
-    ``FARM_OUTAGE_LIMIT`` raises :class:`~farm.outage.OutageError`.
+    ``FARM_OUTAGE_LIMIT`` raises :class:`~farm.core.outage.OutageError`.
     """
     start = time.perf_counter()
     notify = progress or (lambda r: None)

@@ -1,6 +1,6 @@
 """Defaults that commands show in their ``--help``, in a module that imports nothing.
 
-They belong to the modules that use them (``farm.bundle``, ``farm.records.ingest``,
+They belong to the modules that use them (``farm.store.bundle``, ``farm.records.ingest``,
 which import them from here, and whose docs say why each value); they live here so
 that ``farm --help`` and every command's options are built without importing pydantic,
 the stores or the records.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from farm.model import Key
+from farm.core.model import Key
 
 
 class RekeyAction(StrEnum):
