@@ -14,6 +14,7 @@ from farm.store import PutResult, SQLiteStore
 from farm.store.signing import Signer, SigningStore, Verifier, generate_keypair, with_signatures
 
 NS = Namespace.for_fingerprint("pocl-test-device-0123456789ab")
+NVIDIA = Namespace.for_fingerprint("nvidia-h200-0123456789ab")
 KEY = Key(id_hash="a" * 32, build_id="b" * 24)
 
 
@@ -127,9 +128,53 @@ def test_keygen_writes_a_private_file_and_prints_the_public_key(tmp_path: Path) 
                           capture_output=True, text=True, check=True)
     assert target.stat().st_mode & 0o777 == 0o600
     public = proc.stdout.split("FARM_VERIFY_KEY=")[1].split()[0]
-    signed = Signer(target.read_text().strip()).sign(art().meta)
-    assert Verifier(public).verify(signed)
-    assert not Verifier(generate_keypair()[1]).verify(signed)
+    signed = Signer(target.read_text().strip()).sign(art().meta, NS)
+    assert Verifier(public).verify(signed, NS)
+    assert not Verifier(generate_keypair()[1]).verify(signed, NS)
     again = subprocess.run([sys.executable, "-m", "farm", "keygen", str(target)],
                            capture_output=True, text=True, check=False)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_a_signed_artifact_copied_into_another_namespace_is_refused(
+        tmp_path: Path, keys: tuple[str, str]) -> None:
+    """Issue 19 item 3: the signature binds the namespace (the device), so a signed PoCL
+    binary copied under an NVIDIA fingerprint's namespace does not verify there."""
+    private, public = keys
+    raw = SQLiteStore(tmp_path / "s.sqlite")
+    SigningStore(raw, Signer(private), None).put(NS, art())
+    signed = raw.get(NS, KEY)
+    assert signed is not None
+    assert raw.put(NVIDIA, signed) is PutResult.STORED  # a store writer without the key
+    reader = SigningStore(raw, None, Verifier(public))
+    assert reader.get(NS, KEY) is not None
+    assert reader.get(NVIDIA, KEY) is None
+    assert reader.stats.unsigned == 1
+
+
+def test_a_signature_without_its_namespace_is_refused_and_named(
+        tmp_path: Path, keys: tuple[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    """A signature made before the namespace was signed (version 1: key, family, digest,
+    size) keeps that meaning: it is recognised as such, and refused, because it does not
+    say which device the binary is for; a writer with the key replaces it."""
+    import base64
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from farm.core.hashing import canonical_json
+
+    private, public = keys
+    meta = art().meta
+    v1 = canonical_json({"key": str(meta.key), "family": meta.family,
+                         "digest": meta.digest, "size": meta.size}).encode()
+    raw_key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(private))
+    old = meta.model_copy(update={"signature": base64.b64encode(raw_key.sign(v1)).decode()})
+    raw = SQLiteStore(tmp_path / "s.sqlite")
+    raw.put(NS, Artifact(meta=old, binary=b"binary"))
+    reader = SigningStore(raw, None, Verifier(public))
+    with caplog.at_level("WARNING"):
+        assert reader.get(NS, KEY) is None
+    assert "without its namespace" in caplog.text
+    writer = with_signatures(raw, Settings(signing_key=private))
+    assert writer.put(NS, art()) is PutResult.STORED
+    assert reader.get(NS, KEY) is not None

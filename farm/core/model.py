@@ -220,15 +220,26 @@ class ArtifactMeta(Frozen):
     work_s: float = Field(default=0.0, ge=0.0, le=1e9)
     created_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
     origin: Literal["compiled", "imported"] = "compiled"
-    #: Ed25519 signature of :meth:`signed_bytes` by a writer's key ("" when unsigned)
+    #: Ed25519 signature of :meth:`signed_bytes` by a writer's key ("" when unsigned),
+    #: as ``v2:<base64>``; a bare base64 value is a version 1 signature (see below)
     signature: str = Field(default="", max_length=200)
 
-    def signed_bytes(self) -> bytes:
-        """What a signature covers: the key, the family, the digest and the size.
+    def signed_bytes(self, namespace: str) -> bytes:
+        """What a (version 2) signature covers: the namespace, key, family, digest, size.
 
-        The digest binds the binary; the key binds where it may be served, so a signed
-        artifact cannot be replayed under another kernel's key.
+        The digest binds the binary; the key binds which kernel it may be served as; the
+        namespace binds the device (its fingerprint), so a signed binary can be replayed
+        neither under another kernel's key nor under another device's namespace.
         """
+        return canonical_json({"v": 2, "namespace": namespace, "key": str(self.key),
+                               "family": self.family, "digest": self.digest,
+                               "size": self.size}).encode()
+
+    def signed_bytes_v1(self) -> bytes:
+        """What a version 1 signature (farm before issue 19) covers: key, family, digest
+        and size, *not* the namespace. Kept so that such a signature is recognised and
+        refused by name (it does not say which device the binary is for), never
+        mistaken for a forgery or, worse, for a signature that binds the device."""
         return canonical_json({"key": str(self.key), "family": self.family,
                                "digest": self.digest, "size": self.size}).encode()
 

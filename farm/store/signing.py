@@ -6,8 +6,14 @@ only writers — workers, build clients — have it) makes every stored artifact
 signature does not verify. A writer verifies with its own public key too.
 
 Why Ed25519 and not an HMAC: with an HMAC every loader that can verify could also sign.
-A signature covers :meth:`ArtifactMeta.signed_bytes` (key, family, digest, size), so it
-binds the binary and the key it may be served under.
+A signature covers :meth:`ArtifactMeta.signed_bytes`: the namespace, key, family, digest
+and size, so it binds the binary, the kernel it may be served as, and the device (the
+fingerprint in the namespace) it may be served to. A signature is stored as
+``v2:<base64>``. A bare base64 signature is version 1 (a farm before issue 19), which
+covered the key, family, digest and size but not the namespace: such a signature keeps
+that meaning, is recognised, and is refused by name ("signed without its namespace"),
+since it cannot say which device the binary is for; a writer holding the key replaces
+it the next time it stores the kernel, as it replaces any untrusted entry.
 
 The rule lives in one wrapper, :class:`SigningStore`, around whatever store the settings
 open: a refused signature is a miss, counted in ``stats.unsigned``, repaired by the next
@@ -27,6 +33,10 @@ from farm.core.settings import Settings
 from farm.store.base import ArtifactStore, PutResult, WrappedStore
 
 log = logging.getLogger(__name__)
+
+#: prefix of a version 2 signature (over :meth:`ArtifactMeta.signed_bytes`, namespace
+#: included); a signature without it is version 1
+SIGNATURE_V2 = "v2:"
 
 
 # cryptography is imported where a key is made or used: a process that neither signs
@@ -60,9 +70,10 @@ class Signer:
 
         self._key = Ed25519PrivateKey.from_private_bytes(_raw(private_b64, "FARM_SIGNING_KEY"))
 
-    def sign(self, meta: ArtifactMeta) -> ArtifactMeta:
-        signature = base64.b64encode(self._key.sign(meta.signed_bytes())).decode()
-        return meta.model_copy(update={"signature": signature})
+    def sign(self, meta: ArtifactMeta, ns: Namespace) -> ArtifactMeta:
+        """``meta`` with its version 2 signature for namespace ``ns``."""
+        raw = self._key.sign(meta.signed_bytes(str(ns)))
+        return meta.model_copy(update={"signature": SIGNATURE_V2 + base64.b64encode(raw).decode()})
 
     def verifier(self) -> Verifier:
         from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -77,13 +88,28 @@ class Verifier:
 
         self._key = Ed25519PublicKey.from_public_bytes(_raw(public_b64, "FARM_VERIFY_KEY"))
 
-    def verify(self, meta: ArtifactMeta) -> bool:
+    def verify(self, meta: ArtifactMeta, ns: Namespace) -> bool:
+        """Whether ``meta`` carries this key's version 2 signature for namespace ``ns``."""
+        return self.check(meta, ns) == ""
+
+    def check(self, meta: ArtifactMeta, ns: Namespace) -> str:
+        """"" when ``meta`` is signed by this key for ``ns``, else why not (for the log)."""
+        if not meta.signature:
+            return "unsigned"
+        if meta.signature.startswith(SIGNATURE_V2):
+            if self._valid(meta.signature[len(SIGNATURE_V2):], meta.signed_bytes(str(ns))):
+                return ""
+            return "wrongly signed (another key, another namespace, or altered)"
+        if self._valid(meta.signature, meta.signed_bytes_v1()):
+            return ("signed without its namespace (a version 1 signature, which does not "
+                    "say which device the binary is for)")
+        return "wrongly signed"
+
+    def _valid(self, text: str, message: bytes) -> bool:
         from cryptography.exceptions import InvalidSignature
 
-        if not meta.signature:
-            return False
         try:
-            self._key.verify(base64.b64decode(meta.signature), meta.signed_bytes())
+            self._key.verify(base64.b64decode(text, validate=True), message)
         except (InvalidSignature, binascii.Error, ValueError):
             return False
         return True
@@ -99,11 +125,14 @@ class SigningStore(WrappedStore):
         self.verifier = verifier
 
     def _trusted(self, ns: Namespace, art: Artifact | None) -> Artifact | None:
-        if art is None or self.verifier is None or self.verifier.verify(art.meta):
+        if art is None or self.verifier is None:
+            return art
+        why = self.verifier.check(art.meta, ns)
+        if not why:
             return art
         self.stats.bump("unsigned")
-        log.warning("store %s: artifact %s/%s is unsigned or wrongly signed; refused",
-                    self.location, ns, art.meta.key)
+        log.warning("store %s: artifact %s/%s is %s; refused", self.location, ns,
+                    art.meta.key, why)
         return None
 
     def get(self, ns: Namespace, key: Key) -> Artifact | None:
@@ -113,7 +142,7 @@ class SigningStore(WrappedStore):
             source: Lowered | None = None) -> PutResult:
         if self.signer is None:
             return self.inner.put(ns, artifact, source=source)
-        artifact = Artifact(meta=self.signer.sign(artifact.meta), binary=artifact.binary)
+        artifact = Artifact(meta=self.signer.sign(artifact.meta, ns), binary=artifact.binary)
         result = self.inner.put(ns, artifact, source=source)
         if result is PutResult.STORED or self.verifier is None:
             return result
@@ -121,7 +150,7 @@ class SigningStore(WrappedStore):
         # is trusted; an unsigned or foreign-signed entry is replaced. Checked only here,
         # so the common path (a new key) costs no extra read.
         held = self.inner.get(ns, artifact.meta.key)
-        if held is not None and self.verifier.verify(held.meta):
+        if held is not None and self.verifier.verify(held.meta, ns):
             return result
         self.inner.delete(ns, artifact.meta.key)
         return self.inner.put(ns, artifact, source=source)
