@@ -73,6 +73,11 @@ def cluster_build(settings: Settings, *, app: Any | Callable[[], Any],
     ``app`` is the Celery app, or a function that makes it: then it is made only when a
     chunk is sent (a build whose kernels are all stored never imports Celery).
 
+    ``verify`` reads and verifies every held artifact before counting it Loaded; it is
+    on whenever the settings carry ``FARM_VERIFY_KEY``, since a client that verifies
+    signatures trusts nothing it has not verified (the store refuses an unsigned or
+    wrongly signed artifact, and the kernel goes to the workers, which replace it).
+
     ``device`` (the target's limits, published by its workers) lets the client count
     kernels that device cannot run as unsupported without sending them: they are never
     stored, so otherwise every build would send them again.
@@ -84,6 +89,7 @@ def cluster_build(settings: Settings, *, app: Any | Callable[[], Any],
     """
     start = time.perf_counter()
     notify = progress or (lambda r: None)
+    verify = verify or bool(settings.verify_key)
     ns = Namespace.for_fingerprint(fingerprint)
     results = [KernelResult(artifact=a) for a in artifacts]
     requests: list[tuple[KernelResult, KernelRequest]] = []
