@@ -165,7 +165,8 @@ class KernelLoader:
                 self._environment.callback(store.close)
             self.store = store
             #: the store tiers, walked front to back (shared with warm)
-            self.fetcher = TierFetcher(store, self.namespace, self._context, self.stats.bump)
+            self.fetcher = TierFetcher(store, self.namespace, self._context, self.stats.bump,
+                                       self.declared_names)
             if recorder is None:
                 recorder = open_recorder(self.settings, label)
                 self._environment.callback(recorder.close)
@@ -202,7 +203,8 @@ class KernelLoader:
             self._environment.callback(recorder.close)
             self._owned.callback(self._environment.close)
             self.settings, self.store, self.recorder = settings, store, recorder
-            self.fetcher = TierFetcher(store, self.namespace, self._context, self.stats.bump)
+            self.fetcher = TierFetcher(store, self.namespace, self._context, self.stats.bump,
+                                       self.declared_names)
             bump_generation()
 
     # -- what an application uses ------------------------------------------------------
@@ -329,6 +331,13 @@ class KernelLoader:
         """The store key of an artifact id under this farm's code (its build id)."""
         family = self.registry.get(artifact.kernel.family)
         return Key(id_hash=artifact.id_hash, build_id=family.build_id)
+
+    def declared_names(self, artifact: ArtifactId) -> tuple[str, ...]:
+        """The kernel names the family declares for ``artifact`` on this device: the
+        only ones a stored binary served for it may hold (lowering costs tens of
+        microseconds, against a millisecond or more for the load it guards)."""
+        family = self.registry.get(artifact.kernel.family)
+        return family.lower_id(artifact, self._device).kernel_names
 
     def _obtain(self, artifact: ArtifactId) -> LoadedProgram:
         """Memory, else a trip; concurrent asks for one key share one trip."""

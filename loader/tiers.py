@@ -38,13 +38,18 @@ _FILL_FAILURES = (FarmError, OSError, sqlite3.Error)
 
 
 def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
-                arch: str = "") -> LoadedBinary:
+                arch: str = "", kernel_names: tuple[str, ...] = ()) -> LoadedBinary:
     """The program of a binary (a native artifact's machine code first, its portable
-    part when the device refuses that); :class:`LoadError` when nothing loads.
+    part when the device refuses that), holding exactly ``kernel_names`` (the family's
+    declaration); :class:`LoadError` when nothing loads.
 
     The one seam through which the loader puts a binary on the device (tests count it).
     """
-    return load_artifact(ctx, device, binary, arch=arch)
+    return load_artifact(ctx, device, binary, kernel_names, arch=arch)
+
+
+#: the kernel names a family declares for an artifact id (its lowering's)
+Declared = Callable[[ArtifactId], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -76,15 +81,17 @@ class TierFetcher:
     """Fetches an artifact from the first tier that holds one this device loads.
 
     ``count`` receives the names of what happened (``loads``, ``native_fallbacks``) for
-    the loader's statistics.
+    the loader's statistics; ``declared`` gives the kernel names the family declares,
+    the only ones a binary served for that kernel may hold.
     """
 
     def __init__(self, store: ArtifactStore, namespace: Namespace, context: DeviceContext,
-                 count: Callable[[str], None]) -> None:
+                 count: Callable[[str], None], declared: Declared) -> None:
         self.tiers = tiers_of(store)
         self.namespace = namespace
         self._context = context
         self._count = count
+        self._declared = declared
 
     def read(self, tier: int, key: Key) -> tuple[Artifact | None, float]:
         """Tier ``tier``'s artifact for ``key`` (verified by the tier), and the read's
@@ -105,6 +112,12 @@ class TierFetcher:
         """
         fetch_s = load_s = 0.0
         try:
+            names = self._declared(artifact)
+        except FarmError as exc:  # the compile path reports it, for this kernel
+            log.info("loader: %s declares no kernels here (%s); a miss",
+                     artifact.kernel.label(), exc)
+            return None
+        try:
             for i in range(first_tier, len(self.tiers)):
                 tier = self.tiers[i]
                 if prefetched is not None and i == first_tier:
@@ -122,7 +135,7 @@ class TierFetcher:
                 try:
                     ctx, cl_device = self._context.get()
                     loaded = load_binary(ctx, cl_device, art.binary,
-                                         self._context.info.native_arch)
+                                         self._context.info.native_arch, names)
                 except LoadError as exc:
                     load_s += time.perf_counter() - t
                     log.warning("loader: %s refused by the device (%s); a miss", key, exc)

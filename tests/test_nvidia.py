@@ -136,3 +136,32 @@ def test_the_linkers_cheaper_build_returns_the_same_ptx_as_a_plain_build() -> No
         compared += 1
     print(f"compared {compared} kernels")
     assert compared > 0
+
+
+def test_every_device_here_names_the_target_its_binaries_record() -> None:
+    """Issue 19 item 2 on the GPU host: the architecture check reads what the binary
+    says it is for (PTX ``.target``, PoCL 5's ``poclbin`` device id) and compares it with
+    what the device says it is (compute capability, PoCL's ``HSTR:``); both must agree
+    for a binary the device itself made, or every load here would be refused."""
+    from farm.compilation.finalize import finalize
+    from farm.compilation.load import load_binary
+    from farm.compilation.target import binary_target, device_target
+    from farm.core.device import DeviceContext, probe_devices
+    from farm.families import Registry
+
+    family = Registry.load([]).get("elementwise_unary")
+    checked = []
+    for device in probe_devices():
+        ctx, cl_device = DeviceContext(device).get()
+        lowered = family.lower_id(family.artifact_id({"op": "neg"}), device)
+        built = finalize(ctx, cl_device, lowered)
+        assert built.ok, built.error
+        want = device_target(cl_device)
+        checked.append((device.device_name, want, binary_target(built.binary)))
+        if want is not None:
+            assert binary_target(built.binary) == want, checked[-1]
+        loaded = load_binary(ctx, cl_device, built.binary, lowered.kernel_names,
+                             arch=device.native_arch)
+        assert loaded.names == ("unary_neg",)
+    print(f"targets: {checked}")
+    assert any(w and w.startswith("nvidia:") for _, w, _ in checked), checked

@@ -206,7 +206,7 @@ class Batch:
                 program = True  # digest verified; loading it here would only be thrown away
             elif art is not None:
                 try:
-                    program = self._load(res, art.binary)
+                    program = self._load(res, art.binary, self._declared(res))
                 except LoadError as exc:
                     log.warning("stored artifact %s refused by the device (%s); compiling",
                                 res.key, exc)
@@ -291,8 +291,9 @@ class Batch:
             return False
         program: Any = None
         if self.keep_programs:
+            assert pending.lowered is not None
             try:
-                program = self._load(res, art.binary)
+                program = self._load(res, art.binary, pending.lowered.kernel_names)
             except LoadError:
                 return False
         action = rekey_action(found, art.meta.family, res.key, res.artifact.kernel.family)
@@ -337,6 +338,16 @@ class Batch:
         for p in leader.followers:
             self._put(p.result, art, p.lowered)
             self._done(p.result, Outcome.REKEYED, program, notify, p.lowered)
+
+    def _declared(self, res: KernelResult) -> tuple[str, ...]:
+        """The kernel names the family declares for a hit (lowered here: a stored binary
+        is served only as those); a kernel that does not lower is a :class:`LoadError`,
+        so that it goes the way of a miss, whose lowering then reports why."""
+        try:
+            family = self.registry.get(res.artifact.kernel.family)
+            return family.lower_id(res.artifact, self.device).kernel_names
+        except FarmError as exc:
+            raise LoadError(f"the family does not lower it here: {exc}") from None
 
     def _load(self, res: KernelResult, binary: bytes,
               kernel_names: tuple[str, ...] = ()) -> Any:

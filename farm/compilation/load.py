@@ -10,6 +10,12 @@ architecture, the portable part is loaded instead and the fallback is reported i
 :attr:`LoadedBinary.fallback` for the caller to count and record. Only when no part
 loads is the binary refused.
 
+Before the driver sees a part, :func:`farm.compilation.target.check_target` checks that
+it was made for this device (every device whose binaries say so, PoCL included), and
+after the load its kernels must be exactly the ones the family declares
+(``kernel_names``, from lowering): a binary of another kernel stored under this key is
+refused, never run as this one.
+
 Kernel names come from ``CL_PROGRAM_KERNEL_NAMES`` rather than by making every
 ``Kernel`` object (``all_kernels()``): pyopencl generates the argument-setting code of
 each kernel it makes, 1 to 4 ms a program on PoCL, more than the load itself. Kernels are
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from farm.compilation.native import unpack
+from farm.compilation.target import check_target
 from farm.core.errors import LoadError
 
 if TYPE_CHECKING:
@@ -47,7 +54,8 @@ class LoadedBinary:
 
 def load(ctx: cl.Context, device: cl.Device, binary: bytes,
          kernel_names: tuple[str, ...] = (), *, arch: str = "") -> cl.Program:
-    """Program built from ``binary``; checks it holds a kernel and each of ``kernel_names``."""
+    """Program built from ``binary``; checks it holds a kernel, and exactly
+    ``kernel_names`` when they are given."""
     return load_binary(ctx, device, binary, kernel_names, arch=arch).program
 
 
@@ -80,6 +88,7 @@ def _load_one(ctx: cl.Context, device: cl.Device, binary: bytes,
               kernel_names: tuple[str, ...]) -> tuple[cl.Program, tuple[str, ...]]:
     import pyopencl as cl
 
+    check_target(binary, device)
     try:
         program = cl.Program(ctx, [device], [binary]).build()
         names = tuple(n for n in str(program.get_info(cl.program_info.KERNEL_NAMES))
@@ -91,4 +100,8 @@ def _load_one(ctx: cl.Context, device: cl.Device, binary: bytes,
     missing = [n for n in kernel_names if n not in names]
     if missing:
         raise LoadError(f"binary lacks kernel(s) {', '.join(missing)}")
+    extra = [n for n in names if kernel_names and n not in kernel_names]
+    if extra:
+        raise LoadError(f"binary holds kernel(s) {', '.join(extra)} that the family does "
+                        "not declare")
     return program, names
