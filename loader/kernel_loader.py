@@ -48,8 +48,9 @@ from pydantic import BaseModel
 
 from farm.compilation.batch import Batch, BatchReport
 from farm.compilation.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
+from farm.compilation.validate import IsolatedValidator, ValidatorError
 from farm.core.device import DeviceContext, DeviceInfo, probe_devices, select_device
-from farm.core.errors import KernelError, SettingsError
+from farm.core.errors import DeviceError, KernelError, SettingsError
 from farm.core.generation import bump_generation
 from farm.core.keys import Namespace
 from farm.core.model import ArtifactId, Key, LaunchSettings, Outcome, Variant
@@ -81,7 +82,9 @@ class LoaderStats:
     and ``remote`` store hits loaded, ``compiled``/``rekeyed`` full misses obtained here,
     ``farm`` full misses obtained through the workers, ``loads`` programs this loader
     created from store binaries, ``native_fallbacks`` those of them whose machine code the
-    device refused (their portable binary was loaded: see farm/compilation/native.py), ``failures``
+    device refused (their portable binary was loaded: see farm/compilation/native.py),
+    ``validated`` imported binaries a child process loaded before this one did,
+    ``quarantined`` stored binaries proven bad on this device (moved aside), ``failures``
     trips that raised.
     """
 
@@ -94,6 +97,8 @@ class LoaderStats:
     farm: int = 0
     loads: int = 0
     native_fallbacks: int = 0
+    validated: int = 0
+    quarantined: int = 0
     compiler_invocations: int = 0
     failures: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -141,6 +146,7 @@ class KernelLoader:
         self._compiler = compiler
         self._owns_compiler = False
         self._celery: Any = None
+        self._validator: IsolatedValidator | None = None
         self._closed = False
         try:
             if context is not None:  # a caller that started the context earlier still
@@ -166,7 +172,7 @@ class KernelLoader:
             self.store = store
             #: the store tiers, walked front to back (shared with warm)
             self.fetcher = TierFetcher(store, self.namespace, self._context, self.stats.bump,
-                                       self.declared_names)
+                                       self.declared_names, self.validate_isolated)
             if recorder is None:
                 recorder = open_recorder(self.settings, label)
                 self._environment.callback(recorder.close)
@@ -204,7 +210,7 @@ class KernelLoader:
             self._owned.callback(self._environment.close)
             self.settings, self.store, self.recorder = settings, store, recorder
             self.fetcher = TierFetcher(store, self.namespace, self._context, self.stats.bump,
-                                       self.declared_names)
+                                       self.declared_names, self.validate_isolated)
             bump_generation()
 
     # -- what an application uses ------------------------------------------------------
@@ -339,6 +345,23 @@ class KernelLoader:
         family = self.registry.get(artifact.kernel.family)
         return family.lower_id(artifact, self._device).kernel_names
 
+    @property
+    def validator(self) -> IsolatedValidator:
+        """This loader's child process for binaries not validated here (started on the
+        first one, closed with the loader)."""
+        with self._lock:
+            if self._validator is None:
+                self._validator = IsolatedValidator(self._device)
+                self._owned.callback(self._validator.close)
+            return self._validator
+
+    def validate_isolated(self, binary: bytes, names: tuple[str, ...]) -> str:
+        """Load ``binary`` in the child first: "" when it loads, else why not."""
+        try:
+            return self.validator.validate(binary, names)
+        except ValidatorError as exc:
+            raise DeviceError(str(exc)) from None
+
     def _obtain(self, artifact: ArtifactId) -> LoadedProgram:
         """Memory, else a trip; concurrent asks for one key share one trip."""
         key = self.key_of(artifact)
@@ -403,7 +426,7 @@ class KernelLoader:
         """Full misses through the farm's batch (lower, rekey or compile, load, store
         after load) on this loader's context, keeping the programs."""
         batch = Batch(registry=self.registry, device=self._device, ctx=self._context,
-                      store=self.store,
+                      store=self.store, validator=self.validator,
                       compiler=self._compiler_for(len(artifacts)),
                       recorder=self.recorder, record_batch=False,
                       keep_programs=True, label=label or self.label)

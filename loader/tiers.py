@@ -4,6 +4,13 @@ A :class:`TierFetcher` walks the tiers front to back: get (every tier verifies t
 digest), load, and copy a later tier's hit into the tiers in front of it *after* it
 loaded, so the next process on this machine needs no network and a binary this device
 refused is never copied.
+
+Two rules guard the process that loads (docs/SECURITY.md): an artifact not validated on
+this fingerprint (``origin="imported"``: a bundle's, not yet loaded here) is first
+loaded in a child process (:mod:`farm.compilation.validate`), and only then here; and
+an artifact this device refuses, or that kills the child, is proven bad on its own
+device: it is quarantined (moved aside with why, its bytes kept), so that the kernel's
+repair can be stored instead of being refused by first-writer-wins for ever.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from farm.core.errors import FarmError, LoadError
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, ArtifactId, Key
 from farm.store import ArtifactStore, MemoryStore, SQLiteStore, TieredStore
+from farm.store.base import mark_validated, set_aside
 from farm.store.signing import SigningStore
 from loader.programs import LoadedProgram
 
@@ -50,6 +58,8 @@ def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
 
 #: the kernel names a family declares for an artifact id (its lowering's)
 Declared = Callable[[ArtifactId], tuple[str, ...]]
+#: loads a binary in an isolated process: "" when it loads, else why not
+Isolate = Callable[[bytes, tuple[str, ...]], str]
 
 
 @dataclass(frozen=True)
@@ -82,16 +92,19 @@ class TierFetcher:
 
     ``count`` receives the names of what happened (``loads``, ``native_fallbacks``) for
     the loader's statistics; ``declared`` gives the kernel names the family declares,
-    the only ones a binary served for that kernel may hold.
+    the only ones a binary served for that kernel may hold; ``isolate`` loads an
+    unvalidated binary in a child process first.
     """
 
     def __init__(self, store: ArtifactStore, namespace: Namespace, context: DeviceContext,
-                 count: Callable[[str], None], declared: Declared) -> None:
+                 count: Callable[[str], None], declared: Declared,
+                 isolate: Isolate) -> None:
         self.tiers = tiers_of(store)
         self.namespace = namespace
         self._context = context
         self._count = count
         self._declared = declared
+        self._isolate = isolate
 
     def read(self, tier: int, key: Key) -> tuple[Artifact | None, float]:
         """Tier ``tier``'s artifact for ``key`` (verified by the tier), and the read's
@@ -132,6 +145,12 @@ class TierFetcher:
                                 tier.name, key)
                     continue
                 t = time.perf_counter()
+                if art.meta.origin == "imported":
+                    checked = self._validated(tier, art, names)
+                    if checked is None:
+                        load_s += time.perf_counter() - t
+                        continue
+                    art = checked
                 try:
                     ctx, cl_device = self._context.get()
                     loaded = load_binary(ctx, cl_device, art.binary,
@@ -139,6 +158,9 @@ class TierFetcher:
                 except LoadError as exc:
                     load_s += time.perf_counter() - t
                     log.warning("loader: %s refused by the device (%s); a miss", key, exc)
+                    self._count("quarantined")
+                    set_aside(tier.store, self.namespace, art,
+                              f"the device refused it: {exc}")
                     continue
                 load_s += time.perf_counter() - t
                 self._count("loads")
@@ -154,6 +176,24 @@ class TierFetcher:
             if timings is not None:
                 timings["fetch_s"] = fetch_s
                 timings["load_s"] = load_s
+
+    def _validated(self, tier: Tier, art: Artifact, names: tuple[str, ...]
+                   ) -> Artifact | None:
+        """``art`` (imported) once a child process loaded it, noted as validated in its
+        tier; ``None`` (quarantined) when the child could not."""
+        try:
+            why = self._isolate(art.binary, names)
+        except FarmError as exc:  # no child here: the binary is not loaded unchecked
+            log.warning("loader: %s was not validated here (%s); a miss", art.meta.key, exc)
+            return None
+        if why:
+            log.warning("loader: %s (imported) failed validation in a child process: %s",
+                        art.meta.key, why)
+            self._count("quarantined")
+            set_aside(tier.store, self.namespace, art, why)
+            return None
+        self._count("validated")
+        return mark_validated(tier.store, self.namespace, art)
 
     def _fill_front(self, index: int, art: Artifact) -> None:
         """Copy a hit of tier ``index`` into the tiers in front of it (after its load)."""

@@ -11,7 +11,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +117,152 @@ def test_the_architecture_check_applies_to_pocl_binaries(tmp_path: Path) -> None
     assert set(load_binary(ctx, cl_device, both, ("a", "b")).names) == {"a", "b"}
     with pytest.raises(LoadError, match=r"holds kernel\(s\) b that the family does not"):
         load_binary(ctx, cl_device, both, ("a",))
+
+
+# ----------------------------------------------------------------------------------------
+# item 1: a damaged binary never takes a process down, and never stays for ever
+# ----------------------------------------------------------------------------------------
+def farm_cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(home), FARM_WORKERS="0", PYOPENCL_NO_CACHE="1",
+               POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
+    return subprocess.run([sys.executable, "-m", "farm", *args], env=env, text=True,
+                          capture_output=True, timeout=300, check=False)
+
+
+def two_kernels(tmp_path: Path) -> Path:
+    manifest = tmp_path / "m.toml"
+    manifest.write_text('format = 1\nname = "trust"\n\n'
+                        '[[kernels]]\nfamily = "elementwise_unary"\nparams = { op = "neg" }\n\n'
+                        '[[kernels]]\nfamily = "elementwise_unary"\nparams = { op = "relu" }\n')
+    return manifest
+
+
+def truncated(binary: bytes, wrap: bool) -> bytes:
+    """What PoCL 3 dies on (SIGSEGV): the first kilobyte of a real binary."""
+    cut = binary[:1000]
+    return pack("fake_1", cut, cut) if wrap else cut
+
+
+def refused_cleanly(binary: bytes) -> bytes:
+    """A milder corruption: a poclbin of format version 1, which PoCL refuses."""
+    return binary[:16] + struct.pack("<I", 1) + binary[20:]
+
+
+def built_store(tmp_path: Path) -> tuple[Settings, Any, Any, Any]:
+    """An environment holding neg and relu, compiled here: (settings, ns, neg key, relu key)."""
+    settings = settings_for(tmp_path / "built")
+    with KernelLoader(settings) as loader:
+        for op in ("neg", "relu"):
+            loader.kernel(UNARY, {"op": op})
+        keys = [loader.key_of(loader.artifact_id(UNARY, {"op": op})) for op in ("neg", "relu")]
+        return settings, loader.namespace, keys[0], keys[1]
+
+
+def put_damaged(settings: Settings, ns: Any, key: Any, binary: bytes, origin: str) -> None:
+    """Replace what ``key`` holds by ``binary`` with a right digest (a writer could)."""
+    store = SQLiteStore(settings.store_path)
+    good = store.get(ns, key)
+    assert good is not None
+    store.delete(ns, key)
+    bad = Artifact.create(key, UNARY, binary, good.meta.source_hash, origin=origin)
+    store.put(ns, bad)
+    store.close()
+
+
+@pytest.mark.parametrize("wrap", [False, True], ids=["plain", "native-container"])
+def test_a_bundle_whose_binary_crashes_the_driver_is_refused_at_import(
+        tmp_path: Path, wrap: bool) -> None:
+    """Issue 19 item 1: a bundle carrying a truncated binary (right digest) imported
+    fine, then every loader and ``farm warm`` died with SIGSEGV inside PoCL. Import now
+    loads each artifact for a device of this machine in a child process first; one that
+    kills the child (or that the device refuses) refuses the whole bundle."""
+    from farm.store.bundle import export_bundle
+
+    settings, ns, neg, _ = built_store(tmp_path)
+    store = SQLiteStore(settings.store_path)
+    good = store.get(ns, neg)
+    assert good is not None
+    evil = SQLiteStore(tmp_path / "evil.sqlite")
+    for key in store.keys(ns):
+        art = store.get(ns, key)
+        assert art is not None
+        if key == neg:
+            art = Artifact.create(key, UNARY, truncated(good.binary, wrap), good.meta.source_hash)
+        evil.put(ns, art)
+    export_bundle(evil, [ns], tmp_path / "evil.kfb")
+    store.close()
+    evil.close()
+
+    home = tmp_path / "importer"
+    imported = farm_cli(home, "bundle", "import", str(tmp_path / "evil.kfb"))
+    assert imported.returncode == 2, imported.stdout + imported.stderr
+    assert "fails validation on this device" in imported.stderr
+    assert "Traceback" not in imported.stderr and imported.stderr.count("\n") == 1
+    assert not (home / "envs" / "default" / "store.sqlite").exists() or \
+        list(SQLiteStore(home / "envs" / "default" / "store.sqlite").keys(ns)) == []
+    warm = farm_cli(home, "warm", str(two_kernels(tmp_path)), "--json")
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    assert json.loads(warm.stdout)["summary"]["compiled"] == 2
+
+
+def test_an_unvalidated_binary_is_loaded_in_a_child_first_and_quarantined(
+        tmp_path: Path) -> None:
+    """Issue 19 item 1: a binary the farm did not validate on this fingerprint (an
+    import on a machine without the device, another prefix) reaches no process that
+    matters unchecked: ``farm build`` and ``farm warm`` load it in a child first; the
+    crash is the child's, the artifact goes to quarantine with why, and is rebuilt."""
+    settings, ns, neg, _ = built_store(tmp_path)
+    store = SQLiteStore(settings.store_path)
+    good = store.get(ns, neg)
+    assert good is not None
+    store.close()
+    put_damaged(settings, ns, neg, truncated(good.binary, False), origin="imported")
+    manifest = two_kernels(tmp_path)
+
+    build = farm_cli(settings.home, "build", str(manifest), "--local", "--json")
+    assert build.returncode == 0, build.stderr[-2000:]
+    summary = json.loads(build.stdout)["summary"]
+    assert (summary["loaded"], summary["compiled"]) == (1, 1), summary
+    store = SQLiteStore(settings.store_path)
+    [entry] = store.quarantined(ns)
+    assert entry.key == neg and "crashed" in entry.reason
+    assert entry.artifact.binary[:7] == b"poclbin"
+    store.close()
+
+    put_damaged(settings, ns, neg, truncated(good.binary, True), origin="imported")
+    warm = farm_cli(settings.home, "warm", str(manifest), "--json")
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    summary = json.loads(warm.stdout)["summary"]
+    assert (summary["local"], summary["compiled"]) == (1, 1), summary
+    store = SQLiteStore(settings.store_path)
+    assert len(store.quarantined(ns)) == 2
+    fixed = store.get(ns, neg)
+    assert fixed is not None and fixed.meta.origin == "compiled"
+    store.close()
+
+
+def test_an_artifact_its_own_device_refuses_is_replaced_and_kept_as_evidence(
+        tmp_path: Path) -> None:
+    """Issue 19 item 1: with a milder corruption each loader recompiled, but its repair
+    was refused by first-writer-wins (the stored digest verifies), so every later
+    loader compiled again. Proven bad on its own device, it is now quarantined (with
+    why, and its bytes) and the repair is stored."""
+    settings, ns, neg, _ = built_store(tmp_path)
+    store = SQLiteStore(settings.store_path)
+    good = store.get(ns, neg)
+    assert good is not None
+    store.close()
+    bad = refused_cleanly(good.binary)
+    put_damaged(settings, ns, neg, bad, origin="compiled")
+    with KernelLoader(settings) as loader:
+        assert run_unary(loader, "neg").tolist() == [2.0, 1.0, -0.0, -1.0, -2.0]
+        assert loader.stats.compiled == 1
+    with KernelLoader(settings) as loader:
+        assert run_unary(loader, "neg").tolist() == [2.0, 1.0, -0.0, -1.0, -2.0]
+        assert (loader.stats.local, loader.stats.compiled) == (1, 0)
+    store = SQLiteStore(settings.store_path)
+    [entry] = store.quarantined(ns)
+    assert entry.key == neg and entry.artifact.binary == bad
+    assert "refused" in entry.reason
+    store.close()

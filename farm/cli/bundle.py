@@ -102,18 +102,38 @@ def export(
 def import_(
     bundle: Annotated[Path, typer.Argument(metavar="FILE", help="bundle file to import")],
     max_size: MaxSize = BUNDLE_MAX_BYTES,
+    validate: Annotated[bool, typer.Option(
+        help="load each artifact for a device of this machine in a child process before "
+             "importing (--no-validate: leave it to the loaders, which do it before "
+             "first use)")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
 ) -> None:
-    """Verify a bundle in full, then import it into the current environment's store."""
+    """Verify a bundle in full, validate what a device here can load (in a child
+    process), then import it into the current environment's store."""
+    import contextlib
+
     from rich.table import Table
 
+    from farm.compilation.validate import IsolatedValidator
+    from farm.core.device import discover_devices
     from farm.core.settings import load_settings
     from farm.store import open_store
-    from farm.store.bundle import import_bundle
+    from farm.store.bundle import Validate, import_bundle
+
+    devices = {d.fingerprint: d for d in discover_devices()} if validate else {}
+    children = contextlib.ExitStack()
+
+    def validators(ns: Namespace) -> Validate | None:
+        device = devices.get(ns.fingerprint)
+        if device is None:
+            return None
+        child = children.enter_context(IsolatedValidator(device))
+        return lambda binary: child.validate(binary)
 
     store = open_store(load_settings())
     try:
-        report = import_bundle(bundle, store, max_bytes=max_size)
+        with children:
+            report = import_bundle(bundle, store, max_bytes=max_size, validators=validators)
     finally:
         store.close()
     summary = report.summary()
@@ -133,6 +153,13 @@ def import_(
     if report.refused:
         out.print(f"{report.refused} artifact(s) refused: the store holds another value "
                   "under the key (first writer wins; a local artifact is never replaced)")
+    if report.validated:
+        out.print(f"{report.validated} artifact(s) validated on this machine's device "
+                  "(loaded in a child process)")
+    for ns, count in sorted(report.unvalidated.items()):
+        out.print(f"{count} artifact(s) of {ns} not validated here (no such device): "
+                  "loaders validate each in a child process before first use",
+                  markup=False, highlight=False)
 
 
 @app.command("show")

@@ -18,6 +18,12 @@ verified but not loaded, and a compiled binary is validated by a load in the pro
 that compiled it. On NVIDIA a load is a PTX JIT of tens of milliseconds: loading every
 kernel in this one thread would serialize the whole build behind it.
 
+Stored binaries the farm did not validate on this fingerprint (``origin="imported"``)
+are loaded in a child process first (:mod:`farm.compilation.validate`), loads or not,
+also when this batch keeps no programs: a hit is counted Loaded only when this device
+loads it. A hit proven bad on this device (refused, or fatal to the child) is
+quarantined and compiled again, so the repair is stored (docs/SECURITY.md).
+
 A kernel that fails is reported with its error and build log and nothing of it is
 stored; the others go on. The batch's work is the sum of its kernels' work; its wall
 time runs from its start to its last load.
@@ -35,12 +41,13 @@ from typing import TYPE_CHECKING, Any
 from farm.compilation.finalize import FinalizeResult
 from farm.compilation.load import load_binary
 from farm.compilation.rekey import RekeyAction, rekey_action
+from farm.compilation.validate import IsolatedValidator, ValidatorError
 from farm.core.device import DeviceContext, DeviceInfo
 from farm.core.errors import FarmError, KernelError, LoadError
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, ArtifactId, KernelFailure, Key, Lowered, Outcome
 from farm.families import Registry
-from farm.store.base import ArtifactStore
+from farm.store.base import ArtifactStore, mark_validated, set_aside
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -152,7 +159,8 @@ class Batch:
                  ctx: cl.Context | DeviceContext, cl_device: cl.Device | None = None,
                  store: ArtifactStore, compiler: Compiler,
                  recorder: Recorder | None = None, keep_programs: bool = False,
-                 label: str = "", record_batch: bool = True) -> None:
+                 label: str = "", record_batch: bool = True,
+                 validator: IsolatedValidator | None = None) -> None:
         self.registry = registry
         self.device = device
         #: the context, or a DeviceContext opened on the first load (a batch of hits
@@ -167,10 +175,23 @@ class Batch:
         self.label = label
         #: False when the caller records one batch of its own (a loader's warm)
         self.record_batch = record_batch
+        #: the child process for unvalidated binaries: the caller's, else one of this
+        #: batch's own, made on first use and closed at the end of each run
+        self._validator = validator
+        self._owns_validator = validator is None
 
     # -- entry point ---------------------------------------------------------------------
     def run(self, artifacts: Iterable[ArtifactId],
             progress: Progress | None = None) -> BatchReport:
+        try:
+            return self._run(artifacts, progress)
+        finally:
+            if self._owns_validator and self._validator is not None:
+                self._validator.close()
+                self._validator = None
+
+    def _run(self, artifacts: Iterable[ArtifactId],
+             progress: Progress | None = None) -> BatchReport:
         start = time.perf_counter()
         results = [KernelResult(artifact=a) for a in artifacts]
         notify = progress or (lambda r: None)
@@ -201,6 +222,8 @@ class Batch:
             t = time.perf_counter()
             assert res.key is not None
             art = self.store.get(self.ns, res.key)
+            if art is not None and art.meta.origin == "imported":
+                art = self._validated(res, art)
             program: Any = None
             if art is not None and not self.keep_programs:
                 program = True  # digest verified; loading it here would only be thrown away
@@ -210,6 +233,7 @@ class Batch:
                 except LoadError as exc:
                     log.warning("stored artifact %s refused by the device (%s); compiling",
                                 res.key, exc)
+                    set_aside(self.store, self.ns, art, f"the device refused it: {exc}")
             if program is None:  # corrupt or refused: a miss that recompiling repairs
                 late.append(_Pending(result=res, family=res.artifact.kernel.family,
                                      started=t))
@@ -289,12 +313,17 @@ class Batch:
         art = self.store.get(self.ns, found)
         if art is None or art.meta.source_hash != source_hash:  # index entries are hints
             return False
+        assert pending.lowered is not None
+        if art.meta.origin == "imported":
+            art = self._validated(res, art, pending.lowered.kernel_names)
+            if art is None:
+                return False
         program: Any = None
         if self.keep_programs:
-            assert pending.lowered is not None
             try:
                 program = self._load(res, art.binary, pending.lowered.kernel_names)
-            except LoadError:
+            except LoadError as exc:
+                set_aside(self.store, self.ns, art, f"the device refused it: {exc}")
                 return False
         action = rekey_action(found, art.meta.family, res.key, res.artifact.kernel.family)
         self._put(res, art, pending.lowered)
@@ -338,6 +367,28 @@ class Batch:
         for p in leader.followers:
             self._put(p.result, art, p.lowered)
             self._done(p.result, Outcome.REKEYED, program, notify, p.lowered)
+
+    def _validated(self, res: KernelResult, art: Artifact,
+                   names: tuple[str, ...] | None = None) -> Artifact | None:
+        """``art`` (imported: not validated on this fingerprint) once a child process
+        loaded it, noted as validated in the store; ``None`` when it did not load there
+        (then it is quarantined) or could not be checked (then it is left, unused)."""
+        try:
+            if names is None:
+                names = self._declared(res)
+            if self._validator is None:
+                self._validator = IsolatedValidator(self.device)
+            why = self._validator.validate(art.binary, names)
+        except (LoadError, ValidatorError) as exc:
+            log.warning("stored artifact %s was not validated here (%s); compiling",
+                        art.meta.key, exc)
+            return None
+        if why:
+            log.warning("stored artifact %s (imported) failed validation in a child "
+                        "process: %s; compiling", art.meta.key, why)
+            set_aside(self.store, self.ns, art, why)
+            return None
+        return mark_validated(self.store, self.ns, art)
 
     def _declared(self, res: KernelResult) -> tuple[str, ...]:
         """The kernel names the family declares for a hit (lowered here: a stored binary

@@ -11,6 +11,10 @@ Object store (MinIO), one bucket (``FARM_MINIO_BUCKET``)::
     <namespace>/artifacts/<id hash>/<build id>     framed artifact: full metadata JSON, then
                                                   the binary; short fields also in headers
     <namespace>/sources/<source hash>              source index entry: the key (text)
+    <namespace>/quarantine/<id hash>/<build id>/<digest>
+                                                  an artifact proven bad on its own device,
+                                                  moved aside: why and when (JSON), then
+                                                  the artifact's frame (evidence)
 
 A namespace is ``NAMESPACE_LEVELS`` names deep, so the namespaces of a bucket are found
 by listing that many levels of common prefixes (:func:`namespace_from_prefix`).
@@ -18,8 +22,9 @@ by listing that many levels of common prefixes (:func:`namespace_from_prefix`).
 Embedded files, per environment (``<FARM_HOME>/envs/<name>/``): ``store.sqlite`` (the
 artifact store), ``records.sqlite`` (the records storage).
 
-SQLite store: table ``artifacts`` with columns (namespace, id_hash, build_id, ...), and
-``sources`` (namespace, source_hash, id_hash, build_id): the namespace is a column.
+SQLite store: table ``artifacts`` with columns (namespace, id_hash, build_id, ...),
+``sources`` (namespace, source_hash, id_hash, build_id) and ``quarantine`` (namespace,
+id_hash, build_id, digest, reason, at, meta, binary): the namespace is a column.
 
 Redis (broker and farm state)::
 
@@ -117,6 +122,13 @@ class Namespace(BaseModel):
 
 
 # -- object store --------------------------------------------------------------------------
+def namespace_prefix(ns: Namespace | None) -> str:
+    """Everything of one namespace in the bucket (``<ns>/``), or of every namespace of
+    this backend and store format (``opencl/v1/``) for ``None``: what a pool's MinIO
+    policy lets it write (farm/cluster/access.py)."""
+    return f"{ns}/" if ns is not None else f"{BACKEND}/{STORE_FORMAT}/"
+
+
 def artifact_object(ns: Namespace, key: Key) -> str:
     return f"{ns}/artifacts/{key.id_hash}/{key.build_id}"
 
@@ -127,6 +139,15 @@ def artifacts_prefix(ns: Namespace) -> str:
 
 def source_object(ns: Namespace, source_hash: str) -> str:
     return f"{ns}/sources/{source_hash}"
+
+
+def quarantine_object(ns: Namespace, key: Key, digest: str) -> str:
+    """Where an artifact proven bad on its own device is kept (one per digest)."""
+    return f"{ns}/quarantine/{key.id_hash}/{key.build_id}/{digest}"
+
+
+def quarantine_prefix(ns: Namespace) -> str:
+    return f"{ns}/quarantine/"
 
 
 #: how many ``/``-separated names a namespace spans at the front of an object name

@@ -219,7 +219,10 @@ class ArtifactMeta(Frozen):
     worker: ShortText = ""
     work_s: float = Field(default=0.0, ge=0.0, le=1e9)
     created_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
-    origin: Literal["compiled", "imported"] = "compiled"
+    #: how the store got the binary: ``compiled`` (and loaded) on this fingerprint by a
+    #: farm writer; ``imported`` from a bundle, not loaded here yet; ``validated``,
+    #: imported and then loaded on this fingerprint in an isolated process
+    origin: Literal["compiled", "imported", "validated"] = "compiled"
     #: Ed25519 signature of :meth:`signed_bytes` by a writer's key ("" when unsigned),
     #: as ``v2:<base64>``; a bare base64 value is a version 1 signature (see below)
     signature: str = Field(default="", max_length=200)

@@ -8,6 +8,13 @@ Rules every backend keeps (see docs/ARCHITECTURE.md, "The artifact store"):
   is not a value: ``put`` repairs it.
 * **Integrity.** ``get`` verifies size and SHA-256 before returning; a mismatch is
   counted (:attr:`StoreStats.corrupt`) and answered as a miss, never raised.
+* **Upgrade, not replace.** The same bytes again with a stronger origin (an
+  ``"imported"`` artifact, then ``"validated"`` or ``"compiled"`` on this fingerprint) are
+  written, so a store learns that its copy was validated here (see below).
+* **Quarantine.** An artifact proven bad on its own device (the device refused it, or a
+  child process loading it died) is moved aside by :meth:`ArtifactStore.quarantine`,
+  with why and when, and its bytes kept as evidence; the key is then free for the
+  repair that first-writer-wins would otherwise refuse for ever (docs/SECURITY.md).
 * **Source index.** An artifact is indexed by the hash of its source only when the
   writer passes the :class:`~farm.core.model.Lowered` source it compiled (or rekeyed) it from,
   so a key that misses can be served by rekeying an artifact of the same source. The
@@ -18,13 +25,16 @@ Rules every backend keeps (see docs/ARCHITECTURE.md, "The artifact store"):
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import sqlite3
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from farm.core.errors import FarmError
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, Key, Lowered
 
@@ -51,6 +61,25 @@ class StoreStats:
     def bump(self, name: str, n: int = 1) -> None:
         with self._lock:
             setattr(self, name, getattr(self, name) + n)
+
+
+#: how sure a store can be that a binary loads on the namespace's device, weakest first:
+#: bytes from a bundle, bytes a child process loaded on this fingerprint, bytes a writer
+#: compiled and loaded on this fingerprint
+_ORIGIN_RANK = {"imported": 0, "validated": 1, "compiled": 2}
+
+#: the longest reason a quarantine keeps (the evidence is the bytes, not the text)
+MAX_REASON = 2000
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """An artifact moved aside as proven bad on its own device: its bytes and why."""
+
+    key: Key
+    artifact: Artifact
+    reason: str
+    at: dt.datetime
 
 
 class ArtifactStore(ABC):
@@ -94,6 +123,19 @@ class ArtifactStore(ABC):
     @abstractmethod
     def namespaces(self) -> list[Namespace]:
         """Every namespace holding at least one artifact."""
+
+    def quarantine(self, ns: Namespace, key: Key, digest: str, reason: str) -> bool:
+        """Move the artifact of ``key`` aside if it still is the one of ``digest``: it
+        leaves the key (which a repair may then take) and is kept with ``reason`` and
+        the time, for a person to look at. ``False`` when the key holds something else
+        by now (nothing is moved), or the store keeps no quarantine."""
+        log.warning("store %s keeps no quarantine; %s/%s left in place", self.location,
+                    ns, key)
+        return False
+
+    def quarantined(self, ns: Namespace) -> list[Quarantined]:
+        """What :meth:`quarantine` moved aside in ``ns``, oldest first."""
+        return []
 
     def rekey(self, ns: Namespace, src: Key, dst: Key, *, move: bool,
               source: Lowered | None = None) -> Artifact | None:
@@ -157,6 +199,12 @@ class WrappedStore(ArtifactStore):
     def namespaces(self) -> list[Namespace]:
         return self.inner.namespaces()
 
+    def quarantine(self, ns: Namespace, key: Key, digest: str, reason: str) -> bool:
+        return self.inner.quarantine(ns, key, digest, reason)
+
+    def quarantined(self, ns: Namespace) -> list[Quarantined]:
+        return self.inner.quarantined(ns)
+
     def close(self) -> None:
         self.inner.close()
 
@@ -180,8 +228,15 @@ def decide_put(existing: Artifact | None, new: Artifact) -> PutResult | None:
     if not existing.verify():
         return None  # a corrupt entry is not a value: repair it
     if existing.meta.digest == new.meta.digest:
+        if _ORIGIN_RANK[new.meta.origin] > _ORIGIN_RANK[existing.meta.origin]:
+            return None  # the same bytes, now known to load here: upgrade
         return PutResult.SAME
     return PutResult.REFUSED
+
+
+def quarantine_reason(reason: str) -> str:
+    """``reason`` on one line, bounded (it comes from drivers and from input)."""
+    return " ".join(reason.split())[:MAX_REASON] or "no reason given"
 
 
 def index_hash(artifact: Artifact, source: Lowered | None) -> str | None:
@@ -194,6 +249,37 @@ def index_hash(artifact: Artifact, source: Lowered | None) -> str | None:
         raise ValueError(f"artifact {artifact.meta.key} records source hash "
                          f"{artifact.meta.source_hash}, but is indexed by {computed}")
     return computed
+
+
+#: what a best-effort write (an upgrade, a quarantine) may raise; it is logged, and the
+#: read that prompted it still stands
+BEST_EFFORT_FAILURES = (FarmError, OSError, sqlite3.Error)
+
+
+def set_aside(store: ArtifactStore, ns: Namespace, artifact: Artifact, reason: str) -> bool:
+    """Quarantine ``artifact`` (proven bad on its own device) in ``store``, logging
+    instead of raising when the store will not (read-only credentials): the caller
+    then compiles the kernel and keeps it where it can."""
+    try:
+        return store.quarantine(ns, artifact.meta.key, artifact.meta.digest, reason)
+    except BEST_EFFORT_FAILURES as exc:
+        log.warning("store %s: could not quarantine %s/%s (%s); it stays, and is refused "
+                    "again at each load", store.location, ns, artifact.meta.key, exc)
+        return False
+
+
+def mark_validated(store: ArtifactStore, ns: Namespace, artifact: Artifact) -> Artifact:
+    """``artifact`` (imported) as validated on this fingerprint, written back to
+    ``store`` where it can be (an upgrade: the same bytes), so that no other process
+    validates it again."""
+    validated = Artifact(meta=artifact.meta.model_copy(update={"origin": "validated"}),
+                         binary=artifact.binary)
+    try:
+        store.put(ns, validated)
+    except BEST_EFFORT_FAILURES as exc:
+        log.info("store %s: could not note %s/%s as validated (%s)", store.location, ns,
+                 artifact.meta.key, exc)
+    return validated
 
 
 def log_refused(store: ArtifactStore, ns: Namespace, key: Key) -> None:

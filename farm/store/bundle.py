@@ -39,6 +39,20 @@ through the store's first-writer-wins ``put``: an absent key is *imported*, the 
 value again is *skipped* (so importing twice changes nothing), and a different value
 already held (compiled locally, or imported earlier from elsewhere) is *refused*,
 never replaced.
+
+A digest says the bytes are the exporter's, not that a device can load them: a
+truncated binary with a right digest crashes PoCL in whichever process loads it. So an
+import validates, before anything is written, every artifact whose namespace names a
+device of this machine, by loading it in a child process (the caller's ``validators``;
+:mod:`farm.compilation.validate`). One that does not load there refuses the whole
+bundle (a :class:`BundleError` naming it). Those that load are stored as
+``origin="validated"``; the artifacts of namespaces with no device here keep
+``origin="imported"``, and every loader validates such an artifact in a child process
+before it loads it (docs/SECURITY.md).
+
+An import never signs: a signature vouches that a farm writer compiled and validated
+the binary, so imported artifacts keep the signatures the bundle carries (a verifying
+reader refuses those of another key, or of another namespace).
 """
 
 from __future__ import annotations
@@ -52,27 +66,33 @@ import stat
 import tarfile
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Literal
 
-from pydantic import (
-    AwareDatetime,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import ValidationError
 
-from farm.core.defaults import BUNDLE_MAX_BYTES
 from farm.core.errors import BundleError, InputError, first_error, one_line
 from farm.core.hashing import sha256_hex
-from farm.core.keys import BACKEND, STORE_FORMAT, Namespace, artifact_object
-from farm.core.model import Artifact, ArtifactMeta, Key
+from farm.core.keys import Namespace, artifact_object
+from farm.core.model import Artifact, Key
 from farm.store.base import ArtifactStore, PutResult
+from farm.store.bundle_format import (
+    BUNDLE_FORMAT,
+    BUNDLE_VERSION,
+    DEFAULT_MAX_BYTES,
+    MANIFEST_MEMBER,
+    MAX_ARTIFACT_BYTES,
+    MAX_ARTIFACTS,
+    MAX_MANIFEST_BYTES,
+    BundleArtifact,
+    BundleManifest,
+    BundleNamespace,
+    parse_namespace,
+    reason,
+)
+from farm.store.signing import SigningStore
 from farm.version import __version__
 
 __all__ = [
@@ -96,145 +116,6 @@ __all__ = [
     "reason",
 ]
 
-BUNDLE_FORMAT = "kernel-farm-bundle"
-BUNDLE_VERSION = 1
-#: the first member of every bundle
-MANIFEST_MEMBER = "kernel-farm-bundle.json"
-#: a compiled kernel is kilobytes to a few megabytes; anything near this is an attack
-MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
-#: the manifest is metadata only (build logs included)
-MAX_MANIFEST_BYTES = 256 * 1024 * 1024
-#: artifacts one bundle may list
-MAX_ARTIFACTS = 1_000_000
-#: default cap on a bundle file (and on the sum of its artifacts): it is held in memory
-#: while it is verified, because nothing may be written before everything is verified
-DEFAULT_MAX_BYTES = BUNDLE_MAX_BYTES
-
-_DIGEST = r"^[0-9a-f]{64}$"
-
-
-# ----------------------------------------------------------------------------------------
-# The manifest (pydantic at the boundary)
-# ----------------------------------------------------------------------------------------
-def parse_namespace(text: str) -> Namespace:
-    """A namespace this farm serves, from its text (``opencl/v1/<fingerprint>``).
-
-    Stricter than :meth:`Namespace.parse`, which checks only the fingerprint: a bundle
-    must not name another backend or store format (nothing here could serve it), nor
-    smuggle ``..`` or other text into the backend/format parts.
-    """
-    try:
-        ns = Namespace.parse(text)
-    except ValueError as exc:
-        raise ValueError(f"not a valid namespace {text!r}: {reason(exc)}") from None
-    if ns.backend != BACKEND or ns.format != STORE_FORMAT:
-        raise ValueError(f"namespace {text!r} is not of backend {BACKEND} and store format "
-                         f"{STORE_FORMAT}, the only ones this farm serves")
-    return ns
-
-
-class _Model(BaseModel):
-    """Strict and immutable: a bundle field we do not know is a bundle we do not read."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BundleNamespace(_Model):
-    """One namespace of a bundle: which device its binaries are for, and how many."""
-
-    namespace: str
-    fingerprint: str
-    artifacts: int = Field(ge=0, le=MAX_ARTIFACTS)
-    bytes: int = Field(ge=0)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> BundleNamespace:
-        ns = parse_namespace(self.namespace)
-        if ns.fingerprint != self.fingerprint:
-            raise ValueError(f"namespace {self.namespace} names fingerprint "
-                             f"{ns.fingerprint}, not {self.fingerprint}")
-        return self
-
-
-class BundleArtifact(_Model):
-    """One artifact: where it goes, what its bytes must be, and its stored metadata."""
-
-    namespace: str
-    key: Key
-    member: str
-    size: int = Field(ge=0)
-    digest: str = Field(pattern=_DIGEST)
-    meta: ArtifactMeta
-
-    @field_validator("size")
-    @classmethod
-    def _sane_size(cls, value: int) -> int:
-        if value > MAX_ARTIFACT_BYTES:
-            raise ValueError(f"declared size {value} bytes exceeds the limit of "
-                             f"{MAX_ARTIFACT_BYTES} bytes per artifact")
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> BundleArtifact:
-        ns = parse_namespace(self.namespace)
-        if self.meta.key != self.key:
-            raise ValueError(f"metadata names key {self.meta.key}, entry names {self.key}")
-        if self.meta.size != self.size or self.meta.digest != self.digest:
-            raise ValueError(f"metadata of {self.key} disagrees with its entry's size or "
-                             "digest")
-        if self.member != artifact_object(ns, self.key):
-            raise ValueError(f"member {self.member!r} is not the name of {self.key} in "
-                             f"{self.namespace}")
-        return self
-
-    @property
-    def ns(self) -> Namespace:
-        return parse_namespace(self.namespace)
-
-
-class BundleManifest(_Model):
-    """What a bundle holds; the first member of the archive."""
-
-    format: Literal["kernel-farm-bundle"]
-    version: Literal[1]
-    farm_version: str
-    created_at: AwareDatetime
-    created_by: str = ""
-    namespaces: list[BundleNamespace]
-    artifacts: list[BundleArtifact] = Field(max_length=MAX_ARTIFACTS)
-    total_bytes: int = Field(ge=0)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> BundleManifest:
-        members = Counter(a.member for a in self.artifacts)
-        dupes = [m for m, n in members.items() if n > 1]
-        if dupes:
-            raise ValueError(f"artifact {dupes[0]!r} is listed twice")
-        counts = Counter(a.namespace for a in self.artifacts)
-        sizes: Counter[str] = Counter()
-        for a in self.artifacts:
-            sizes[a.namespace] += a.size
-        listed = {n.namespace: n for n in self.namespaces}
-        if len(listed) != len(self.namespaces):
-            raise ValueError("a namespace is listed twice")
-        for name, count in counts.items():
-            entry = listed.get(name)
-            if entry is None:
-                raise ValueError(f"artifacts of namespace {name} but the namespace is not "
-                                 "listed")
-            if entry.artifacts != count or entry.bytes != sizes[name]:
-                raise ValueError(f"namespace {name} declares {entry.artifacts} artifact(s) "
-                                 f"of {entry.bytes} bytes, the bundle lists {count} of "
-                                 f"{sizes[name]} bytes")
-        for name, entry in listed.items():
-            if entry.artifacts and name not in counts:
-                raise ValueError(f"namespace {name} declares {entry.artifacts} artifact(s), "
-                                 "the bundle lists none")
-        if self.total_bytes != sum(a.size for a in self.artifacts):
-            raise ValueError("total_bytes is not the sum of the artifacts' sizes")
-        return self
-
-
 # ----------------------------------------------------------------------------------------
 # Reading
 # ----------------------------------------------------------------------------------------
@@ -246,14 +127,6 @@ class Bundle:
     manifest: BundleManifest
     artifacts: list[tuple[Namespace, Artifact]]
     file_bytes: int
-
-
-def reason(exc: BaseException) -> str:
-    """One line saying why: pydantic's first message (without its field), else the
-    first line of the exception's text."""
-    if isinstance(exc, ValidationError) and exc.errors():
-        return first_error(exc)[1]
-    return one_line(exc)
 
 
 def _refuse(path: Path, message: str) -> BundleError:
@@ -408,6 +281,13 @@ def _read_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> b
 Verdict = Literal["imported", "skipped", "refused"]
 
 
+#: a namespace's validator: loads a binary in an isolated process on a device of that
+#: fingerprint, answering "" when it loads, else why not
+Validate = Callable[[bytes], str]
+#: the validator of a namespace, ``None`` when this machine has no such device
+Validators = Callable[[Namespace], "Validate | None"]
+
+
 @dataclass
 class ImportReport:
     """What an import did, per namespace and in total."""
@@ -418,6 +298,10 @@ class ImportReport:
     refused: int = 0
     per_namespace: dict[str, Counter[str]] = field(default_factory=dict)
     refused_keys: list[str] = field(default_factory=list)
+    #: artifacts loaded in a child process on a device of their fingerprint, here
+    validated: int = 0
+    #: namespace -> artifacts stored unvalidated (no device of that fingerprint here)
+    unvalidated: dict[str, int] = field(default_factory=dict)
 
     def add(self, ns: Namespace, key: Key, verdict: Verdict) -> None:
         setattr(self, verdict, getattr(self, verdict) + 1)
@@ -434,25 +318,58 @@ class ImportReport:
             "namespaces": {ns: {v: c.get(v, 0) for v in ("imported", "skipped", "refused")}
                            for ns, c in sorted(self.per_namespace.items())},
             "refused_keys": self.refused_keys,
+            "validated": self.validated,
+            "unvalidated": dict(sorted(self.unvalidated.items())),
         }
 
 
 def import_bundle(path: Path, store: ArtifactStore, *,
-                  max_bytes: int = DEFAULT_MAX_BYTES) -> ImportReport:
-    """Verify the whole bundle, then put each artifact into its own namespace.
+                  max_bytes: int = DEFAULT_MAX_BYTES,
+                  validators: Validators | None = None) -> ImportReport:
+    """Verify the whole bundle, validate what a device here can load, then put each
+    artifact into its own namespace.
 
     Nothing is written unless every check passed (see the module doc). Idempotent:
     the same bundle again is all *skipped*.
     """
     bundle = read_bundle(path, max_bytes=max_bytes)
     report = ImportReport(bundle=str(path))
+    origins = _validate(Path(path), bundle, validators, report)
+    if isinstance(store, SigningStore) and store.signer is not None:
+        store = SigningStore(store.inner, None, store.verifier)  # an import never signs
     for ns, artifact in bundle.artifacts:
-        meta = artifact.meta.model_copy(update={"origin": "imported"})
+        meta = artifact.meta.model_copy(update={"origin": origins[(ns, artifact.meta.key)]})
         result = store.put(ns, Artifact(meta=meta, binary=artifact.binary))
         verdict: Verdict = ("imported" if result is PutResult.STORED else
                             "skipped" if result is PutResult.SAME else "refused")
         report.add(ns, meta.key, verdict)
     return report
+
+
+Origin = Literal["imported", "validated"]
+
+
+def _validate(path: Path, bundle: Bundle, validators: Validators | None,
+              report: ImportReport) -> dict[tuple[Namespace, Key], Origin]:
+    """Each artifact's origin once validated (or not) by its namespace's validator; a
+    :class:`BundleError` for the first that does not load, before anything is written."""
+    origins: dict[tuple[Namespace, Key], Origin] = {}
+    per_ns: dict[Namespace, Validate | None] = {}
+    for ns, artifact in bundle.artifacts:
+        if ns not in per_ns:
+            per_ns[ns] = validators(ns) if validators is not None else None
+        check = per_ns[ns]
+        if check is None:
+            origins[(ns, artifact.meta.key)] = "imported"
+            report.unvalidated[str(ns)] = report.unvalidated.get(str(ns), 0) + 1
+            continue
+        why = check(artifact.binary)
+        if why:
+            raise _refuse(path, f"artifact {artifact.meta.key} ({artifact.meta.family}) "
+                                f"in {ns} fails validation on this device: {why}")
+        origins[(ns, artifact.meta.key)] = "validated"
+        report.validated += 1
+    return origins
 
 
 # ----------------------------------------------------------------------------------------

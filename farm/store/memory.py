@@ -10,6 +10,7 @@ one environment.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 from collections import OrderedDict
@@ -20,10 +21,12 @@ from farm.core.model import Artifact, Key, Lowered
 from farm.store.base import (
     ArtifactStore,
     PutResult,
+    Quarantined,
     checked,
     decide_put,
     index_hash,
     log_refused,
+    quarantine_reason,
 )
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,7 @@ class MemoryStore(ArtifactStore):
         #: (ns, key) -> the source hash it is indexed under, to drop the entry with it
         self._indexed: dict[tuple[Namespace, Key], str] = {}
         self._bytes = 0
+        self._quarantine: list[tuple[Namespace, Quarantined]] = []
 
     @property
     def location(self) -> str:
@@ -105,6 +109,22 @@ class MemoryStore(ArtifactStore):
         with self._lock:
             self._drop(ns, key)
 
+    def quarantine(self, ns: Namespace, key: Key, digest: str, reason: str) -> bool:
+        with self._lock:
+            found = self._items.get((ns, key))
+            if found is None or found.meta.digest != digest:
+                return False
+            self._drop(ns, key)
+            self._quarantine.append((ns, Quarantined(
+                key=key, artifact=found, reason=quarantine_reason(reason),
+                at=dt.datetime.now(dt.UTC))))
+        log.warning("store %s: %s/%s quarantined: %s", self.location, ns, key, reason)
+        return True
+
+    def quarantined(self, ns: Namespace) -> list[Quarantined]:
+        with self._lock:
+            return [q for n, q in self._quarantine if n == ns]
+
     def _drop(self, ns: Namespace, key: Key) -> None:
         """Remove one entry and the index entry that points at it (lock held)."""
         old = self._items.pop((ns, key), None)
@@ -128,4 +148,5 @@ class MemoryStore(ArtifactStore):
             self._items.clear()
             self._sources.clear()
             self._indexed.clear()
+            self._quarantine.clear()
             self._bytes = 0

@@ -1,13 +1,7 @@
 """The cluster artifact store: one MinIO (S3) bucket, objects laid out by :mod:`farm.core.keys`.
 
-Object format (``kernel-farm-artifact`` version 1)::
-
-    b"KFARTIF1"                magic: format and version, 8 bytes
-    uint32, big endian         length N of the metadata JSON
-    N bytes                    ArtifactMeta as JSON (key, digest, size, build log, ...)
-    the rest                   the binary
-
-Why a frame inside the object: S3 user metadata is limited to about 2 KiB, and a build
+Objects are frames (:mod:`farm.store.frames`): magic, length-prefixed metadata JSON, the
+binary. Why a frame inside the object: S3 user metadata is limited to about 2 KiB, and a build
 log alone can be longer, so the full metadata travels with the binary and one GET reads
 both. The short fields (digest, size, build id, source hash, family, host, worker, work
 time) are *also* written as user metadata (``x-amz-meta-farm-*``) so that ``mc stat`` and
@@ -47,21 +41,20 @@ points at a key not (yet) stored is harmless: readers verify what they find.
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import logging
 import os
-import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import certifi
 import urllib3
 from minio import Minio
 from minio.error import InvalidResponseError, S3Error, ServerError
-from pydantic import ValidationError
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -78,41 +71,39 @@ from farm.core.keys import (
     artifacts_prefix,
     key_from_artifact_object,
     namespace_from_prefix,
+    quarantine_object,
+    quarantine_prefix,
     source_object,
 )
-from farm.core.model import Artifact, ArtifactMeta, Key, Lowered
+from farm.core.model import Artifact, Key, Lowered
 from farm.core.outage import OutageError, Waiter
 from farm.core.settings import Settings
 from farm.store.base import (
     ArtifactStore,
     PutResult,
+    Quarantined,
     checked,
     decide_put,
     index_hash,
     log_refused,
+    quarantine_reason,
+)
+from farm.store.frames import (
+    M_DIGEST,
+    M_SOURCE,
+    MAGIC,  # noqa: F401 - re-exported: readers and tests take frames apart by it
+    META_PREFIX,
+    decode_artifact,
+    decode_quarantined,
+    encode_artifact,
+    encode_quarantined,
+    header_text,
+    user_metadata,
 )
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-MAGIC = b"KFARTIF1"
-_LEN = struct.Struct(">I")
-_HEADER = len(MAGIC) + _LEN.size
-
-#: user-metadata field names (sent as ``x-amz-meta-<name>``)
-_META_PREFIX = "x-amz-meta-"
-_M_DIGEST = "farm-digest"
-_M_SIZE = "farm-size"
-_M_BUILD = "farm-build-id"
-_M_SOURCE = "farm-source-hash"
-_M_FAMILY = "farm-family"
-_M_HOST = "farm-host"
-_M_WORKER = "farm-worker"
-_M_WORK = "farm-work-s"
-_M_FORMAT = "farm-format"
-#: longest free-text header value; keeps the headers far below S3's 2 KiB total
-_MAX_HEADER_TEXT = 160
 
 #: S3 error codes that mean "try again", whatever the HTTP status
 _TRANSIENT_CODES = frozenset({
@@ -123,50 +114,6 @@ _TRANSIENT_CODES = frozenset({
 _BUCKET_TAKEN = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 #: rounds of (conditional write, read what is there) before a put gives up
 _MAX_PUT_ROUNDS = 8
-
-
-# -- object format ---------------------------------------------------------------------------
-def encode_artifact(artifact: Artifact) -> bytes:
-    """The object body: magic, length-prefixed metadata JSON, binary."""
-    meta = artifact.meta.model_dump_json().encode("utf-8")
-    return MAGIC + _LEN.pack(len(meta)) + meta + artifact.binary
-
-
-def decode_artifact(data: bytes) -> Artifact | None:
-    """Inverse of :func:`encode_artifact`; ``None`` for anything that is not a whole,
-    well-formed frame (verification of the digest is the caller's)."""
-    if len(data) < _HEADER or not data.startswith(MAGIC):
-        return None
-    (length,) = _LEN.unpack_from(data, len(MAGIC))
-    end = _HEADER + length
-    if end > len(data):
-        return None
-    try:
-        meta = ArtifactMeta.model_validate_json(data[_HEADER:end])
-    except ValidationError:
-        return None
-    return Artifact(meta=meta, binary=data[end:])
-
-
-def _header_text(value: str) -> str:
-    """S3 header values must be printable US-ASCII: percent-encode the rest, cut it short."""
-    return quote(value, safe=" !#$&'()*+,-./:;<=>?@[]^_`{|}~")[:_MAX_HEADER_TEXT]
-
-
-def _user_metadata(artifact: Artifact) -> dict[str, str]:
-    meta = artifact.meta
-    fields = {
-        _M_FORMAT: MAGIC.decode("ascii"),
-        _M_DIGEST: meta.digest,
-        _M_SIZE: str(meta.size),
-        _M_BUILD: meta.key.build_id,
-        _M_SOURCE: _header_text(meta.source_hash),
-        _M_FAMILY: _header_text(meta.family),
-        _M_HOST: _header_text(meta.host),
-        _M_WORKER: _header_text(meta.worker),
-        _M_WORK: f"{meta.work_s:.6f}",
-    }
-    return {_META_PREFIX + k: v for k, v in fields.items()}
 
 
 # -- transient failures ----------------------------------------------------------------------
@@ -375,7 +322,7 @@ class MinioStore(ArtifactStore):
         artifact = decode_artifact(obj.data)
         if artifact is None or not artifact.verify() or artifact.meta.key != key:
             return None
-        header_digest = obj.headers.get(_META_PREFIX + _M_DIGEST)
+        header_digest = obj.headers.get(META_PREFIX + M_DIGEST)
         if header_digest is not None and header_digest != artifact.meta.digest:
             return None
         return artifact
@@ -443,7 +390,7 @@ class MinioStore(ArtifactStore):
         source_hash = index_hash(artifact, source)
         name = artifact_object(ns, key)
         body = encode_artifact(artifact)
-        headers = _user_metadata(artifact)
+        headers = user_metadata(artifact)
         condition = {"If-None-Match": "*"}
         self._index(ns, key, source_hash)  # first: see the module docstring
         for _ in range(_MAX_PUT_ROUNDS):
@@ -494,7 +441,7 @@ class MinioStore(ArtifactStore):
         if stat is None:
             return None
         metadata = {k.lower(): v for k, v in (stat.metadata or {}).items()}
-        value = metadata.get(_META_PREFIX + _M_SOURCE)
+        value = metadata.get(META_PREFIX + M_SOURCE)
         if isinstance(value, str) and value:
             return value
         obj = self._fetch(name)
@@ -509,6 +456,43 @@ class MinioStore(ArtifactStore):
             self._call(f"delete {index}",
                        lambda: self._client.remove_object(self.bucket, index))
         self._call(f"delete {name}", lambda: self._client.remove_object(self.bucket, name))
+
+    def quarantine(self, ns: Namespace, key: Key, digest: str, reason: str) -> bool:
+        """Copy the object aside (``<ns>/quarantine/...``, with why and when), then
+        delete it if it is still the object read (same etag): S3 has no conditional
+        delete, so a repair written in between is at worst deleted too, which costs a
+        compile, never a wrong binary."""
+        name = artifact_object(ns, key)
+        obj = self._fetch(name)
+        artifact = decode_artifact(obj.data) if obj is not None else None
+        if obj is None or artifact is None or artifact.meta.digest != digest:
+            return False
+        body = encode_quarantined(artifact, quarantine_reason(reason), dt.datetime.now(dt.UTC))
+        evidence = quarantine_object(ns, key, digest)
+
+        def keep() -> None:
+            self._client.put_object(self.bucket, evidence, io.BytesIO(body), len(body),
+                                    content_type="application/octet-stream",
+                                    metadata={"farm-reason": header_text(reason)})
+        self._call(f"write {evidence}", keep)
+        now = self._fetch(name)
+        if now is None or now.etag != obj.etag:
+            return False
+        self.delete(ns, key)
+        log.warning("store %s: %s/%s quarantined: %s", self.location, ns, key, reason)
+        return True
+
+    def quarantined(self, ns: Namespace) -> list[Quarantined]:
+        found = []
+        for name in self._list(quarantine_prefix(ns), recursive=True):
+            obj = self._fetch(name)
+            entry = decode_quarantined(obj.data) if obj is not None else None
+            if entry is None:
+                log.warning("store %s: quarantine object %s does not read; skipped",
+                            self.location, name)
+                continue
+            found.append(entry)
+        return sorted(found, key=lambda q: q.at)
 
     def close(self) -> None:
         if not self._closed.is_set():

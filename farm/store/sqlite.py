@@ -7,6 +7,10 @@ Layout (format ``kernel-farm-store`` version 1)::
               digest, size, meta JSON, binary)
     sources(namespace, source_hash,             PRIMARY KEY (namespace, source_hash)
             id_hash, build_id)
+    quarantine(namespace, id_hash, build_id,    artifacts proven bad on their own device:
+               digest, reason, at, meta,        PRIMARY KEY (namespace, id_hash, build_id,
+               binary)                          digest); made when first needed, so
+                                                files of earlier farms read as they were
 
 The namespace is a column, never part of a path. Opening a file that is not a
 kernel-farm store (or of another format version) raises :class:`ForeignStoreError`
@@ -19,6 +23,7 @@ artifact) or skipped with a warning (a listing).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import sqlite3
@@ -36,11 +41,13 @@ from farm.core.sqlite_wal import enable_wal
 from farm.store.base import (
     ArtifactStore,
     PutResult,
+    Quarantined,
     checked,
     decide_put,
     index_hash,
     iter_chunks,
     log_refused,
+    quarantine_reason,
 )
 
 log = logging.getLogger(__name__)
@@ -58,6 +65,13 @@ CREATE TABLE IF NOT EXISTS sources (
     namespace TEXT NOT NULL, source_hash TEXT NOT NULL,
     id_hash TEXT NOT NULL, build_id TEXT NOT NULL,
     PRIMARY KEY (namespace, source_hash));
+"""
+
+_QUARANTINE = """
+CREATE TABLE IF NOT EXISTS quarantine (
+    namespace TEXT NOT NULL, id_hash TEXT NOT NULL, build_id TEXT NOT NULL,
+    digest TEXT NOT NULL, reason TEXT NOT NULL, at TEXT NOT NULL, meta TEXT NOT NULL,
+    binary BLOB NOT NULL, PRIMARY KEY (namespace, id_hash, build_id, digest));
 """
 
 
@@ -270,6 +284,56 @@ class SQLiteStore(ArtifactStore):
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
+
+    def quarantine(self, ns: Namespace, key: Key, digest: str, reason: str) -> bool:
+        with self._lock, self._guard("quarantining an artifact"):
+            self._conn.execute(_QUARANTINE)
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._conn.execute(
+                    "SELECT meta, binary FROM artifacts WHERE namespace=? AND id_hash=? "
+                    "AND build_id=? AND digest=?",
+                    (str(ns), key.id_hash, key.build_id, digest)).fetchone()
+                if row is not None:
+                    self._conn.execute(
+                        "INSERT OR REPLACE INTO quarantine VALUES (?,?,?,?,?,?,?,?)",
+                        (str(ns), key.id_hash, key.build_id, digest,
+                         quarantine_reason(reason), dt.datetime.now(dt.UTC).isoformat(),
+                         row[0], row[1]))
+                    self._conn.execute(
+                        "DELETE FROM artifacts WHERE namespace=? AND id_hash=? AND "
+                        "build_id=?", (str(ns), key.id_hash, key.build_id))
+                    self._conn.execute(
+                        "DELETE FROM sources WHERE namespace=? AND id_hash=? AND "
+                        "build_id=?", (str(ns), key.id_hash, key.build_id))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        if row is not None:
+            log.warning("store %s: %s/%s quarantined: %s", self.path, ns, key, reason)
+        return row is not None
+
+    def quarantined(self, ns: Namespace) -> list[Quarantined]:
+        with self._lock, self._guard("reading the quarantine"):
+            if self._conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
+                                  "name='quarantine'").fetchone() is None:
+                return []
+            rows = self._conn.execute(
+                "SELECT reason, at, meta, binary FROM quarantine WHERE namespace=? "
+                "ORDER BY at", (str(ns),)).fetchall()
+        found = []
+        for reason, at, meta, binary in rows:
+            try:
+                artifact = Artifact(meta=ArtifactMeta.model_validate_json(meta),
+                                    binary=bytes(binary))
+                found.append(Quarantined(key=artifact.meta.key, artifact=artifact,
+                                         reason=str(reason),
+                                         at=dt.datetime.fromisoformat(str(at))))
+            except (ValidationError, TypeError, ValueError):
+                log.warning("store %s: a quarantine row does not read; skipped", self.path)
+        return found
 
     def close(self) -> None:
         with self._lock:

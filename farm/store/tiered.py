@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from farm.core.errors import FarmError
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, Key, Lowered
-from farm.store.base import ArtifactStore, PutResult, StoreStats
+from farm.store.base import ArtifactStore, PutResult, Quarantined, StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,23 @@ class TieredStore(ArtifactStore):
     def delete(self, ns: Namespace, key: Key) -> None:
         for tier in reversed(self.tiers):
             tier.delete(ns, key)
+
+    def quarantine(self, ns: Namespace, key: Key, digest: str, reason: str) -> bool:
+        """Move the bad copy aside in every tier that holds it, the shared one first (so
+        a front tier is not refilled from it). A tier that cannot (read-only
+        credentials on the shared one) is logged; the others still move theirs."""
+        moved = False
+        for tier in reversed(self.tiers):
+            try:
+                moved = tier.quarantine(ns, key, digest, reason) or moved
+            except _FILL_FAILURES as exc:
+                log.warning("store %s: could not quarantine %s/%s (%s)", tier.location,
+                            ns, key, exc)
+        return moved
+
+    def quarantined(self, ns: Namespace) -> list[Quarantined]:
+        return sorted((q for tier in self.tiers for q in tier.quarantined(ns)),
+                      key=lambda q: q.at)
 
     def close(self) -> None:
         for tier in self.tiers:
