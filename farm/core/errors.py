@@ -99,6 +99,12 @@ class StoreError(FarmError):
     """The artifact store cannot be used."""
 
 
+class StoreAccessDenied(StoreError):
+    """The store's credentials may not do this (``AccessDenied``): read-only ones
+    writing, or a pool's writing another fingerprint's namespace. Not retried; a
+    read-only client keeps what it compiled in its local tier instead."""
+
+
 class ForeignStoreError(StoreError):
     """A file is not a kernel-farm store, or a store of another format version."""
 

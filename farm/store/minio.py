@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 import certifi
 import urllib3
 from minio import Minio
-from minio.error import InvalidResponseError, S3Error, ServerError
+from minio.error import S3Error
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -100,47 +100,15 @@ from farm.store.frames import (
     header_text,
     user_metadata,
 )
+from farm.store.s3_failures import FAILURES, describe, is_transient, store_error
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: S3 error codes that mean "try again", whatever the HTTP status
-_TRANSIENT_CODES = frozenset({
-    "SlowDown", "SlowDownRead", "SlowDownWrite", "InternalError", "ServiceUnavailable",
-    "RequestTimeout", "OperationTimedOut", "XMinioServerNotInitialized",
-    "XMinioReadQuorum", "XMinioWriteQuorum",
-})
 _BUCKET_TAKEN = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 #: rounds of (conditional write, read what is there) before a put gives up
 _MAX_PUT_ROUNDS = 8
-
-
-# -- transient failures ----------------------------------------------------------------------
-def is_transient(exc: BaseException) -> bool:
-    """Whether a failed request is worth repeating: the network, 5xx, or throttling.
-
-    A 4xx (access denied, a missing bucket, a failed precondition) will fail the same way
-    again, so it is not retried.
-    """
-    if isinstance(exc, S3Error):
-        status = getattr(exc.response, "status", 0) or 0
-        return exc.code in _TRANSIENT_CODES or status >= 500
-    if isinstance(exc, ServerError):
-        return exc.status_code >= 500
-    if isinstance(exc, InvalidResponseError):  # a non-XML answer, e.g. a proxy's 502 page
-        return int(getattr(exc, "_code", 0) or 0) >= 500
-    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
-
-
-def _describe(exc: BaseException) -> str:
-    """One line about a failure, without request signatures or credentials."""
-    if isinstance(exc, S3Error):
-        return f"{exc.code}: {exc.message}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-_FAILURES = (S3Error, ServerError, InvalidResponseError, urllib3.exceptions.HTTPError, OSError)
 
 
 @dataclass(frozen=True)
@@ -236,19 +204,20 @@ class MinioStore(ArtifactStore):
     def _log_retry(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         log.warning("store %s: transient failure (%s); attempt %d of %d",
-                    self.location, _describe(exc) if exc else "?", state.attempt_number,
+                    self.location, describe(exc) if exc else "?", state.attempt_number,
                     self._attempts)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """Run one request with retries on transient failures; a failure that is not
-        transient, or outlasts the retries, becomes a :class:`StoreError`."""
+        transient, or outlasts the retries, becomes a :class:`StoreError`
+        (:class:`StoreAccessDenied` when the credentials may not do it)."""
         if self._waiter is not None:
             try:
                 return self._waiter.call(fn)
             except OutageError as exc:
                 raise StoreError(f"store {self.location}: {what}: {exc}") from None
-            except _FAILURES as exc:
-                raise StoreError(f"store {self.location}: {what}: {_describe(exc)}") from exc
+            except FAILURES as exc:
+                raise self._error(what, exc) from exc
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(self._attempts),
@@ -258,8 +227,11 @@ class MinioStore(ArtifactStore):
         )
         try:
             return retrying(fn)
-        except _FAILURES as exc:
-            raise StoreError(f"store {self.location}: {what}: {_describe(exc)}") from exc
+        except FAILURES as exc:
+            raise self._error(what, exc) from exc
+
+    def _error(self, what: str, exc: BaseException) -> StoreError:
+        return store_error(f"store {self.location}: {what}", exc)
 
     def _ensure_bucket(self) -> None:
         def ensure() -> None:

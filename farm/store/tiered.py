@@ -20,6 +20,12 @@ it that make a warm load local. The rules:
   refused write and every corrupt copy wherever it happened. Each tier's own counters are
   at ``store.tiers[i].stats``.
 
+**Read-only credentials** (a loader or build client given a reader's MinIO user, see
+:mod:`farm.cluster.access`): a put or delete the shared tier refuses with
+``AccessDenied`` goes to the front tiers only. What this process compiles stays in its
+local tier, and it says so once (one warning per store, not one per kernel); reads are
+unaffected.
+
 Filling a front tier is a cache fill: when it fails (local disk full, a locked file)
 the failure is logged and the read or write of the shared tier still stands. A shared
 tier that cannot be reached raises :class:`~farm.core.errors.StoreError` from the calls that
@@ -32,7 +38,7 @@ import logging
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 
-from farm.core.errors import FarmError
+from farm.core.errors import FarmError, StoreAccessDenied
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, Key, Lowered
 from farm.store.base import ArtifactStore, PutResult, Quarantined, StoreStats
@@ -51,6 +57,8 @@ class TieredStore(ArtifactStore):
             raise ValueError("a tiered store needs at least one tier")
         self.tiers: list[ArtifactStore] = list(tiers)
         super().__init__()
+        #: the shared tier refused a write for lack of permission (said once)
+        self.read_only = False
 
     @property
     def stats(self) -> StoreStats:
@@ -116,7 +124,16 @@ class TieredStore(ArtifactStore):
     # -- writes ----------------------------------------------------------------------------
     def put(self, ns: Namespace, artifact: Artifact, *,
             source: Lowered | None = None) -> PutResult:
-        result = self.shared.put(ns, artifact, source=source)
+        try:
+            result = self.shared.put(ns, artifact, source=source)
+        except StoreAccessDenied as exc:
+            if len(self.tiers) == 1:
+                raise
+            self._read_only(exc)
+            result = PutResult.STORED
+            for front in self.tiers[:-1]:
+                result = front.put(ns, artifact, source=source)
+            return result
         value: Artifact | None = artifact
         if result is PutResult.REFUSED:
             value = self.shared.get(ns, artifact.meta.key)
@@ -131,7 +148,20 @@ class TieredStore(ArtifactStore):
 
     def delete(self, ns: Namespace, key: Key) -> None:
         for tier in reversed(self.tiers):
-            tier.delete(ns, key)
+            try:
+                tier.delete(ns, key)
+            except StoreAccessDenied as exc:
+                if tier is not self.shared or len(self.tiers) == 1:
+                    raise
+                self._read_only(exc)
+
+    def _read_only(self, exc: StoreAccessDenied) -> None:
+        """Say once that the shared tier takes no writes from these credentials."""
+        if not self.read_only:
+            self.read_only = True
+            log.warning("store %s: these credentials are read-only (AccessDenied on a "
+                        "write); what this process compiles stays in %s",
+                        self.shared.location, " and ".join(t.location for t in self.tiers[:-1]))
 
     def quarantine(self, ns: Namespace, key: Key, digest: str, reason: str) -> bool:
         """Move the bad copy aside in every tier that holds it, the shared one first (so

@@ -1,0 +1,198 @@
+"""Least privilege in the bucket: who may read and who may write what (MinIO policies).
+
+Three kinds of credentials, none of them the MinIO root user:
+
+* **a pool's** (``kernel-farm-pool-<fingerprint>``): read the whole bucket, write and
+  delete only under its own namespace ``opencl/v1/<fingerprint>/`` (artifacts, source
+  index, quarantine). A compromised or buggy worker of one device cannot overwrite, or
+  delete, another device's binaries. A pool that names no fingerprint (a trial CPU
+  pool) gets ``kernel-farm-pool-any``: every namespace, still no bucket administration.
+* **a reader's** (``kernel-farm-read``): list and read the bucket. Loaders and build
+  clients work with it: what they compile on a miss stays in their local tier (one line
+  says so, see :mod:`farm.store.tiered`).
+* **the administrator's** (root, or a user with ``kernel-farm-admin``): makes the
+  bucket, the users and the policies (this module), imports bundles, collects garbage.
+
+Applied by the chart's set-up Job for the bundled MinIO (``python -m
+farm.cluster.access``, reading what to apply from the environment, see :func:`main`),
+and by an operator once for an external MinIO (docs/DEPLOY.md); the policy documents
+are printed with ``--print`` for those who prefer ``mc admin policy create``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from farm.core.keys import Namespace, namespace_prefix
+
+READ_POLICY = "kernel-farm-read"
+ANY_POOL = "any"
+
+PolicyDocument = dict[str, Any]
+
+
+def pool_policy_name(fingerprint: str | None) -> str:
+    """The policy of a pool: one per fingerprint (``any`` for a pool that names none)."""
+    return f"kernel-farm-pool-{fingerprint or ANY_POOL}"
+
+
+def _bucket_arn(bucket: str) -> str:
+    return f"arn:aws:s3:::{bucket}"
+
+
+def _read_statements(bucket: str) -> list[PolicyDocument]:
+    return [
+        {"Effect": "Allow", "Action": ["s3:GetBucketLocation", "s3:ListBucket"],
+         "Resource": [_bucket_arn(bucket)]},
+        {"Effect": "Allow", "Action": ["s3:GetObject"],
+         "Resource": [f"{_bucket_arn(bucket)}/*"]},
+    ]
+
+
+def read_policy(bucket: str) -> PolicyDocument:
+    """List and read the bucket; write nothing."""
+    return {"Version": "2012-10-17", "Statement": _read_statements(bucket)}
+
+
+def pool_policy(bucket: str, fingerprint: str | None) -> PolicyDocument:
+    """Read the bucket; write and delete only under the namespace of ``fingerprint``
+    (every namespace when ``None``)."""
+    if fingerprint:
+        where = f"{_bucket_arn(bucket)}/{namespace_prefix(Namespace.for_fingerprint(fingerprint))}*"
+    else:
+        where = f"{_bucket_arn(bucket)}/{namespace_prefix(None)}*"
+    return {"Version": "2012-10-17", "Statement": [
+        *_read_statements(bucket),
+        {"Effect": "Allow", "Action": ["s3:PutObject", "s3:DeleteObject"],
+         "Resource": [where]},
+    ]}
+
+
+class Grant(BaseModel):
+    """One user to create (or update) and the policy it gets."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    access_key: str = Field(min_length=3, max_length=128)
+    secret_key: SecretStr = Field(min_length=8, max_length=128)
+    #: the pool's fingerprint; ``None`` with ``reader``: the read-only user
+    fingerprint: str | None = Field(default=None, max_length=100)
+    reader: bool = False
+
+
+def policies_for(bucket: str, grants: Iterable[Grant]) -> dict[str, PolicyDocument]:
+    """Every policy ``grants`` need, by name."""
+    found: dict[str, PolicyDocument] = {}
+    for grant in grants:
+        if grant.reader:
+            found[READ_POLICY] = read_policy(bucket)
+        else:
+            found[pool_policy_name(grant.fingerprint)] = pool_policy(bucket, grant.fingerprint)
+    return found
+
+
+def apply(admin: Any, client: Any, bucket: str, grants: list[Grant]) -> list[str]:
+    """Make the bucket, the policies and the users (idempotent: run again, the same
+    state). ``admin`` is a ``minio.MinioAdmin``, ``client`` a ``minio.Minio``, both with
+    administrator credentials. Returns one line per thing done, for the Job's log
+    (never a secret)."""
+    import tempfile
+
+    done = []
+    if not client.bucket_exists(bucket):
+        client.make_bucket(bucket)
+        done.append(f"bucket {bucket} made")
+    for name, document in policies_for(bucket, grants).items():
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:
+            json.dump(document, fh)
+            fh.flush()
+            admin.policy_add(name, fh.name)
+        done.append(f"policy {name} set")
+    for grant in grants:
+        policy = READ_POLICY if grant.reader else pool_policy_name(grant.fingerprint)
+        admin.user_add(grant.access_key, grant.secret_key.get_secret_value())
+        _attach(admin, policy, grant.access_key)
+        done.append(f"user {grant.access_key}: {policy}")
+    return done
+
+
+def _attach(admin: Any, policy: str, user: str) -> None:
+    """Attach ``policy`` to ``user``; attaching one already attached is not an error."""
+    from minio.error import MinioAdminException
+
+    try:
+        admin.attach_policy([policy], user=user)
+    except MinioAdminException as exc:
+        if "already" not in str(exc).lower():
+            raise
+
+
+class _Setup(BaseModel):
+    """What ``python -m farm.cluster.access`` applies (``FARM_ACCESS_GRANTS``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grants: list[Grant]
+
+
+def grants_from_env(environ: dict[str, str]) -> list[Grant]:
+    """``FARM_ACCESS_GRANTS``: a JSON list of {fingerprint | reader, access_key_env,
+    secret_key_env}, naming the environment variables (filled from the Secret) that hold
+    each user's credentials, so that no secret is ever in a value or an argument."""
+    raw = json.loads(environ.get("FARM_ACCESS_GRANTS", "[]"))
+    grants = []
+    for entry in raw:
+        grants.append({"access_key": environ.get(entry["access_key_env"], ""),
+                       "secret_key": environ.get(entry["secret_key_env"], ""),
+                       "fingerprint": entry.get("fingerprint") or None,
+                       "reader": bool(entry.get("reader", False))})
+    return _Setup.model_validate({"grants": grants}).grants
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The set-up Job: apply ``FARM_ACCESS_GRANTS`` with the administrator credentials
+    in ``FARM_MINIO_*``; ``--print BUCKET [FINGERPRINT...]`` prints the policies."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--print"] and len(args) >= 2:
+        grants = [Grant(access_key="reader", secret_key=SecretStr("x" * 8), reader=True)]
+        grants += [Grant(access_key=f"pool-{fp}", secret_key=SecretStr("x" * 8),
+                         fingerprint=fp) for fp in args[2:]]
+        print(json.dumps(policies_for(args[1], grants), indent=2))
+        return 0
+    from minio import Minio
+    from minio.credentials import StaticProvider
+    from minio.minioadmin import MinioAdmin
+
+    from farm.core.errors import FarmError
+    from farm.core.settings import load_settings
+    from farm.store.minio import MinioStore
+
+    try:
+        settings = load_settings()
+        grants = grants_from_env(dict(os.environ))
+        store = MinioStore.from_settings(settings)  # validates endpoint, makes the bucket
+    except (FarmError, ValidationError, ValueError, KeyError) as exc:
+        print(f"access: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    access = settings.minio_access_key
+    secret = settings.minio_secret_key
+    assert access is not None and secret is not None  # from_settings checked them
+    admin = MinioAdmin(endpoint=store.endpoint, secure=store.secure,
+                       credentials=StaticProvider(access.get_secret_value(),
+                                                  secret.get_secret_value()))
+    client = Minio(store.endpoint, access_key=access.get_secret_value(),
+                   secret_key=secret.get_secret_value(), secure=store.secure)
+    for line in apply(admin, client, settings.minio_bucket, grants):
+        print(f"access: {line}")
+    store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

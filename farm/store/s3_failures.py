@@ -1,0 +1,56 @@
+"""Which failures of an S3 request are worth repeating, and how one is told.
+
+Kept beside the MinIO store rather than in it so that the rule is one place: tenacity
+retries what :func:`is_transient` accepts, everything else becomes one
+:class:`~farm.core.errors.StoreError` line that names what failed, an ``AccessDenied``
+a :class:`~farm.core.errors.StoreAccessDenied` (read-only credentials, a pool writing
+another's namespace), never with request signatures or credentials.
+"""
+
+from __future__ import annotations
+
+import urllib3
+from minio.error import InvalidResponseError, S3Error, ServerError
+
+from farm.core.errors import StoreAccessDenied, StoreError
+
+#: S3 error codes that mean "try again", whatever the HTTP status
+_TRANSIENT_CODES = frozenset({
+    "SlowDown", "SlowDownRead", "SlowDownWrite", "InternalError", "ServiceUnavailable",
+    "RequestTimeout", "OperationTimedOut", "XMinioServerNotInitialized",
+    "XMinioReadQuorum", "XMinioWriteQuorum",
+})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed request is worth repeating: the network, 5xx, or throttling.
+
+    A 4xx (access denied, a missing bucket, a failed precondition) will fail the same way
+    again, so it is not retried.
+    """
+    if isinstance(exc, S3Error):
+        status = getattr(exc.response, "status", 0) or 0
+        return exc.code in _TRANSIENT_CODES or status >= 500
+    if isinstance(exc, ServerError):
+        return exc.status_code >= 500
+    if isinstance(exc, InvalidResponseError):  # a non-XML answer, e.g. a proxy's 502 page
+        return int(getattr(exc, "_code", 0) or 0) >= 500
+    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+def describe(exc: BaseException) -> str:
+    """One line about a failure, without request signatures or credentials."""
+    if isinstance(exc, S3Error):
+        return f"{exc.code}: {exc.message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+FAILURES = (S3Error, ServerError, InvalidResponseError, urllib3.exceptions.HTTPError, OSError)
+
+
+def store_error(where: str, exc: BaseException) -> StoreError:
+    """One line for a failed request: ``<where>: <what failed>``."""
+    message = f"{where}: {describe(exc)}"
+    if isinstance(exc, S3Error) and exc.code == "AccessDenied":
+        return StoreAccessDenied(message)
+    return StoreError(message)
