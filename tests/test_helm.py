@@ -71,9 +71,19 @@ EXTERNAL_VALUES: dict[str, Any] = {
     "secrets": {"existingSecret": EXISTING_SECRET},
 }
 
+# Signing keys and a private CA from Secrets (issue 19 item 6).
+SIGNING_SECRET = "farm-signing"
+CA_SECRET = "farm-private-ca"
+SIGNED_VALUES: dict[str, Any] = {
+    "secrets": {"existingSecret": EXISTING_SECRET},
+    "signing": {"existingSecret": SIGNING_SECRET},
+    "caBundle": {"existingSecret": CA_SECRET},
+}
+
 SCENARIOS: dict[str, dict[str, Any] | Path | None] = {
     "default": {"secrets": GIVEN_SECRETS},
     "external": EXTERNAL_VALUES,
+    "signed-private-ca": SIGNED_VALUES,
     **{f"example-{path.stem}": path for path in EXAMPLES},
 }
 EXAMPLE_SCENARIO = "example-gpu-and-cpu"
@@ -82,7 +92,7 @@ EXAMPLE_SCENARIO = "example-gpu-and-cpu"
 CREDENTIAL_ENV = {
     "FARM_REDIS_URL", "FARM_MINIO_ACCESS_KEY", "FARM_MINIO_SECRET_KEY", "FARM_RECORDS_URL",
     "REDIS_PASSWORD", "REDISCLI_AUTH", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD",
-    "POSTGRES_PASSWORD",
+    "POSTGRES_PASSWORD", "FARM_SIGNING_KEY",
 }
 
 HEALTH_DIR = "/tmp/farm-health"  # FARM_HEALTH_DIR in the ConfigMap; the probes read it
@@ -191,14 +201,17 @@ def workers(docs: list[dict]) -> list[dict]:
             if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"]
 
 
-def pod_specs(docs: list[dict]) -> Iterator[tuple[str, dict]]:
+def pod_specs(docs: list[dict], *, every: bool = False) -> Iterator[tuple[str, dict]]:
+    """Pod specs of the Deployments and StatefulSets (``every``: Jobs and Pods too)."""
     for doc in docs:
-        if doc["kind"] in ("Deployment", "StatefulSet"):
+        if doc["kind"] in ("Deployment", "StatefulSet") or (every and doc["kind"] == "Job"):
             yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+        elif every and doc["kind"] == "Pod":
+            yield doc["metadata"]["name"], doc["spec"]
 
 
-def containers(docs: list[dict]) -> Iterator[tuple[str, dict]]:
-    for name, spec in pod_specs(docs):
+def containers(docs: list[dict], *, every: bool = False) -> Iterator[tuple[str, dict]]:
+    for name, spec in pod_specs(docs, every=every):
         for c in [*spec.get("initContainers", []), *spec["containers"]]:
             yield f"{name}/{c['name']}", c
 
@@ -333,15 +346,17 @@ def test_grace_period_exceeds_the_hard_time_limit(scenario: str,
 def test_credentials_come_only_from_secrets(scenario: str,
                                             rendered: dict[str, list[dict]]) -> None:
     docs = rendered[scenario]
-    secret_name = chart_values(scenario)["secrets"]["existingSecret"] or FULLNAME
-    for where, container in containers(docs):
+    values = chart_values(scenario)
+    secret_name = values["secrets"]["existingSecret"] or FULLNAME
+    allowed = {secret_name, values["signing"]["existingSecret"]}
+    for where, container in containers(docs, every=True):
         assert not any(re.search(r"pass|secret|key|url", a, re.I)
                        for a in container.get("args", []) if a.startswith("--")), where
         for env in container.get("env", []):
-            if env["name"] in CREDENTIAL_ENV:
+            if env["name"] in CREDENTIAL_ENV or "valueFrom" in env:
                 assert "value" not in env, f"{where}: {env['name']} is a plain value"
                 ref = env["valueFrom"]["secretKeyRef"]
-                assert ref["name"] == secret_name, where
+                assert ref["name"] in allowed, where
     for config in of_kind(docs, "ConfigMap"):
         for key in config["data"]:
             assert not re.search(r"PASSWORD|SECRET|ACCESS_KEY|_URL$", key), key
@@ -436,7 +451,9 @@ def test_settings_read_the_rendered_environment(scenario: str,
     assert settings.redis_url == secrets["redis-url"]
     assert settings.minio_endpoint == f"{FULLNAME}-minio:9000"
     assert settings.minio_secret_key is not None
-    assert settings.minio_secret_key.get_secret_value() == secrets["minio-secret-key"]
+    # the pool's own MinIO user, not the root (issue 19 item 5)
+    assert settings.minio_secret_key.get_secret_value() == secrets["minio-pool-cpu-secret-key"]
+    assert settings.minio_secret_key.get_secret_value() != secrets["minio-secret-key"]
     assert settings.records_url == secrets["records-url"]
     assert settings.compile_hard_time_limit == farm["compileHardTimeLimit"]
     assert settings.visibility_timeout == farm["visibilityTimeout"]
@@ -469,6 +486,7 @@ def test_external_services_leave_no_bundled_ones(rendered: dict[str, list[dict]]
     assert not of_kind(docs, "Secret"), "existingSecret given: the chart makes no Secret"
     services = [d["metadata"]["name"] for d in of_kind(docs, "Service")]
     assert sorted(services) == [f"{FULLNAME}-ingester-metrics", f"{FULLNAME}-worker-metrics"]
+    assert not of_kind(docs, "Job"), "an external MinIO's users are the operator's to make"
     assert not [c for _, c in containers(docs)
                 if any(x in c["image"] for x in ("redis", "minio", "postgres"))]
     config = named(docs, "ConfigMap", FULLNAME)["data"]
@@ -485,14 +503,32 @@ def test_external_services_with_a_chart_secret(helm_bin: str, tmp_path: Path) ->
     values = json.loads(json.dumps(EXTERNAL_VALUES))
     values["secrets"] = {"redisUrl": "rediss://:pw-Zq81@redis.example.com:6380/0",
                          "recordsUrl": "postgresql+psycopg://farm:pw-Yx72@pg.example.com/farm",
-                         "minioAccessKey": "farm-user", "minioSecretKey": "sk-Wv63Ut54"}
+                         "minioPools": {"cpu": {"accessKey": "farm-pool-cpu",
+                                                "secretKey": "sk-Pp41Qq52"}},
+                         "minioReader": {"accessKey": "farm-reader",
+                                         "secretKey": "sk-Rr63Ss74"}}
     result = template(values, tmp_path)
     assert result.returncode == 0, result.stderr
     docs = parse(result.stdout)
     assert secret_values(docs) == {"redis-url": values["secrets"]["redisUrl"],
                                    "records-url": values["secrets"]["recordsUrl"],
-                                   "minio-access-key": "farm-user",
-                                   "minio-secret-key": "sk-Wv63Ut54"}
+                                   "minio-pool-cpu-access-key": "farm-pool-cpu",
+                                   "minio-pool-cpu-secret-key": "sk-Pp41Qq52",
+                                   "minio-reader-access-key": "farm-reader",
+                                   "minio-reader-secret-key": "sk-Rr63Ss74"}
+    # A pool without credentials of its own: the chart refuses and says where to look.
+    del values["secrets"]["minioPools"]
+    result = template(values, tmp_path)
+    assert result.returncode != 0 and "secrets.minioPools.cpu" in result.stderr
+    assert "docs/DEPLOY.md" in result.stderr
+    # Without per-pool credentials the farm's one MinIO key is needed, as before.
+    values["minio"]["perPoolCredentials"] = False
+    values["secrets"].update(minioAccessKey="farm-user", minioSecretKey="sk-Wv63Ut54")
+    result = template(values, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert secret_values(parse(result.stdout))["minio-access-key"] == "farm-user"
+    values["secrets"]["minioPools"] = {"cpu": {"accessKey": "farm-pool-cpu",
+                                               "secretKey": "sk-Pp41Qq52"}}
     assert not of_kind(docs, "StatefulSet")
     # Without the external Redis URL the chart refuses to render, and says what to set.
     del values["secrets"]["redisUrl"]
@@ -685,9 +721,18 @@ def test_keda_scales_each_pool_on_its_queue(rendered: dict[str, list[dict]]) -> 
         assert trigger["type"] == "redis"
         meta = trigger["metadata"]
         assert meta["listName"] == f"farm.{pool['fingerprint']}"
-        assert meta["address"] == f"{FULLNAME}-redis:6379"
+        # KEDA resolves the address in its own namespace: a short name would not reach
+        # the bundled Redis (issue 19 item 7)
+        assert meta["address"] == f"{FULLNAME}-redis.{NAMESPACE}.svc.cluster.local:6379"
         assert meta["listLength"] == str(pool["autoscaling"]["chunksPerReplica"])
         assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+        # KEDA's cooldownPeriod governs only 1 -> 0; N -> M is the HPA's, set explicitly
+        # to what values.yaml promises (issue 19 item 7)
+        behavior = so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        assert behavior["scaleDown"]["stabilizationWindowSeconds"] == \
+            values["autoscaling"]["keda"]["cooldownPeriod"]
+        assert behavior["scaleDown"]["policies"] == [
+            {"type": "Pods", "value": 1, "periodSeconds": 60}]
     h200 = named(scaled, "ScaledObject", f"{FULLNAME}-worker-h200")
     assert h200["spec"]["minReplicaCount"] == 0  # a GPU pool scales to zero
     # The KEDA operator may reach Redis (and only Redis) to read the queues.
@@ -724,6 +769,10 @@ def test_hpa_where_keda_is_absent(helm_bin: str, tmp_path: Path) -> None:
             "selector": {"matchLabels": {"fingerprint": pool["fingerprint"]}}}
         assert metric["external"]["target"]["averageValue"] == \
             str(pool["autoscaling"]["chunksPerReplica"])
+        # the same scale-down behaviour as in KEDA mode
+        assert hpa["spec"]["behavior"]["scaleDown"] == {
+            "stabilizationWindowSeconds": values["autoscaling"]["keda"]["cooldownPeriod"],
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]}
 
 
 def _egress_targets(policy: dict, docs: list[dict]) -> set[str]:
@@ -887,8 +936,10 @@ def test_helm_test_builds_against_the_release(rendered: dict[str, list[dict]]) -
     assert flag(args, "--fingerprint") == pool["fingerprint"]
     assert "--wait-for-workers" in args
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in container["env"]}
-    assert refs == {"FARM_REDIS_URL": "redis-url", "FARM_MINIO_ACCESS_KEY": "minio-access-key",
-                    "FARM_MINIO_SECRET_KEY": "minio-secret-key"}
+    # a build client needs read-only MinIO credentials (issue 19 item 5)
+    assert refs == {"FARM_REDIS_URL": "redis-url",
+                    "FARM_MINIO_ACCESS_KEY": "minio-reader-access-key",
+                    "FARM_MINIO_SECRET_KEY": "minio-reader-secret-key"}
     assert pod["spec"]["restartPolicy"] == "Never"
 
 
@@ -959,3 +1010,103 @@ def test_images_fit_the_chart(name: str, command: list[str]) -> None:
         assert "requirements.lock" in run and "--require-hashes" in run
         # PoCL links each kernel with the system `ld` against -lgcc -lgcc_s -lc.
         assert "gcc" in run.split() and "libc6-dev" in run.split()
+
+
+# -- least privilege, signing, a private CA (issue 19 items 5, 6) ----------------------------
+
+
+def env_refs(container: dict) -> dict[str, tuple[str, str]]:
+    return {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"],
+                        e["valueFrom"]["secretKeyRef"]["key"])
+            for e in container.get("env", []) if "valueFrom" in e}
+
+
+@pytest.mark.parametrize("scenario", ["default", EXAMPLE_SCENARIO])
+def test_each_pool_gets_minio_credentials_for_its_own_namespace(
+        scenario: str, rendered: dict[str, list[dict]]) -> None:
+    """Issue 19 item 5: every pod had the MinIO root user. Now each pool's workers get
+    their pool's user, the test pod a reader; only MinIO and its set-up Job see root."""
+    docs = rendered[scenario]
+    values = chart_values(scenario)
+    for pool in values["workers"]["pools"]:
+        dep = named(docs, "Deployment", f"{FULLNAME}-worker-{pool['name']}")
+        refs = env_refs(dep["spec"]["template"]["spec"]["containers"][0])
+        assert refs["FARM_MINIO_ACCESS_KEY"][1] == f"minio-pool-{pool['name']}-access-key"
+        assert refs["FARM_MINIO_SECRET_KEY"][1] == f"minio-pool-{pool['name']}-secret-key"
+    root_keys = {"minio-access-key", "minio-secret-key"}
+    root_users = {where for where, c in containers(docs, every=True)
+                  if root_keys & {k for _, k in env_refs(c).values()}}
+    assert root_users == {f"{FULLNAME}-minio/minio", f"{FULLNAME}-minio-access/access"}
+
+
+def test_the_bundled_minio_set_up_job_makes_what_the_pods_use(
+        rendered: dict[str, list[dict]]) -> None:
+    """The post-install Job runs farm.cluster.access with grants naming each pool's
+    fingerprint and a reader; read back through the same code, with the Secret's values,
+    they are the credentials the pods get."""
+    from farm.cluster.access import grants_from_env, pool_policy_name
+
+    docs = rendered[EXAMPLE_SCENARIO]
+    values = chart_values(EXAMPLE_SCENARIO)
+    job = named(docs, "Job", f"{FULLNAME}-minio-access")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][-3:] == ["python", "-m", "farm.cluster.access"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    for name, (_, key) in env_refs(container).items():
+        env[name] = f"{key}-value-0123456789"
+    grants = grants_from_env(env)
+    pools = values["workers"]["pools"]
+    assert sorted((g.fingerprint or "", g.reader) for g in grants) == sorted(
+        [(p["fingerprint"], False) for p in pools] + [("", True)])
+    for pool in pools:
+        grant = next(g for g in grants if g.fingerprint == pool["fingerprint"])
+        assert grant.access_key == f"minio-pool-{pool['name']}-access-key-value-0123456789"
+        assert pool_policy_name(grant.fingerprint).endswith(pool["fingerprint"])
+    policy = named(docs, "NetworkPolicy", f"{FULLNAME}-minio")
+    (rule,) = policy["spec"]["ingress"]
+    assert any(_selects(peer["podSelector"], pod_labels(job)) for peer in rule["from"]
+               if "podSelector" in peer)
+
+
+def test_pool_credentials_are_derived_stably_and_differ(
+        rendered: dict[str, list[dict]]) -> None:
+    data = secret_values(rendered["default"])
+    assert data["minio-pool-cpu-access-key"] == "farm-pool-cpu"
+    assert data["minio-reader-access-key"] == "farm-reader"
+    secrets_made = {data["minio-pool-cpu-secret-key"], data["minio-reader-secret-key"],
+                    data["minio-secret-key"]}
+    assert len(secrets_made) == 3
+    assert len(data["minio-pool-cpu-secret-key"]) == len(data["minio-reader-secret-key"]) == 40
+
+
+def test_signing_keys_and_a_ca_bundle_come_from_secrets(
+        rendered: dict[str, list[dict]]) -> None:
+    """Issue 19 item 6: no place for FARM_SIGNING_KEY / FARM_VERIFY_KEY or a CA bundle
+    (read-only root, closed schema). Writers get the signing key, every farm pod the
+    verify key and the CA bundle, all from Secrets."""
+    docs = rendered["signed-private-ca"]
+    for where, container in containers(docs, every=True):
+        component = where.split("/")[0]
+        if component.endswith(("-redis", "-minio", "-postgresql")):
+            continue
+        refs = env_refs(container)
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        is_worker = "-worker-" in component
+        if is_worker or component.endswith("-test-build"):
+            assert refs["FARM_VERIFY_KEY"] == (SIGNING_SECRET, "verify-key"), where
+        assert ("FARM_SIGNING_KEY" in refs) == is_worker, where
+        if is_worker:
+            assert refs["FARM_SIGNING_KEY"] == (SIGNING_SECRET, "signing-key")
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "ca-bundle")
+        assert mount["readOnly"] is True
+        assert env["SSL_CERT_FILE"] == f"{mount['mountPath']}/ca.crt"
+        assert env["PGSSLROOTCERT"] == env["SSL_CERT_FILE"]
+    for name, spec in pod_specs(docs, every=True):
+        if name.endswith(("-redis", "-minio", "-postgresql")):
+            continue
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "ca-bundle"]
+        assert volume["secret"]["secretName"] == CA_SECRET, name
+    unsigned = rendered["default"]
+    assert not any("FARM_SIGNING_KEY" in env_refs(c) or "FARM_VERIFY_KEY" in env_refs(c)
+                   for _, c in containers(unsigned, every=True))

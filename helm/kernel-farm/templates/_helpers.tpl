@@ -263,3 +263,86 @@ destination on its port): (list $ "redis" 6379) */}}
   {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The MinIO credentials of a farm pod (least privilege, docs/SECURITY.md): a pool's own
+user, or the read-only user; with minio.perPoolCredentials false, the one MinIO key.
+(list $ "pool-<name>" | "reader")
+*/}}
+{{- define "kernel-farm.minioEnv" -}}
+{{- $root := index . 0 }}{{- $who := index . 1 }}
+{{- if $root.Values.minio.perPoolCredentials }}
+{{- include "kernel-farm.secretEnv" (list $root "FARM_MINIO_ACCESS_KEY" (printf "minio-%s-access-key" $who)) }}
+{{ include "kernel-farm.secretEnv" (list $root "FARM_MINIO_SECRET_KEY" (printf "minio-%s-secret-key" $who)) }}
+{{- else }}
+{{- include "kernel-farm.secretEnv" (list $root "FARM_MINIO_ACCESS_KEY" "minio-access-key") }}
+{{ include "kernel-farm.secretEnv" (list $root "FARM_MINIO_SECRET_KEY" "minio-secret-key") }}
+{{- end }}
+{{- end }}
+
+{{/*
+Signing keys and the private CA of a farm container (signing, caBundle): env entries.
+(list $ writer) — a writer (worker) also gets the signing key.
+*/}}
+{{- define "kernel-farm.trustEnv" -}}
+{{- $root := index . 0 }}{{- $writer := index . 1 }}
+{{- $sig := $root.Values.signing }}
+{{- if $sig.existingSecret }}
+{{- if $writer }}
+- name: FARM_SIGNING_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $sig.existingSecret }}
+      key: {{ $sig.signingKeyKey }}
+{{- end }}
+- name: FARM_VERIFY_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $sig.existingSecret }}
+      key: {{ $sig.verifyKeyKey }}
+{{- end }}
+{{- include "kernel-farm.caEnv" $root }}
+{{- end }}
+
+{{/* The CA bundle's env entries (caBundle.existingSecret), for any container. */}}
+{{- define "kernel-farm.caEnv" -}}
+{{- if .Values.caBundle.existingSecret }}
+- name: SSL_CERT_FILE
+  value: /etc/kernel-farm/ca/{{ .Values.caBundle.key }}
+- name: PGSSLROOTCERT
+  value: /etc/kernel-farm/ca/{{ .Values.caBundle.key }}
+{{- end }}
+{{- end }}
+
+{{/* The CA bundle's volumeMounts entry (nothing without caBundle.existingSecret). */}}
+{{- define "kernel-farm.caMount" -}}
+{{- if .Values.caBundle.existingSecret }}
+- name: ca-bundle
+  mountPath: /etc/kernel-farm/ca
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The CA bundle's volumes entry. */}}
+{{- define "kernel-farm.caVolume" -}}
+{{- if .Values.caBundle.existingSecret }}
+- name: ca-bundle
+  secret:
+    secretName: {{ .Values.caBundle.existingSecret }}
+    items:
+      - key: {{ .Values.caBundle.key }}
+        path: {{ .Values.caBundle.key }}
+{{- end }}
+{{- end }}
+
+{{/* Scale-down behaviour of a pool's HPA (plain, or the one KEDA makes): one pod a
+minute after the queue stayed short for autoscaling.keda.cooldownPeriod seconds. */}}
+{{- define "kernel-farm.scaleDown" -}}
+scaleDown:
+  # Scaling down stops pods that may be compiling: slowly.
+  stabilizationWindowSeconds: {{ .Values.autoscaling.keda.cooldownPeriod }}
+  policies:
+    - type: Pods
+      value: 1
+      periodSeconds: 60
+{{- end }}
