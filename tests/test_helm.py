@@ -462,6 +462,8 @@ def test_settings_read_the_rendered_environment(scenario: str,
     assert settings.family_modules == farm["familyModules"]
     assert settings.worker_events and settings.worker_heartbeat
     assert settings.metrics_port == chart_values(scenario)["metrics"]["port"]
+    # the farm listens on loopback unless told; a pod is scraped on its own address
+    assert settings.metrics_address == "0.0.0.0"
     assert str(settings.health_dir) == HEALTH_DIR
 
 

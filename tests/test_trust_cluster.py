@@ -2,10 +2,15 @@
 
 * ``farm build --cluster`` with ``FARM_VERIFY_KEY`` trusts nothing it has not verified:
   a tampered (unsigned) artifact in MinIO is not counted as Loaded, it is rebuilt.
+* a worker's metrics tell the truth (item 8): one store miss per compiled kernel, a
+  ``kind`` label on failures; its listener binds loopback unless told otherwise, and its
+  socket is not inherited by the pool's processes.
 """
 
 from __future__ import annotations
 
+import re
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +21,7 @@ from cluster_helpers import build_json, minio_store, namespace, next_redis_db, w
 
 from farm.core.model import Artifact, Key
 from farm.devservices.cluster import LocalCluster, local_cluster
+from farm.devservices.ports import free_port
 from farm.families import Registry
 from farm.manifest import expand, load_manifest
 from farm.store.signing import Verifier, generate_keypair
@@ -67,3 +73,92 @@ def test_a_cluster_build_with_a_verify_key_counts_nothing_unverified_as_loaded(
         repaired = store.get(ns, key)
         assert repaired is not None and Verifier(KEYS[1]).verify(repaired.meta, ns)
     store.close()
+
+
+BROKEN_FAMILY = '''
+"""A family whose source no compiler takes (the metrics test's compile failure)."""
+from farm.families.base import KernelFamily, Params
+from farm.core.model import Lowered
+
+
+class BrokenParams(Params):
+    n: int = 1
+
+
+class Broken(KernelFamily[BrokenParams]):
+    name = "broken_metrics"
+    params_model = BrokenParams
+
+    def lower(self, params, launch, device):
+        return Lowered(source="__kernel void broken(__global float *x) { x[0] = ; }",
+                       kernel_names=("broken",))
+
+
+FAMILIES = [Broken]
+'''
+
+
+def _listener(port: int) -> tuple[str, str]:
+    """(local address in /proc/net/tcp's hex, socket inode) of the LISTEN socket on port."""
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        address, hex_port = fields[1].split(":")
+        if int(hex_port, 16) == port and fields[3] == "0A":
+            return address, fields[9]
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _holds(pid: int, inode: str) -> bool:
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if fd.readlink().as_posix() == f"socket:[{inode}]":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _samples(port: int, name: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {labels: float(value) for labels, value in
+            re.findall(rf"^{name}{{(.*?)}} ([0-9.e+-]+)$", text, re.MULTILINE)}
+
+
+def test_worker_metrics_tell_the_truth(redis_server: Any, minio_server: Any,
+                                       tmp_path: Path) -> None:
+    """Issue 19 item 8: each compiled kernel counted two store misses; failures had no
+    kind; the listener bound every address and its socket was inherited by the pool."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "brokenfam.py").write_text(BROKEN_FAMILY)
+    port = free_port()
+    with local_cluster(tmp_path, redis=redis_server, minio=minio_server,
+                       bucket=f"t-{uuid.uuid4().hex[:12]}", redis_db=next_redis_db(),
+                       PYTHONPATH=str(code), FARM_FAMILY_MODULES='["brokenfam"]') as c:
+        worker = c.start_worker(concurrency=2, FARM_METRICS_PORT=str(port))
+        c.wait_ready()
+        address, inode = _listener(port)
+        assert address == "0100007F", "the metrics listener binds loopback by default"
+        pool = _children(worker.pid)
+        assert len(pool) >= 2
+        assert [pid for pid in pool if _holds(pid, inode)] == []
+        assert _holds(worker.pid, inode)
+
+        manifest = write_manifest(tmp_path / "m.toml", salt=47, count=3)
+        with manifest.open("a") as fh:
+            fh.write('[[kernels]]\nfamily = "broken_metrics"\n')
+        built = build_json(c.env(tmp_path / "client"), str(manifest))
+        assert built["summary"]["compiled"] == 3 and built["summary"]["failed"] == 1
+        requests = _samples(port, "farm_store_requests_total")
+        misses = sum(v for k, v in requests.items() if 'result="miss"' in k)
+        assert misses == 4, requests  # one per kernel asked for, none twice
+        kernels = _samples(port, "farm_kernels_total")
+        failed = {k: v for k, v in kernels.items() if 'outcome="failed"' in k}
+        assert list(failed.values()) == [1.0] and 'kind="compile"' in next(iter(failed)), kernels

@@ -44,7 +44,7 @@ def register_tasks(app: Celery, get_state: Any, request_cls: Any = None) -> None
         try:
             reply = execute_job(request, get_state(), task_id=self.request.id)
         except SoftTimeLimitExceeded:
-            metrics.task(request.fingerprint, "failure")
+            metrics.timed_out(request.fingerprint, len(request.kernels))
             raise
         except transient as exc:  # store or broker hiccup: retry, never for a bad kernel
             metrics.task(request.fingerprint, "retry")

@@ -160,14 +160,14 @@ def _resolve(req: KernelRequest, key: Key, state: WorkerState, record: Record) -
         lease = state.leases.try_acquire(state.ns, source_hash)
         if lease is None:
             state.leases.wait_released(state.ns, source_hash, LEASE_WAIT_S)
-            if _load_stored(key, state):  # the other worker compiled this very key
+            if _stored_since(key, state):  # the other worker compiled this very key
                 return Outcome.LOADED
             continue  # stored under another key (rekey above), or it failed: try again
         with lease:
             if state.ledger is not None:
                 state.ledger.holding(lease.name, lease.token)
             try:
-                if _load_stored(key, state):
+                if _stored_since(key, state):
                     return Outcome.LOADED
                 if _rekey(key, req.artifact.kernel.family, lowered, state, record):
                     return Outcome.REKEYED
@@ -192,6 +192,15 @@ def _loadable(key: Key, state: WorkerState) -> Artifact | None:
 
 def _load_stored(key: Key, state: WorkerState) -> bool:
     return _loadable(key, state) is not None
+
+
+def _stored_since(key: Key, state: WorkerState) -> bool:
+    """Whether another worker stored ``key`` since it was looked for: a listing first,
+    so that a kernel compiled here is one store read (one miss in the metrics), not
+    one per look."""
+    if key not in state.store.existing(state.ns, [key]):
+        return False
+    return _load_stored(key, state)
 
 
 def _rekey(key: Key, family: str, lowered: Lowered, state: WorkerState,

@@ -116,9 +116,13 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     def get_state() -> WorkerState:
         return holder["state"]
 
+    served: list[Any] = []
+
     def init_process(**_: Any) -> None:
         from billiard import current_process
 
+        for listener in served:  # forked with the metrics socket: not this process's
+            listener.close_inherited()
         logging.getLogger("celery.app.trace").addFilter(_QuietSuccess())
         index = getattr(current_process(), "index", 0) or 0
         holder["state"] = open_state(settings, devices, index)
@@ -162,8 +166,9 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     if port:
         from farm.cluster.metrics import ClusterCollector, serve
 
-        serve(port, [ClusterCollector(client)], multiprocess=True)
-        log.info("metrics on port %d", port)
+        served.append(serve(port, [ClusterCollector(client)], multiprocess=True,
+                            addr=settings.metrics_address))
+        log.info("metrics on %s port %d", settings.metrics_address, port)
 
     gave_up: list[str] = []
 

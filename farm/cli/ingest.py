@@ -106,7 +106,8 @@ def ingest(
             if port:
                 from farm.cluster.metrics import ClusterCollector, IngestCollector, serve
 
-                serve(port, [IngestCollector(ingester, client), ClusterCollector(client)])
+                serve(port, [IngestCollector(ingester, client), ClusterCollector(client)],
+                      addr=settings.metrics_address)
             err.print(f"ingester {consumer}: {settings.redis_url.split('@')[-1]} -> "
                       f"{storage.where}", markup=False, soft_wrap=True)
             stats = ingester.run(stop, drain=drain)

@@ -70,7 +70,10 @@ def main() -> None:
         sys.exit(1)
     except Exception as exc:
         if _is_redis_error(exc):  # an unreachable or refusing broker: one line
-            print(f"error: Redis: {one_line(exc)}", file=sys.stderr)
+            from farm.core.outage import describe_refusal
+
+            told = describe_refusal("Redis", exc, "FARM_REDIS_URL")
+            print(f"error: {told or 'Redis: ' + one_line(exc)}", file=sys.stderr)
             sys.exit(1)
         # Usage errors (a bad flag value, an unknown option) are click's, raised either by
         # click itself or by the copy of click that typer carries.

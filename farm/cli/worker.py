@@ -60,17 +60,14 @@ def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     if not settings.redis_url:
         raise SettingsError("setting FARM_REDIS_URL: needed to list the workers")
     from farm.core.errors import ClusterError
-    from farm.core.outage import is_redis_down, redis_location
+    from farm.core.outage import redis_failure
 
     client: Any = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
                                        socket_connect_timeout=5)
     try:
         found = served(client, settings.dead_worker_grace)
-    except Exception as exc:
-        if not is_redis_down(exc):
-            raise
-        raise ClusterError(f"{redis_location(settings.redis_url)} is unreachable "
-                           f"({type(exc).__name__}); is it running? (FARM_REDIS_URL)") from None
+    except redis.exceptions.RedisError as exc:  # down, a wrong password, untrusted TLS
+        raise ClusterError(redis_failure(settings.redis_url, exc)) from None
     queues = queue_stats(client)
     if json_out:
         # One entry per fingerprint that has live workers, waiting or in-flight chunks.

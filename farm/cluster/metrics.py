@@ -73,10 +73,12 @@ class WorkerMetrics:
     lease_wait_seconds: Any
 
     def reply(self, fingerprint: str, reply: CompileReply) -> None:
-        """Count one chunk's kernels by outcome, with their compile or load seconds."""
+        """Count one chunk's kernels by outcome (and a failure's kind: compile, crashed,
+        load, store, ...), with their compile or load seconds."""
         for k in reply.results:
-            label = outcome_label(k.outcome, k.failure.kind if k.failure else None)
-            self.kernels.labels(fingerprint=fingerprint, outcome=label).inc()
+            kind = k.failure.kind if k.failure else None
+            self.kernels.labels(fingerprint=fingerprint, outcome=outcome_label(k.outcome, kind),
+                                kind=kind or "").inc()
             if k.outcome is Outcome.COMPILED:
                 self.compile_seconds.labels(fingerprint=fingerprint).observe(k.work_s)
             elif k.outcome is Outcome.LOADED:
@@ -84,6 +86,12 @@ class WorkerMetrics:
 
     def task(self, fingerprint: str, status: str) -> None:
         self.tasks.labels(fingerprint=fingerprint, status=status).inc()
+
+    def timed_out(self, fingerprint: str, kernels: int) -> None:
+        """A chunk stopped by the compile time limit: its kernels failed, kind timeout."""
+        self.task(fingerprint, "timeout")
+        self.kernels.labels(fingerprint=fingerprint, outcome="failed",
+                            kind="timeout").inc(kernels)
 
 
 @cache
@@ -94,8 +102,9 @@ def worker_metrics() -> WorkerMetrics:
     return WorkerMetrics(
         tasks=Counter("farm_tasks", "Compile tasks (chunks) run by workers, by status",
                       ["fingerprint", "status"]),
-        kernels=Counter("farm_kernels", "Kernels obtained by workers, by outcome",
-                        ["fingerprint", "outcome"]),
+        kernels=Counter("farm_kernels", "Kernels obtained by workers, by outcome; a "
+                        "failure by kind (compile, crashed, load, store, timeout, ...)",
+                        ["fingerprint", "outcome", "kind"]),
         compile_seconds=Histogram("farm_compile_seconds",
                                   "Work seconds of a compiled kernel (lower, finalize, "
                                   "load, store)", ["fingerprint"], buckets=COMPILE_BUCKETS),
@@ -169,9 +178,24 @@ def prepare_multiprocess(folder: Path) -> None:
     os.environ[MULTIPROC_ENV] = str(folder)
 
 
+@dataclass(frozen=True)
+class Served:
+    """A running ``/metrics`` listener: its registry and its server."""
+
+    registry: CollectorRegistry
+    server: Any
+
+    def close_inherited(self) -> None:
+        """In a forked child (a Celery pool process): close this process's copy of the
+        listening socket. A fork copies every descriptor, and a child holding the
+        listener keeps the port taken after the worker that serves it is gone."""
+        self.server.socket.close()
+
+
 def serve(port: int, collectors: Iterable[Any] = (), *, multiprocess: bool = False,
-          addr: str = "0.0.0.0") -> CollectorRegistry:
-    """Serve ``/metrics`` on ``port`` in a daemon thread; returns the registry served."""
+          addr: str = "127.0.0.1") -> Served:
+    """Serve ``/metrics`` on ``addr:port`` in a daemon thread (``FARM_METRICS_ADDRESS``:
+    loopback unless the deployment says otherwise)."""
     from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
     registry = REGISTRY
@@ -182,8 +206,8 @@ def serve(port: int, collectors: Iterable[Any] = (), *, multiprocess: bool = Fal
         mp.MultiProcessCollector(registry)
     for collector in collectors:
         registry.register(collector)
-    start_http_server(port, addr=addr, registry=registry)
-    return registry
+    server, _ = start_http_server(port, addr=addr, registry=registry)
+    return Served(registry=registry, server=server)
 
 
 class ClusterCollector:

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 from urllib.parse import urlsplit
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
@@ -41,13 +41,87 @@ def redis_location(url: str) -> str:
     return f"Redis at {host}{port}{parts.path or ''}"
 
 
+#: what a failure to connect that no waiting fixes is ("" for the others)
+Refusal = Literal["authentication", "tls", ""]
+
+_AUTH_ERRORS = frozenset({"AuthenticationError", "AuthenticationWrongNumberOfArgsError"})
+_AUTH_REPLIES = ("NOAUTH", "WRONGPASS", "invalid username-password pair")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what caused it (``__cause__``, ``__context__``, urllib3's ``reason``)."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or any(item is s for s in seen) or len(seen) > 16:
+            continue
+        seen.append(item)
+        todo += [item.__cause__, item.__context__, getattr(item, "reason", None)
+                 if isinstance(getattr(item, "reason", None), BaseException) else None]
+    return seen
+
+
+def refusal(exc: BaseException) -> Refusal:
+    """``authentication`` (a wrong password or key), ``tls`` (a certificate this
+    machine does not trust, a server that does not speak TLS) or "": a refusal is
+    configuration, not an outage, so it is said at once, never waited out."""
+    import ssl
+
+    for item in _chain(exc):
+        if any(c.__name__ in _AUTH_ERRORS for c in type(item).__mro__) or \
+                any(reply in str(item) for reply in _AUTH_REPLIES):
+            return "authentication"
+        if isinstance(item, ssl.SSLError) or type(item).__name__ == "SSLError":
+            return "tls"
+    return ""
+
+
+def tls_detail(exc: BaseException) -> str:
+    """The TLS library's own words (``certificate verify failed: self-signed ...``)."""
+    import ssl
+
+    for item in _chain(exc):
+        if isinstance(item, ssl.SSLError):
+            text = getattr(item, "reason", None) or ""
+            message = str(item).split("] ", 1)[-1].split(" (_ssl.c")[0]
+            return message or str(text)
+    return _short(exc)
+
+
+TLS_HINT = ("is the server's certificate signed by a CA this machine trusts? A private "
+            "CA goes in SSL_CERT_FILE (the chart: caBundle)")
+
+
+def describe_refusal(what: str, exc: BaseException, setting: str) -> str | None:
+    """One line for an authentication or TLS failure reaching ``what``; ``None`` for
+    any other failure. Never the credentials: the setting that holds them is named."""
+    kind = refusal(exc)
+    if kind == "authentication":
+        return f"{what}: authentication failed ({_short(exc)}): check the password in {setting}"
+    if kind == "tls":
+        return f"{what}: TLS failed ({tls_detail(exc)}): {TLS_HINT}"
+    return None
+
+
 def is_redis_down(exc: BaseException) -> bool:
-    """Whether ``exc`` means Redis (or the broker connection) is unreachable for now."""
+    """Whether ``exc`` means Redis (or the broker connection) is unreachable for now; an
+    authentication or TLS failure is not (see :func:`refusal`)."""
     import redis
     from kombu.exceptions import OperationalError
 
     return isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError
-                      | OperationalError | ConnectionError | TimeoutError)
+                      | OperationalError | ConnectionError | TimeoutError) \
+        and not refusal(exc)
+
+
+def redis_failure(url: str, exc: BaseException) -> str:
+    """One line saying what failed reaching the Redis at ``url`` (never its password)."""
+    where = redis_location(url)
+    told = describe_refusal(where, exc, "FARM_REDIS_URL")
+    if told is not None:
+        return told
+    return f"{where} is unreachable ({_short(exc)}); is it running? (FARM_REDIS_URL)"
 
 
 class Waiter:

@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     worker_heartbeat: bool = True
     #: port of the Prometheus ``/metrics`` endpoint of a worker or ingester; unset: none
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    #: address that endpoint listens on (FARM_METRICS_ADDRESS): loopback by default, so a
+    #: worker on a shared host shows its metrics to that host only; the chart sets
+    #: 0.0.0.0 (Prometheus scrapes the pod's address; NetworkPolicies say who may)
+    metrics_address: str = Field(default="127.0.0.1", max_length=64)
     #: Prometheus Pushgateway URL where ``farm build`` pushes its summary (optional)
     metrics_pushgateway: str | None = None
     #: folder of the health files the chart's probes read (``ready``, ``alive``)
@@ -127,6 +131,18 @@ class Settings(BaseSettings):
                 raise ValueError("exists and is not a folder")
         except OSError as exc:  # a name too long, a component that is a file...
             raise ValueError(f"cannot be used as a folder ({exc.strerror})") from None
+        return value
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError("must be an IP address to listen on (127.0.0.1, 0.0.0.0, "
+                             "::)") from None
         return value
 
     @field_validator("family_modules")

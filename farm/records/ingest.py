@@ -68,6 +68,7 @@ from farm.core.keys import (
     RECORDS_SESSIONS_STREAM,
     records_stream_for,
 )
+from farm.core.outage import describe_refusal
 from farm.records.model import RECORD_KINDS, Record
 from farm.records.stream import (
     STREAM_MAXLEN,
@@ -275,7 +276,9 @@ class Ingester:
                 delay = min(RETRY_MAX_S, delay * 2)
                 continue
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("ingester %s: Redis unreachable (%s); retrying", self.consumer, exc)
+                told = describe_refusal("Redis", exc, "FARM_REDIS_URL")  # not "unreachable"
+                log.warning("ingester %s: %s; retrying", self.consumer,
+                            told or f"Redis unreachable ({exc})")
                 self.stats.failures += 1
                 self._backlog_cursor = "0"
                 stop.wait(delay)

@@ -13,6 +13,7 @@ import urllib3
 from minio.error import InvalidResponseError, S3Error, ServerError
 
 from farm.core.errors import StoreAccessDenied, StoreError
+from farm.core.outage import TLS_HINT, refusal, tls_detail
 
 #: S3 error codes that mean "try again", whatever the HTTP status
 _TRANSIENT_CODES = frozenset({
@@ -28,6 +29,8 @@ def is_transient(exc: BaseException) -> bool:
     A 4xx (access denied, a missing bucket, a failed precondition) will fail the same way
     again, so it is not retried.
     """
+    if refusal(exc):  # a wrong key or an untrusted certificate: waiting fixes neither
+        return False
     if isinstance(exc, S3Error):
         status = getattr(exc.response, "status", 0) or 0
         return exc.code in _TRANSIENT_CODES or status >= 500
@@ -38,10 +41,21 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
+#: S3 error codes that mean the credentials, not the request, are wrong
+_CREDENTIAL_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch",
+                               "InvalidToken", "ExpiredToken"})
+
+
 def describe(exc: BaseException) -> str:
-    """One line about a failure, without request signatures or credentials."""
+    """One line about a failure, without request signatures or credentials: what
+    failed (the credentials, TLS, the request) and which setting to look at."""
     if isinstance(exc, S3Error):
+        if exc.code in _CREDENTIAL_CODES:
+            return (f"the credentials were refused ({exc.code}: {exc.message}): check "
+                    "FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY")
         return f"{exc.code}: {exc.message}"
+    if refusal(exc) == "tls":
+        return f"TLS failed ({tls_detail(exc)}): {TLS_HINT}"
     return f"{type(exc).__name__}: {exc}"
 
 
