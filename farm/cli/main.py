@@ -19,7 +19,7 @@ from farm.cli.cluster import app as cluster_app
 from farm.cli.families import app as families_app
 from farm.cli.manifest import app as manifest_app
 from farm.cli.records import app as records_app
-from farm.core.errors import FarmError, one_line
+from farm.core.errors import FarmError, one_line, printable
 
 app = typer.Typer(help="kernel-farm: a compilation farm for OpenCL kernels.",
                   pretty_exceptions_enable=False, no_args_is_help=True,
@@ -45,8 +45,8 @@ def main() -> None:
     try:
         # Without standalone mode click returns the exit code of ``typer.Exit``.
         code = app(standalone_mode=False)
-    except FarmError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)  # always one line
+    except FarmError as exc:  # always one line, and nothing from input moves the cursor
+        print(f"error: {printable(' '.join(str(exc).split()), 4000)}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -15,18 +15,40 @@ Hierarchy::
     |   +-- CompileError           the platform compiler refused the source (has build log)
     |   +-- LoadError              the device refused a binary
     |   +-- VersionSkewError       client and worker compute different build ids
+    |   +-- PluginError            a family's own code failed, hung or returned nonsense
     +-- StoreError                 the artifact store cannot be used
+    |   +-- StoreAccessDenied      the credentials may not do this (read-only, another pool)
     |   +-- ForeignStoreError      a file that is not a kernel-farm store (or another format)
     +-- DeviceError                no OpenCL device, or not the one asked for
     +-- ClusterError               no worker serves a fingerprint, broker unreachable...
 
 Why a hierarchy: the CLI turns every ``FarmError`` into one readable line and a
 non-zero exit status, while anything else is a bug and keeps its traceback.
+
+Every message that may carry input (a bundle's JSON keys, a manifest's names, a plugin's
+exception text) is passed through :func:`printable` before it can reach a terminal: one
+line, control characters escaped, bounded in length.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+#: C0 and C1 control characters and DEL: what moves a terminal's cursor, clears its
+#: screen (ESC [2J) or starts a new line, when echoed from input
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: the longest message that echoes input (a plugin's 8 MiB text becomes this much)
+MAX_ECHO = 500
+
+
+def printable(text: str, limit: int = MAX_ECHO) -> str:
+    """``text`` safe to print: control characters as Python escapes (``\\x1b``,
+    ``\\n``), so nothing from input can move a terminal's cursor or forge a line of its
+    own, and cut to ``limit`` characters (with "...")."""
+    escaped = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"),
+                           text)
+    return escaped if len(escaped) <= limit else escaped[:max(0, limit - 3)] + "..."
 
 
 class FarmError(Exception):
@@ -89,6 +111,11 @@ class LoadError(KernelError):
     kind = "load"
 
 
+class PluginError(KernelError):
+    """A family's own code (a plugin) raised, hung, exited or returned something that is
+    not what the farm asked for; the kernel fails, the build goes on."""
+
+
 class VersionSkewError(KernelError):
     """Client and worker run different kernel code for one family."""
 
@@ -132,7 +159,7 @@ def first_error(exc: Any, default_where: str = "") -> tuple[str, str]:
         return default_where, one_line(exc)
     err = errors[0]
     where = ".".join(str(p) for p in err["loc"]) or default_where
-    return where, str(err["msg"]).removeprefix("Value error, ")
+    return printable(where, 200), printable(str(err["msg"]).removeprefix("Value error, "))
 
 
 def one_line(exc: BaseException) -> str:
@@ -143,4 +170,4 @@ def one_line(exc: BaseException) -> str:
         where, why = first_error(exc)
         return f"{where}: {why}" if where else why
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return printable(text.splitlines()[0]) if text else type(exc).__name__

@@ -172,12 +172,19 @@ class Key(Frozen):
         return cls(id_hash=id_hash, build_id=build_id)
 
 
+#: an OpenCL C kernel name (a C identifier)
+KernelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
+
+
 class Lowered(Frozen):
-    """A kernel expanded to OpenCL C for one device: the reusable *source*."""
+    """A kernel expanded to OpenCL C for one device: the reusable *source*.
+
+    ``kernel_names`` are the kernels the family declares: a binary served for this
+    kernel must hold exactly these (:mod:`farm.compilation.load`)."""
 
     source: str
     options: tuple[str, ...] = ()
-    kernel_names: tuple[str, ...]
+    kernel_names: tuple[KernelName, ...] = Field(min_length=1, max_length=256)
 
     @property
     def source_hash(self) -> str:

@@ -32,9 +32,16 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from farm.core.device import DeviceInfo
-from farm.core.errors import FarmError, KernelError, ParameterError, UnsupportedFeature, first_error
+from farm.core.errors import (
+    FarmError,
+    ParameterError,
+    PluginError,
+    UnsupportedFeature,
+    first_error,
+)
 from farm.core.hashing import sha256_hex
 from farm.core.model import ArtifactId, KernelId, LaunchSettings, Lowered, Variant
+from farm.families import boundary
 from farm.version import __version__
 
 
@@ -96,17 +103,23 @@ class KernelFamily(ABC, Generic[P]):
     #: (empty: the defaults, for a family whose every parameter has one)
     example_params: ClassVar[tuple[dict[str, Any], ...]] = ()
 
+    #: seconds this family's ``lower()`` or parameter validation may take before the
+    #: kernel fails (a plugin's only: see :mod:`farm.families.boundary`, which caps it)
+    time_limit_s: ClassVar[float] = 60.0
+
     # -- parameters -------------------------------------------------------------------
     def validate(self, params: Mapping[str, Any]) -> P:
-        """Validate raw parameters; one line naming the field on error."""
+        """Validate raw parameters; one line naming the field on error.
+
+        Parameters that do not validate are bad input (:class:`ParameterError`); a
+        validator that raises anything else, exits, or does not return is the family's
+        own failure (:class:`PluginError`: that kernel fails, the build goes on)."""
         try:
-            return self.params_model.model_validate(dict(params))  # type: ignore[return-value]
+            return boundary.call(self, "parameter validation",  # type: ignore[return-value]
+                                 lambda: self.params_model.model_validate(dict(params)))
         except ValidationError as exc:
             where, why = first_error(exc, "params")
             raise ParameterError(f"{self.name}: parameter {where}: {why}") from None
-        except (TypeError, ArithmeticError, RecursionError) as exc:  # a plugin's validator
-            raise ParameterError(f"{self.name}: parameters: {type(exc).__name__}: "
-                                 f"{' '.join(str(exc).split())[:200]}") from None
 
     def kernel_id(self, params: Mapping[str, Any],
                   launch: LaunchSettings | None = None) -> KernelId:
@@ -128,16 +141,13 @@ class KernelFamily(ABC, Generic[P]):
         does a ``lower`` that returns something other than a :class:`Lowered`."""
         params = self.validate(artifact.kernel.params)
         try:
-            lowered = self.lower(params, artifact.kernel.launch, device)
-        except FarmError:
-            raise
-        except Exception as exc:
-            text = " ".join(str(exc).split())[:300]
-            raise KernelError(f"family {self.name}: lower() raised "
-                              f"{type(exc).__name__}: {text}") from exc
-        if not isinstance(lowered, Lowered):
-            raise KernelError(f"family {self.name}: lower() returned "
-                              f"{type(lowered).__name__}, not Lowered")
+            returned = boundary.call(self, "lower()", lambda: self.lower(
+                params, artifact.kernel.launch, device))
+        except ValidationError as exc:  # a Lowered(...) the plugin made wrongly
+            where, why = first_error(exc)
+            raise PluginError(f"family {boundary.say(self.name)}: lower() made a Lowered "
+                              f"that does not validate: {where}: {why}") from None
+        lowered = boundary.checked_lowered(self, returned)
         options = tuple(self.base_options) + lowered.options + artifact.variant.options
         return lowered.model_copy(update={"options": options})
 
@@ -164,10 +174,11 @@ class KernelFamily(ABC, Generic[P]):
         for a device without limits and keeps only a :class:`ParameterError`: what a
         real device refuses, or any other failure, is left to the real lowering."""
         try:
-            self.lower(self.validate(params), launch, _UNLIMITED)
+            validated = self.validate(params)
+            boundary.call(self, "lower()", lambda: self.lower(validated, launch, _UNLIMITED))
         except ParameterError:
             raise
-        except Exception:  # the real lowering reports it, for its kernel
+        except (FarmError, ValidationError):  # the real lowering reports it, for its kernel
             return
 
     # -- identity of the code -----------------------------------------------------------

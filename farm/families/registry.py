@@ -81,8 +81,8 @@ class Registry:
             try:
                 provided = _family_classes(ep.load(), f"entry point {ep.name}")
                 instances = [family_cls() for family_cls in provided]
-            except Exception as exc:  # plugin code: anything it raises is its own fault
-                why = _why(exc)
+            except (Exception, SystemExit) as exc:  # plugin code: anything it raises
+                why = _why(exc)                       # (sys.exit too) is its own fault
                 registry.broken[ep.name] = why
                 log.warning("family plugin %s (%s) skipped: %s", ep.name, ep.value, why)
                 continue
@@ -96,7 +96,7 @@ class Registry:
         for name in extra_modules:
             try:
                 module = importlib.import_module(name)
-            except Exception as exc:  # the module's own code runs here
+            except (Exception, SystemExit) as exc:  # the module's own code runs here
                 raise SettingsError(f"family module {name!r} cannot be imported: "
                                     f"{_why(exc)}") from None
             listed = getattr(module, "FAMILIES", None)

@@ -8,8 +8,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm.core.errors import ManifestError, ParameterError, UnknownFamilyError
-from farm.core.model import ArtifactId, LaunchSettings, Variant
+from pydantic import ValidationError
+
+from farm.core.errors import ManifestError, ParameterError, PluginError, UnknownFamilyError
+from farm.core.model import ArtifactId, KernelId, LaunchSettings, Variant
 from farm.families.registry import Registry
 from farm.manifest.lines import Loc
 from farm.manifest.messages import _error, _format_loc
@@ -70,10 +72,20 @@ def summarize(entries: Sequence[Entry]) -> dict[str, int]:
 
 
 def _artifact(manifest: Manifest, registry: Registry, planned: _Planned) -> ArtifactId:
-    """Validate one planned kernel with its family; errors point into the manifest."""
+    """Validate one planned kernel with its family; errors point into the manifest.
+
+    A family whose own validation code fails (raises, exits, hangs: a plugin's bug, not
+    bad input) does not stop the expansion: the kernel keeps its parameters as written,
+    and fails in the build with the family's message, alone."""
     try:
         family = registry.get(planned.family)
         artifact = family.artifact_id(planned.params, planned.launch, planned.variant)
+    except PluginError as exc:
+        try:
+            return ArtifactId(kernel=KernelId(family=planned.family, params=planned.params,
+                                              launch=planned.launch), variant=planned.variant)
+        except ValidationError:
+            raise _located(manifest, planned.loc, planned, str(exc)) from None
     except UnknownFamilyError as exc:
         loc = (*planned.loc, "family") if planned.explicit else planned.loc
         known = ", ".join(registry.names())

@@ -1,0 +1,114 @@
+"""The boundary between the farm and a family's own code (a plugin, for the most part).
+
+A family's ``lower()`` and its parameter validators are code the operator installed,
+run inside the farm's processes. Whatever they do, they fail *their kernel*, never the
+build (issue 19 item 9):
+
+* **Everything they raise is caught here**, ``BaseException`` included (``sys.exit``,
+  a class of its own), except a person's Ctrl-C: it becomes a
+  :class:`~farm.core.errors.PluginError` of that kernel.
+* **Their time is bounded**: a plugin family's call runs on a daemon thread and is
+  abandoned after :attr:`KernelFamily.time_limit_s` (at most :data:`MAX_SECONDS`),
+  the thread asked to stop (an exception raised in it between two bytecodes) and left
+  behind if it cannot (a daemon thread never keeps the process alive). The farm's own
+  families run on the calling thread: a thread per call would cost more than their
+  lowering.
+* **What they return is validated again**: a ``Lowered`` made with ``model_construct``
+  skipped validation (an integer source, ``options=None``); :func:`checked_lowered`
+  validates it strictly before anything else sees it.
+* **What they say is trimmed**: one line, control characters escaped, at most
+  :data:`~farm.core.errors.MAX_ECHO` characters (:func:`~farm.core.errors.printable`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from farm.core.errors import FarmError, KernelError, PluginError, first_error, printable
+from farm.core.model import Lowered
+
+T = TypeVar("T")
+
+#: the longest a family's call may take, whatever the family asks for
+MAX_SECONDS = 60.0
+#: the modules whose families are the farm's own (run on the calling thread)
+_OWN = "farm.families.builtin"
+
+
+class _Abandoned(BaseException):
+    """Raised inside a plugin's thread that outlived its time (it should stop there)."""
+
+
+def say(text: object) -> str:
+    """A plugin's text as the farm repeats it: one line, escaped, bounded."""
+    return printable(" ".join(str(text).split()))
+
+
+def call(family: Any, what: str, fn: Callable[[], T]) -> T:
+    """``fn()`` (code of ``family``): its result, or a :class:`PluginError` (or the
+    :class:`FarmError` it raised on purpose, its message trimmed). ``pydantic``'s
+    ``ValidationError`` passes through: it is the caller's to word."""
+    if type(family).__module__.startswith(_OWN):
+        return _guarded(family, what, fn)
+    limit = min(MAX_SECONDS, max(0.1, float(getattr(family, "time_limit_s", MAX_SECONDS))))
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = _guarded(family, what, fn)
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True, name=f"farm-family-{family.name}")
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        _stop(thread)
+        raise PluginError(f"family {say(family.name)}: {what} did not return within "
+                          f"{limit:g} s (abandoned)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _guarded(family: Any, what: str, fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except (ValidationError, KeyboardInterrupt, GeneratorExit, _Abandoned):
+        raise
+    except FarmError as exc:  # raised on purpose, but its text is the plugin's
+        exc.args = (say(exc),)
+        if isinstance(exc, KernelError):
+            exc.build_log = printable(exc.build_log, 64 * 1024)
+        raise
+    except BaseException as exc:  # SystemExit, a class of its own: the kernel's failure
+        raise PluginError(f"family {say(family.name)}: {what} raised "
+                          f"{type(exc).__name__}: {say(exc)}") from None
+
+
+def _stop(thread: threading.Thread) -> None:
+    """Ask ``thread`` to stop: :class:`_Abandoned` is raised in it at its next bytecode
+    (a thread blocked in C code stays blocked, a daemon that dies with the process)."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                   ctypes.py_object(_Abandoned))
+
+
+def checked_lowered(family: Any, value: object) -> Lowered:
+    """``value`` as a :class:`Lowered` that passed validation: ``lower()`` may return
+    one built with ``model_construct`` (nothing checked) or something else entirely."""
+    if not isinstance(value, Lowered):
+        raise PluginError(f"family {say(family.name)}: lower() returned "
+                          f"{type(value).__name__}, not Lowered")
+    fields = {name: value.__dict__.get(name) for name in Lowered.model_fields}
+    try:
+        return Lowered.model_validate(fields, strict=True)
+    except ValidationError as exc:
+        where, why = first_error(exc)
+        raise PluginError(f"family {say(family.name)}: lower() returned a Lowered that "
+                          f"does not validate: {where}: {why}") from None
