@@ -266,3 +266,59 @@ def test_an_artifact_its_own_device_refuses_is_replaced_and_kept_as_evidence(
     assert entry.key == neg and entry.artifact.binary == bad
     assert "refused" in entry.reason
     store.close()
+
+
+# ----------------------------------------------------------------------------------------
+# item 12: what comes from input is escaped before it reaches a terminal
+# ----------------------------------------------------------------------------------------
+def test_escape_sequences_in_a_bundle_never_reach_the_terminal(tmp_path: Path) -> None:
+    """Issue 19 item 12: a bundle whose manifest has a key name holding a newline and
+    ESC[2J (clear the screen) had it echoed raw in the error line."""
+    import io
+    import tarfile
+
+    from farm.store.bundle import MANIFEST_MEMBER, export_bundle
+
+    settings, ns, _, _ = built_store(tmp_path)
+    store = SQLiteStore(settings.store_path)
+    export_bundle(store, [ns], tmp_path / "good.kfb")
+    store.close()
+    with tarfile.open(tmp_path / "good.kfb", "r:") as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    manifest = json.loads(members[0][1])
+    manifest["artifacts"][0]["meta"]["x\n\x1b[2J\x1b]0;owned\x07"] = "hostile"
+    raw = json.dumps(manifest).encode()
+    with tarfile.open(tmp_path / "evil.kfb", "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(MANIFEST_MEMBER)
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+        for member, data in members[1:]:
+            tar.addfile(member, io.BytesIO(data))
+    for command in ("import", "show"):
+        proc = farm_cli(tmp_path / "other", "bundle", command, str(tmp_path / "evil.kfb"))
+        assert proc.returncode == 2, proc.stderr
+        assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr, repr(proc.stderr)
+        assert proc.stderr.count("\n") == 1, repr(proc.stderr)
+        assert "\\x1b[2J" in proc.stderr and "Extra inputs" in proc.stderr
+    # a family name is free text: shown, escaped
+    del manifest["artifacts"][0]["meta"]["x\n\x1b[2J\x1b]0;owned\x07"]
+    manifest["artifacts"][0]["meta"]["family"] = "fam\x1b[2J"
+    raw = json.dumps(manifest).encode()
+    with tarfile.open(tmp_path / "named.kfb", "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(MANIFEST_MEMBER)
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+        for member, data in members[1:]:
+            tar.addfile(member, io.BytesIO(data))
+    shown = farm_cli(tmp_path / "other", "bundle", "show", str(tmp_path / "named.kfb"))
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "fam\\x1b[2J" in shown.stdout, shown.stdout
+
+
+def test_printable_escapes_every_control_character() -> None:
+    from farm.core.errors import printable
+
+    hostile = "".join(chr(c) for c in [*range(32), 127, *range(0x80, 0xA0)]) + "\u2028"
+    shown = printable(f"a{hostile}b", limit=10_000)
+    assert shown.isprintable() and shown.startswith("a\\x00") and shown.endswith("b")
+    assert len(printable("x" * 10_000)) == 500

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from farm.cli.console import err, out, print_json
+from farm.core.errors import printable
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -266,16 +267,18 @@ def print_failures(report: BatchReport, strict: bool) -> None:
         out.print(f"[{style}]{len(report.unsupported)} kernel(s) the device cannot run"
                   f"{' (failures under --strict)' if strict else ''}:[/{style}]")
         for r in report.unsupported[:20]:
-            out.print(f"  {r.label}: {r.failure.message if r.failure else ''}", markup=False)
+            out.print(printable(f"  {r.label}: {r.failure.message if r.failure else ''}"),
+                      markup=False)
         if len(report.unsupported) > 20:
             out.print(f"  ... and {len(report.unsupported) - 20} more")
     for r in report.failed:
         assert r.failure is not None
-        out.print(f"[red]FAILED[/red] {r.label} ({r.failure.kind}): ", end="")
-        out.print(r.failure.message, markup=False)
+        out.print("[red]FAILED[/red] ", end="")  # labels and messages echo input
+        out.print(printable(f"{r.label} ({r.failure.kind}): {r.failure.message}", 2000),
+                  markup=False)
         if r.failure.build_log:
             for line in r.failure.build_log.splitlines()[:40]:
-                out.print(f"    | {line}", markup=False)
+                out.print(f"    | {printable(line, 1000)}", markup=False)
 
 
 def _failure_json(r: KernelResult) -> dict[str, object]:

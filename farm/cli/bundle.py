@@ -15,7 +15,7 @@ import typer
 
 from farm.cli.console import err, out, print_json
 from farm.core.defaults import BUNDLE_MAX_BYTES
-from farm.core.errors import InputError
+from farm.core.errors import InputError, printable
 
 if TYPE_CHECKING:
     from farm.core.keys import Namespace
@@ -200,6 +200,6 @@ def show(
     for col in ("fingerprint", "family", "artifacts", "bytes"):
         table.add_column(col, justify="left" if col in ("fingerprint", "family") else "right")
     for (ns, family), count in sorted(families.items()):
-        table.add_row(parse_namespace(ns).fingerprint, family, str(count),
-                      str(sizes[(ns, family)]))
+        table.add_row(parse_namespace(ns).fingerprint, printable(family), str(count),
+                      str(sizes[(ns, family)]))  # a family name is the bundle's text
     out.print(table)

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from farm.cli.console import err, out, print_json
-from farm.core.errors import SettingsError
+from farm.core.errors import SettingsError, printable
 
 
 def warm(
@@ -73,15 +73,18 @@ def warm(
                     "failures": [_item_json(i) for i in report.failed]})
     else:
         _print_summary(summary)
-        for item in report.unsupported[:20]:
-            out.print(f"[yellow]unsupported[/yellow] {item.label}: ", end="")
-            out.print(item.failure.message if item.failure else "", markup=False)
+        for item in report.unsupported[:20]:  # labels and messages echo input
+            out.print("[yellow]unsupported[/yellow] ", end="")
+            out.print(printable(f"{item.label}: "
+                                f"{item.failure.message if item.failure else ''}"),
+                      markup=False)
         for item in report.failed:
             assert item.failure is not None
-            out.print(f"[red]FAILED[/red] {item.label} ({item.failure.kind}): ", end="")
-            out.print(item.failure.message, markup=False)
+            out.print("[red]FAILED[/red] ", end="")
+            out.print(printable(f"{item.label} ({item.failure.kind}): "
+                                f"{item.failure.message}", 2000), markup=False)
             for line in item.failure.build_log.splitlines()[:40]:
-                out.print(f"    | {line}", markup=False)
+                out.print(f"    | {printable(line, 1000)}", markup=False)
     if failed:
         raise typer.Exit(1)
 
