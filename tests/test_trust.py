@@ -322,3 +322,59 @@ def test_printable_escapes_every_control_character() -> None:
     shown = printable(f"a{hostile}b", limit=10_000)
     assert shown.isprintable() and shown.startswith("a\\x00") and shown.endswith("b")
     assert len(printable("x" * 10_000)) == 500
+
+
+# ----------------------------------------------------------------------------------------
+# item 10: a source over the records' limit is cut in the record, never aborts a build
+# ----------------------------------------------------------------------------------------
+HUGE_SOURCE_FAMILY = '''
+from farm.core.model import Lowered
+from farm.families.base import KernelFamily, Params
+
+
+class P(Params):
+    n: int = 1
+
+
+class Huge(KernelFamily[P]):
+    """5 MiB of source: a comment the compiler skips, then a kernel."""
+
+    name = "huge_source"
+    params_model = P
+
+    def lower(self, params, launch, device):
+        pad = "/*" + "x" * (5 * 1024 * 1024) + "*/\\n"
+        return Lowered(source=pad + "__kernel void huge(__global float *x) { x[0] = 1.0f; }",
+                       options=("-DHUGE=" + "1" * 5000,), kernel_names=("huge",))
+
+
+FAMILIES = [Huge]
+'''
+
+
+def test_a_source_over_the_records_limit_is_cut_in_the_record(tmp_path: Path) -> None:
+    """Issue 19 item 10: at records level full a source over 4 MiB aborted the build
+    after storing the artifact (the CompilationRecord's source limit)."""
+    import sqlite3
+
+    (tmp_path / "hugefam.py").write_text(HUGE_SOURCE_FAMILY)
+    manifest = tmp_path / "m.toml"
+    manifest.write_text('format = 1\n\n[[kernels]]\nfamily = "huge_source"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(tmp_path / "home"), FARM_RECORDS_LEVEL="full",
+               FARM_FAMILY_MODULES='["hugefam"]', PYTHONPATH=str(tmp_path),
+               PYOPENCL_NO_CACHE="1", POCL_KERNEL_CACHE="0")
+    proc = subprocess.run([sys.executable, "-m", "farm", "build", str(manifest), "--local",
+                           "--workers", "0", "--json"], env=env, text=True,
+                          capture_output=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["summary"]["compiled"] == 1
+    conn = sqlite3.connect(tmp_path / "home" / "envs" / "default" / "records.sqlite")
+    (payload,) = conn.execute("SELECT payload FROM records WHERE family='huge_source'"
+                              ).fetchone()
+    conn.close()
+    record = json.loads(payload)
+    assert len(record["source"]) <= 4 * 1024 * 1024
+    assert record["source"].startswith("/*xxxx")
+    assert "source cut" in record["source"][-300:] and "sha256" in record["source"][-300:]
+    assert all(len(o) <= 1000 for o in record["options"])

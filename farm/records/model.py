@@ -15,6 +15,7 @@ import platform
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
@@ -28,6 +29,7 @@ from pydantic import (
     field_validator,
 )
 
+from farm.core.hashing import sha256_hex
 from farm.core.keys import record_kind
 from farm.core.model import (
     INT64_MAX,
@@ -284,6 +286,31 @@ class CompilationRecord(_Record):
         if self.outcome is Outcome.LOADED and not self.native_fallback:
             return Effect.OBSERVES
         return Effect.CHANGES
+
+
+#: the most a record keeps of a source (LogText's bound), and of each build option
+MAX_SOURCE = 4 * 1024 * 1024
+MAX_OPTION = 1000
+MAX_OPTIONS = 256
+
+
+def fit_code(source: str | None, options: Sequence[str] | None
+             ) -> tuple[str | None, list[str] | None]:
+    """``source`` and ``options`` within a :class:`CompilationRecord`'s bounds.
+
+    A family can generate any amount of code; a record is bounded (storage, streams).
+    A source over :data:`MAX_SOURCE` keeps its beginning and ends with a comment that
+    says it was cut, how long it was and its SHA-256 (so it can still be matched with
+    the one a person has); options are cut the same way, one by one.
+    """
+    if source is not None and len(source) > MAX_SOURCE:
+        note = (f"\n/* kernel-farm: source cut to fit the record: {len(source)} characters, "
+                f"sha256 {sha256_hex(source)} */")
+        source = source[:MAX_SOURCE - len(note)] + note
+    if options is not None:
+        options = [o if len(o) <= MAX_OPTION else o[:MAX_OPTION - 3] + "..."
+                   for o in list(options)[:MAX_OPTIONS]]
+    return source, list(options) if options is not None else None
 
 
 class CompilationBatchRecord(_Record):

@@ -45,6 +45,7 @@ from farm.records.model import (
     Session,
     Stamp,
     SystemClock,
+    fit_code,
 )
 from farm.records.sink import RecordSink
 
@@ -160,6 +161,8 @@ class Recorder:
         if self.config.level is RecordLevel.OFF or self._closed:
             return None
         keep_code = self.config.level is RecordLevel.FULL and outcome is not Outcome.LOADED
+        if keep_code:  # any family can generate more than a record holds: cut, never fail
+            source, options = fit_code(source, options)
         with self._lock:
             if self._closed:  # closed while this thread waited for the lock
                 return None
