@@ -378,3 +378,44 @@ def test_a_source_over_the_records_limit_is_cut_in_the_record(tmp_path: Path) ->
     assert record["source"].startswith("/*xxxx")
     assert "source cut" in record["source"][-300:] and "sha256" in record["source"][-300:]
     assert all(len(o) <= 1000 for o in record["options"])
+
+
+# ----------------------------------------------------------------------------------------
+# item 11: durations are bounded like the other timeouts
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("variable", "value"), [
+    ("FARM_OUTAGE_LIMIT", "1e308"), ("FARM_OUTAGE_LIMIT", "1e-300"),
+    ("FARM_HEARTBEAT_INTERVAL", "1e-300"), ("FARM_HEARTBEAT_INTERVAL", "1e308"),
+    ("FARM_DEAD_WORKER_GRACE", "1e-300"), ("FARM_DEAD_WORKER_GRACE", "1e308"),
+])
+def test_durations_out_of_bounds_are_refused_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
+    """Issue 19 item 11: FARM_OUTAGE_LIMIT=1e308 waited for ever, 1e-300 was accepted,
+    as were FARM_HEARTBEAT_INTERVAL and FARM_DEAD_WORKER_GRACE at 1e-300."""
+    from farm.core.errors import SettingsError
+    from farm.core.settings import load_settings
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError, match=f"setting {variable}: "):
+        load_settings()
+
+
+def test_a_grace_no_longer_than_the_heartbeat_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every worker would be dead between two of its heartbeats."""
+    from farm.core.errors import SettingsError
+    from farm.core.settings import load_settings
+
+    monkeypatch.setenv("FARM_HEARTBEAT_INTERVAL", "5")
+    monkeypatch.setenv("FARM_DEAD_WORKER_GRACE", "5")
+    with pytest.raises(SettingsError, match=r"FARM_DEAD_WORKER_GRACE: .*FARM_HEARTBEAT_INTERVAL"):
+        load_settings()
+
+
+def test_the_cli_refuses_an_endless_outage_limit_in_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_OUTAGE_LIMIT="1e308", FARM_REDIS_URL="redis://127.0.0.1:1/0")
+    proc = subprocess.run([sys.executable, "-m", "farm", "workers"], text=True, env=env,
+                          capture_output=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: setting FARM_OUTAGE_LIMIT: ")
+    assert proc.stderr.count("\n") == 1

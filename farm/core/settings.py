@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farm.core.errors import SettingsError, first_error
@@ -109,15 +109,17 @@ class Settings(BaseSettings):
     # -- faults (see docs/RELIABILITY.md) --------------------------------------------------
     #: seconds a Redis or MinIO outage is waited out (with backoff) before a process gives
     #: up with one error line (FARM_OUTAGE_LIMIT)
-    outage_limit: float = Field(default=60.0, gt=0)
+    outage_limit: float = Field(default=60.0, ge=1.0, le=_MAX_SECONDS)
     #: times a kernel may kill its compiling process before it fails as ``crashed``
     #: (FARM_CRASH_LIMIT)
     crash_limit: int = Field(default=2, ge=1, le=100)
-    #: seconds between a worker's heartbeats (FARM_HEARTBEAT_INTERVAL)
-    heartbeat_interval: float = Field(default=3.0, gt=0)
+    #: seconds between a worker's heartbeats (FARM_HEARTBEAT_INTERVAL); a tenth of a
+    #: second at least (more often is a busy loop on Redis), an hour at most
+    heartbeat_interval: float = Field(default=3.0, ge=0.1, le=3600.0)
     #: seconds without a heartbeat after which a worker is dead: clients re-send the
-    #: chunks it held, listings drop it (FARM_DEAD_WORKER_GRACE)
-    dead_worker_grace: float = Field(default=20.0, gt=0)
+    #: chunks it held, listings drop it (FARM_DEAD_WORKER_GRACE); longer than the
+    #: heartbeat interval, or every worker is dead between two of its beats
+    dead_worker_grace: float = Field(default=20.0, ge=1.0, le=_MAX_SECONDS)
 
     # -- validation: every value refused here, in one line, never later by a traceback --
     @field_validator("home")
@@ -131,6 +133,15 @@ class Settings(BaseSettings):
                 raise ValueError("exists and is not a folder")
         except OSError as exc:  # a name too long, a component that is a file...
             raise ValueError(f"cannot be used as a folder ({exc.strerror})") from None
+        return value
+
+    @field_validator("dead_worker_grace")
+    @classmethod
+    def _longer_than_a_beat(cls, value: float, info: ValidationInfo) -> float:
+        beat = info.data.get("heartbeat_interval")
+        if beat is not None and value <= beat:
+            raise ValueError(f"must exceed FARM_HEARTBEAT_INTERVAL ({beat:g} s): a worker "
+                             "would be dead between two of its heartbeats")
         return value
 
     @field_validator("metrics_address")
