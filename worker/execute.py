@@ -45,6 +45,7 @@ from farm.core.errors import (
 )
 from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.records.model import RequestedBy
+from farm.store.base import set_aside
 from worker.crashes import TaskLedger, holder_name
 from worker.state import WorkerState
 
@@ -179,13 +180,16 @@ def _resolve(req: KernelRequest, key: Key, state: WorkerState, record: Record) -
 
 
 def _loadable(key: Key, state: WorkerState) -> Artifact | None:
-    """The stored artifact of ``key`` if it verifies and this device loads it."""
+    """The stored artifact of ``key`` if it verifies and this device loads it. One
+    this device refuses is proven bad on its own device: quarantined (kept, with why),
+    so that the compile that follows can store the repair (docs/SECURITY.md)."""
     art = state.store.get(state.ns, key)
     if art is None:
         return None
     try:
         load(state.ctx, state.cl_device, art.binary, arch=state.device.native_arch)
-    except LoadError:
+    except LoadError as exc:
+        set_aside(state.store, state.ns, art, f"the device refused it: {exc}")
         return None
     return art
 
