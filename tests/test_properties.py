@@ -545,3 +545,184 @@ def test_minio_objects_decode_to_a_verified_artifact_or_a_miss(seed: int, edits:
         raw = MAGIC + len(text).to_bytes(4, "big") + text + b"binary"
     got = decode_artifact(raw)
     assert got is None or isinstance(got.verify(), bool)
+
+
+# -- native containers (issue 19) ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pocl_binary() -> tuple[bytes, Any]:
+    """A real binary of this machine's device (and the device), compiled once."""
+    from farm.compilation.finalize import finalize
+    from farm.core.device import DeviceContext, probe_devices, select_device
+
+    device = select_device(probe_devices())
+    ctx, cl_device = DeviceContext(device).get()
+    family = REGISTRY.get("elementwise_unary")
+    lowered = family.lower_id(family.artifact_id({"op": "neg"}), device)
+    built = finalize(ctx, cl_device, lowered)
+    assert built.ok, built.error
+    return built.binary, device
+
+
+@given(seed=st.integers(0, 2**32), edits=st.integers(1, 8), replacement=JSONISH,
+       how=st.sampled_from(["bytes", "header", "sizes"]))
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+def test_native_containers_unpack_or_are_refused_in_one_line(
+        pocl_binary: tuple[bytes, Any], seed: int, edits: int, replacement: Any,
+        how: str) -> None:
+    """A ``KFNATIVE`` container comes from the store (a bundle, another prefix): it
+    unpacks into parts that add up, or is a one-line :class:`LoadError`; what a part
+    says it is for (its target) is read without an exception, whatever its bytes."""
+    from farm.compilation.native import MAGIC, pack, unpack
+    from farm.compilation.target import binary_target
+    from farm.core.errors import LoadError
+
+    rnd = random.Random(seed)
+    binary, _ = pocl_binary
+    good = pack("sm_90", binary[:200], binary)
+    header_len = int.from_bytes(good[8:12], "little")
+    if how == "bytes":
+        raw = mutate_bytes(good, rnd, edits)
+    else:
+        header = json.loads(good[12:12 + header_len])
+        if how == "sizes":
+            key = rnd.choice(["native_size", "portable_size"])
+            header[key] = rnd.choice([0, -1, 1, 2**31, 2**63, header[key] + 1])
+        else:
+            header = mutate_json(header, rnd, replacement)
+        text = json.dumps(header).encode()
+        raw = MAGIC + len(text).to_bytes(4, "little") + text + good[12 + header_len:]
+    try:
+        parts = unpack(raw)
+    except LoadError as exc:
+        one_line(exc)
+        return
+    assert parts is not None or not raw.startswith(MAGIC)
+    for part in ([parts.native, parts.portable] if parts is not None else [raw]):
+        target = binary_target(part)
+        assert target is None or target.startswith(("pocl:", "nvidia:"))
+    if parts is not None:
+        assert len(parts.native) + len(parts.portable) <= len(raw)
+
+
+@pytest.fixture(scope="module")
+def validator(pocl_binary: tuple[bytes, Any]) -> Iterator[Any]:
+    from farm.compilation.validate import IsolatedValidator
+
+    with IsolatedValidator(pocl_binary[1], timeout_s=60) as child:
+        yield child
+
+
+#: a child process per crashing example costs most of a second: a tenth of the examples
+FEWER = settings(max_examples=max(10, settings.default.max_examples // 10),
+                 suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                        HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@given(seed=st.integers(0, 2**32), edits=st.integers(1, 4), wrap=st.booleans())
+@FEWER
+def test_damaged_binaries_are_judged_in_the_child_never_here(
+        validator: Any, pocl_binary: tuple[bytes, Any], seed: int, edits: int,
+        wrap: bool) -> None:
+    """Any bytes, plain or in a container, handed to the isolated validator: a verdict
+    (a string), never an exception and never this process's crash."""
+    from farm.compilation.native import pack
+
+    rnd = random.Random(seed)
+    binary = mutate_bytes(pocl_binary[0], rnd, edits)
+    if wrap:
+        binary = pack("fake_1", binary, binary)
+    verdict = validator.validate(binary, ("unary_neg",))
+    assert isinstance(verdict, str) and "\n" not in verdict
+
+
+# -- plugin return values (issue 19) -------------------------------------------------------------
+class _Plugged:
+    """What a hostile plugin hands back, set per example (one family, many returns)."""
+
+    returned: Any = None
+    raises: BaseException | None = None
+
+
+def _plugin_family() -> Any:
+    from farm.families.base import KernelFamily, Params
+
+    class P(Params):
+        n: int = 1
+
+    class Plugin(KernelFamily[P]):
+        name = "property_plugin"
+        params_model = P
+
+        def lower(self, params: Any, launch: Any, device: Any) -> Any:
+            if _Plugged.raises is not None:
+                raise _Plugged.raises
+            return _Plugged.returned
+
+    return Plugin()
+
+
+PLUGIN = _plugin_family()
+LOWERED_FIELDS = st.fixed_dictionaries({}, optional={
+    "source": JSONISH | st.binary(max_size=20), "options": JSONISH,
+    "kernel_names": JSONISH | st.lists(TEXT, max_size=3).map(tuple)})
+EXCEPTIONS = st.sampled_from([KeyError, AttributeError, RuntimeError, ValueError,
+                              SystemExit, GeneratorExit, MemoryError, RecursionError,
+                              UnicodeDecodeError, FarmError, ManifestError])
+
+
+@given(returned=JSONISH | LOWERED_FIELDS, construct=st.booleans(),
+       raises=st.none() | EXCEPTIONS, text=TEXT)
+def test_whatever_a_plugin_returns_lowers_or_fails_its_kernel_in_one_line(
+        returned: Any, construct: bool, raises: Any, text: str) -> None:
+    from farm.core.device import probe_devices, select_device
+    from farm.core.errors import PluginError
+
+    if construct and isinstance(returned, dict):
+        returned = Lowered.model_construct(**returned)
+    _Plugged.returned = returned
+    _Plugged.raises = None
+    if raises is not None:
+        _Plugged.raises = raises("x", b"", 0, 1, "bad") if raises is UnicodeDecodeError \
+            else raises(text)
+    device = _DEVICE.setdefault("d", select_device(probe_devices()))
+    try:
+        lowered = PLUGIN.lower_id(PLUGIN.artifact_id({}), device)
+    except (PluginError, FarmError) as exc:
+        one_line(exc)
+        assert len(str(exc)) <= 800
+        return
+    assert isinstance(lowered, Lowered) and isinstance(lowered.source, str)
+    assert lowered.kernel_names and all(isinstance(n, str) for n in lowered.kernel_names)
+
+
+_DEVICE: dict[str, Any] = {}
+
+
+# -- records the recorder makes (issue 19) --------------------------------------------------------
+@given(source=st.none() | TEXT | st.integers(0, 6).map(lambda n: "s" * (n * 1024 * 1024)),
+       options=st.none() | st.lists(TEXT | st.just("-D" + "1" * 5000), max_size=300),
+       family=TEXT.filter(lambda t: 0 < len(t) <= 200 and "\x00" not in t))
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          max_examples=max(10, settings.default.max_examples // 5))
+def test_every_record_the_recorder_makes_packs_and_reads_back(
+        source: str | None, options: list[str] | None, family: str) -> None:
+    """Whatever code a family generates, its Full record fits the record's bounds (cut,
+    never refused) and travels in packs that decode to the same records."""
+    from farm.core.model import Outcome
+    from farm.records import CompilationRecord, Stamp
+    from farm.records.model import MAX_SOURCE, fit_code
+
+    kept_source, kept_options = fit_code(source, options)
+    record = CompilationRecord(stamp=Stamp(session=1, seq=1, offset_s=0.0), family=family,
+                               key="0" * 32 + "." + "1" * 24, outcome=Outcome.COMPILED,
+                               work_s=0.1, source=kept_source, options=kept_options)
+    assert record.source is None or len(record.source) <= MAX_SOURCE
+    if source is not None and len(source) <= MAX_SOURCE:
+        assert record.source == source
+    decoded_records = []
+    for _, fields in encode_packs([record]):
+        decoded = decode_records(fields)
+        assert not decoded.bad
+        decoded_records += decoded.records
+    assert decoded_records == [record]

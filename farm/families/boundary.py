@@ -79,10 +79,11 @@ def call(family: Any, what: str, fn: Callable[[], T]) -> T:
 def _guarded(family: Any, what: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
-    except (ValidationError, KeyboardInterrupt, GeneratorExit, _Abandoned):
+    except (ValidationError, KeyboardInterrupt, _Abandoned):
         raise
     except FarmError as exc:  # raised on purpose, but its text is the plugin's
-        exc.args = (say(exc),)
+        exc.args = (say(exc) or f"family {say(family.name)}: {what} raised "
+                                f"{type(exc).__name__}",)
         if isinstance(exc, KernelError):
             exc.build_log = printable(exc.build_log, 64 * 1024)
         raise
