@@ -428,7 +428,8 @@ class KernelLoader:
         """Full misses through the farm's batch (lower, rekey or compile, load, store
         after load) on this loader's context, keeping the programs."""
         batch = Batch(registry=self.registry, ctx=self._context, store=self.store,
-                      validator=self.validator,                      compiler=self._compiler_for(len(artifacts)),
+                      validator=self.validator,
+                      compiler=self._compiler_for(len(artifacts)),
                       recorder=self.recorder, record_batch=False,
                       keep_programs=True, label=label or self.label)
         report = batch.run(artifacts, progress=progress)

@@ -31,6 +31,7 @@ time runs from its start to its last load.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -232,7 +233,7 @@ class Batch:
         for res in hits:
             t = time.perf_counter()
             assert res.key is not None
-            found = self.rules.stored(res.key, names=lambda res=res: self._declared(res))
+            found = self.rules.stored(res.key, names=functools.partial(self._declared, res))
             if found is None:  # corrupt or refused: a miss that recompiling repairs
                 late.append(_Pending(result=res, family=res.artifact.kernel.family,
                                      started=t))
