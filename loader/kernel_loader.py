@@ -359,7 +359,7 @@ class KernelLoader:
         if found is not None:
             entry, tier = found
             self.stats.bump(tier.name)
-            self.record_loaded(entry, time.perf_counter() - start)
+            self.record_loaded(entry, time.perf_counter() - start, artifact.kernel.label())
             return entry
         label = artifact.kernel.label()
         if self.on_miss == "fail":
@@ -378,16 +378,18 @@ class KernelLoader:
                 raise KernelError(f"{label}: the farm reported {res.outcome} but no store "
                                   "tier serves it to this device")
             self.stats.bump("farm")
-            self.record_loaded(got[0], time.perf_counter() - start)
+            self.record_loaded(got[0], time.perf_counter() - start, artifact.kernel.label())
             return got[0]
         assert res.program is not None and res.outcome is not None
         self.stats.bump("compiled" if res.outcome is Outcome.COMPILED else
                         "rekeyed" if res.outcome is Outcome.REKEYED else "local")
         return LoadedProgram.of(res.program, artifact.kernel.family, key)
 
-    def record_loaded(self, entry: LoadedProgram, work_s: float) -> None:
+    def record_loaded(self, entry: LoadedProgram, work_s: float, kernel: str = "") -> None:
+        """``kernel``: its readable name, for `farm records` (``KernelId.label()``)."""
         self.recorder.compilation(family=entry.family, key=entry.key, outcome=Outcome.LOADED,
-                                  work_s=work_s, native_fallback=entry.native_fallback)
+                                  work_s=work_s, native_fallback=entry.native_fallback,
+                                  kernel=kernel)
 
     def compile_batch(self, artifacts: list[ArtifactId], progress: Any = None,
                       label: str = "") -> BatchReport:

@@ -110,7 +110,8 @@ def _obtain(req: KernelRequest, state: WorkerState,
             family=family_name, key=key or "", outcome=outcome, work_s=work,
             source=lowered.source if lowered else None,
             options=list(lowered.options) if lowered else None, worker=state.name,
-            host=socket.gethostname(), requested_by=requested_by)
+            host=socket.gethostname(), requested_by=requested_by,
+            kernel=req.artifact.kernel.label())
         if outcome is not Outcome.LOADED:
             _send_records(state)
 

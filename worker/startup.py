@@ -50,6 +50,15 @@ def pick_devices(devices: list[DeviceInfo], fingerprint: str | None) -> list[Dev
     return chosen
 
 
+def _pool_pids(controller: Any) -> list[int]:
+    """The pids of a Celery worker's pool processes (prefork's ``pool.info``, what
+    `celery inspect stats` reports); none before the pool starts, or for a solo pool."""
+    try:
+        return [int(pid) for pid in controller.pool.info.get("processes", [])]
+    except Exception:  # no pool yet, or one being restarted: the next beat has it
+        return []
+
+
 class _QuietSuccess(logging.Filter):
     """Celery logs every task's full return value at INFO ("succeeded in ...: {...}"):
     a chunk's reply is kilobytes of JSON. Keep that line for DEBUG; the compile task
@@ -141,6 +150,9 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
         except Exception as exc:
             log.warning("could not note the holder of task %s: %s", request.id, exc)
 
+    controller: dict[str, Any] = {}  # Celery's WorkController, for its pool's pids
+    signals.worker_init.connect(lambda sender=None, **_: controller.update(wc=sender),
+                                weak=False)
     signals.worker_process_init.connect(init_process, weak=False)
     signals.worker_process_shutdown.connect(close_process, weak=False)
     signals.task_received.connect(received, weak=False)
@@ -181,6 +193,7 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     beat = Heartbeat(client, info, interval_s=settings.heartbeat_interval,
                      stale_s=settings.dead_worker_grace, waiter=waiter, on_give_up=give_up,
                      on_beat=on_beat)
+    beat.pool_of = lambda: _pool_pids(controller.get("wc"))
     beat.start()  # OutageError (one line, exit 1) when Redis stays away past the limit
     try:
         app.worker_main(argv=celery_argv(

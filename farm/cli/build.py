@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from farm.cli.console import err, out, print_json
+from farm.cli.build_report import (
+    by_worker,
+    failure_json,
+    print_failures,
+    print_summary,
+    print_workers,
+    recorded_line,
+    recorded_session,
+)
+from farm.cli.console import err, print_json
+from farm.cli.progress import progress
 
 if TYPE_CHECKING:
-    from rich.progress import Progress, TaskID
-
-    from farm.compilation.batch import Batch, BatchReport, KernelResult
-    from farm.core.model import ArtifactId
+    from farm.compilation.batch import BatchReport
     from farm.core.settings import Settings
     from farm.manifest import Manifest
+    from farm.records import Recorder
 
 
 def build(
@@ -57,28 +63,34 @@ def build(
     label = f"build {loaded.label}"
     use_cluster = settings.cluster if cluster is None else cluster
     report: BatchReport | None = None
+    recorder: Recorder | None = None
     if use_cluster:
-        report, fp = _cluster_build(settings, loaded, label, fingerprint, fallback_local,
-                                    verify, json_out, wait_for_workers=wait_for_workers)
+        report, fp, recorder = _cluster_build(settings, loaded, label, fingerprint,
+                                              fallback_local, verify, json_out,
+                                              wait_for_workers=wait_for_workers)
     if report is None:
         with local_farm(settings, label=label, workers=workers) as farm:
             artifacts = [e.artifact for e in expand(loaded, farm.registry)]
-            report = _run_with_progress(farm.batch(label=label), artifacts, quiet=json_out)
+            with progress(len(artifacts), quiet=json_out) as shown:
+                report = farm.batch(label=label).run(artifacts, progress=shown)
             fp = farm.device.fingerprint
+            recorder = farm.recorder
     failed = report.failed + (report.unsupported if strict else [])
     if metrics_file is not None or settings.metrics_pushgateway:
         _publish_metrics(report, settings, manifest=loaded.name or path.stem, fingerprint=fp,
                          cluster=use_cluster, textfile=metrics_file)
     if json_out:
         print_json({"manifest": str(path), "fingerprint": fp, "cluster": use_cluster,
-                    "summary": report.summary(), "workers": _by_worker(report),
-                    "unsupported": [_failure_json(r) for r in report.unsupported],
-                    "failures": [_failure_json(r) for r in report.failed]})
+                    "summary": report.summary(), "workers": by_worker(report),
+                    "session": recorded_session(recorder),
+                    "unsupported": [failure_json(r) for r in report.unsupported],
+                    "failures": [failure_json(r) for r in report.failed]})
     else:
         print_summary(report, title=f"farm build {loaded.label} on {fp}")
         if use_cluster:
             print_workers(report)
         print_failures(report, strict)
+        err.print(recorded_line(recorder), markup=False, highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
 
@@ -86,7 +98,7 @@ def build(
 def _cluster_build(settings: Settings, loaded: Manifest, label: str,
                    fingerprint: str | None, fallback_local: bool, verify: bool,
                    quiet: bool, *, wait_for_workers: bool = False
-                   ) -> tuple[BatchReport | None, str]:
+                   ) -> tuple[BatchReport | None, str, Recorder | None]:
     """Build through the workers; ``None`` when falling back to a local build."""
     import redis
 
@@ -129,7 +141,7 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
                                    f"compile for {fp}") from None
             err.print(f"{exc}: compiling locally (--fallback-local)", markup=False,
                       soft_wrap=True)
-            return None, fp
+            return None, fp, None
     registry = Registry.load(settings.family_modules)
     artifacts = [e.artifact for e in expand(loaded, registry)]
     store = open_store(settings)
@@ -139,13 +151,13 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
         return make_app(settings)
 
     try:
-        with _progress(len(artifacts), quiet) as tick:
+        with progress(len(artifacts), quiet=quiet) as shown:
             report = cluster_build(settings, app=app, registry=registry, store=store,
                                    fingerprint=fp, artifacts=artifacts, recorder=recorder,
-                                   label=label, progress=tick, verify=verify,
+                                   label=label, progress=shown, verify=verify,
                                    device=next((w.device for w in served_by if w.device),
                                                None),
-                                   say=say, status=tick.status, waiter=waiter)
+                                   say=say, status=shown.status, waiter=waiter)
     except BaseException:
         _close_quietly(recorder)  # the error on its way out is the one line to show
         raise
@@ -153,7 +165,7 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
         recorder.close()
     finally:
         store.close()
-    return report, fp
+    return report, fp, recorder
 
 
 def _close_quietly(recorder: Any) -> None:
@@ -184,101 +196,3 @@ def _publish_metrics(report: BatchReport, settings: Settings, *, manifest: str,
         except OSError as exc:
             err.print(f"warning: could not push the build's metrics to "
                       f"FARM_METRICS_PUSHGATEWAY: {exc}", markup=False, soft_wrap=True)
-
-
-def _by_worker(report: BatchReport) -> dict[str, dict[str, float]]:
-    from farm.core.model import Outcome
-
-    out_: dict[str, dict[str, float]] = {}
-    for r in report.results:
-        if r.worker and r.outcome is not None:
-            w = out_.setdefault(r.worker, {"kernels": 0, "compiled": 0, "work_s": 0.0})
-            w["kernels"] += 1
-            w["compiled"] += r.outcome is Outcome.COMPILED
-            w["work_s"] = round(w["work_s"] + r.work_s, 4)
-    return out_
-
-
-def print_workers(report: BatchReport) -> None:
-    from rich.table import Table
-
-    table = Table(title="work by worker")
-    for col in ("worker", "kernels", "compiled", "work"):
-        table.add_column(col, justify="right" if col != "worker" else "left")
-    for name, w in sorted(_by_worker(report).items()):
-        table.add_row(name, str(int(w["kernels"])), str(int(w["compiled"])),
-                      f"{w['work_s']:.2f} s")
-    out.print(table)
-
-
-class _Tick:
-    """The per-kernel progress callback, and ``status`` for the cluster's live line
-    (chunks in flight per worker)."""
-
-    def __init__(self, bar: Progress, task: TaskID) -> None:
-        self._bar = bar
-        self._task = task
-
-    def __call__(self, res: KernelResult) -> None:
-        what = res.outcome.value if res.outcome else (res.failure.kind if res.failure
-                                                       else "")
-        self._bar.update(self._task, advance=1, last=f"{what} {res.label}"[:60])
-
-    def status(self, line: str) -> None:
-        self._bar.update(self._task, status=line[:80])
-
-
-@contextlib.contextmanager
-def _progress(total: int, quiet: bool) -> Iterator[_Tick]:
-    """A progress bar on stderr; yields the per-kernel callback."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
-                  TextColumn("{task.fields[status]}"), console=err,
-                  disable=quiet, transient=True) as bar:
-        task = bar.add_task("building", total=total, last="", status="")
-        yield _Tick(bar, task)
-
-
-def _run_with_progress(batch: Batch, artifacts: list[ArtifactId], quiet: bool) -> BatchReport:
-    with _progress(len(artifacts), quiet) as tick:
-        return batch.run(artifacts, progress=tick)
-
-
-def print_summary(report: BatchReport, title: str) -> None:
-    from rich.table import Table
-
-    s = report.summary()
-    table = Table(title=title, show_header=True)
-    for col in ("kernels", "loaded", "rekeyed", "compiled", "unsupported", "failed",
-                "work", "wall", "work/wall"):
-        table.add_column(col, justify="right")
-    table.add_row(str(s["kernels"]), str(s["loaded"]), str(s["rekeyed"]), str(s["compiled"]),
-                  str(s["unsupported"]), str(s["failed"]), f"{s['work_s']:.2f} s",
-                  f"{s['wall_s']:.2f} s", f"{s['speedup']:.2f}x")
-    out.print(table)
-
-
-def print_failures(report: BatchReport, strict: bool) -> None:
-    if report.unsupported:
-        style = "red" if strict else "yellow"
-        out.print(f"[{style}]{len(report.unsupported)} kernel(s) the device cannot run"
-                  f"{' (failures under --strict)' if strict else ''}:[/{style}]")
-        for r in report.unsupported[:20]:
-            out.print(f"  {r.label}: {r.failure.message if r.failure else ''}", markup=False)
-        if len(report.unsupported) > 20:
-            out.print(f"  ... and {len(report.unsupported) - 20} more")
-    for r in report.failed:
-        assert r.failure is not None
-        out.print(f"[red]FAILED[/red] {r.label} ({r.failure.kind}): ", end="")
-        out.print(r.failure.message, markup=False)
-        if r.failure.build_log:
-            for line in r.failure.build_log.splitlines()[:40]:
-                out.print(f"    | {line}", markup=False)
-
-
-def _failure_json(r: KernelResult) -> dict[str, object]:
-    assert r.failure is not None
-    return {"kernel": r.artifact.kernel.model_dump(mode="json"), "label": r.label,
-            "key": str(r.key) if r.key else None, **r.failure.model_dump()}

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from farm.cli.build import _run_with_progress, print_failures, print_summary
+from farm.cli.build_report import print_failures, print_summary
 from farm.cli.console import out, print_json
+from farm.cli.progress import progress
 
 if TYPE_CHECKING:
     from farm.core.model import ArtifactId
@@ -48,8 +49,9 @@ def demo(
         loaded = load_manifest(resolve_manifest(manifest))
         with local_farm(settings, label=f"demo {loaded.label}", workers=workers) as farm:
             artifacts = [e.artifact for e in expand(loaded, farm.registry)]
-            build = _run_with_progress(farm.batch(label=f"build {loaded.label}"), artifacts,
-                                       quiet=json_out)
+            with progress(len(artifacts), quiet=json_out) as shown:
+                build = farm.batch(label=f"build {loaded.label}").run(artifacts,
+                                                                      progress=shown)
             fingerprint = farm.device.fingerprint
         stored = [r.artifact for r in build.results if r.outcome is not None]
         t0 = time.perf_counter()

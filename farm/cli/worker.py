@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from farm.cli.console import out, print_json
 from farm.core.errors import SettingsError
+
+if TYPE_CHECKING:
+    from farm.cluster.queues import QueueStats
+    from farm.cluster.workers import WorkerInfo
 
 
 def worker(
@@ -46,11 +50,14 @@ def worker(
                metrics_port=metrics_port, extra_args=list(celery_args or []))
 
 
-def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List which fingerprints are served, by which hosts, with how many processes, and
-    each fingerprint's queue depth and chunks in flight."""
+def workers(json_out: Annotated[bool, typer.Option("--json", help="as JSON")] = False,
+            ) -> None:
+    """List who serves each fingerprint, and each fingerprint's queue.
+
+    A worker is named by its main process (host:pid); its pool processes, which
+    compile, by theirs: the names a build's "work by worker" and the records use.
+    """
     import redis
-    from rich.table import Table
 
     from farm.cluster.queues import queue_stats
     from farm.cluster.workers import served
@@ -58,7 +65,9 @@ def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
 
     settings = load_settings()
     if not settings.redis_url:
-        raise SettingsError("setting FARM_REDIS_URL: needed to list the workers")
+        raise SettingsError("setting FARM_REDIS_URL: needed to list the workers; for a "
+                            "cluster on this machine, run `farm cluster up` and source "
+                            "the settings it prints")
     from farm.core.errors import ClusterError
     from farm.core.outage import is_redis_down, redis_location
 
@@ -78,20 +87,29 @@ def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
                          "depth": q.depth, "in_flight": q.in_flight}
                     for fp, q in sorted(queues.items())})
         return
-    table = Table(title="workers")
-    for col in ("fingerprint", "host", "pid", "processes", "device", "version"):
-        table.add_column(col)
-    for fp, ws in sorted(found.items()):
-        for w in sorted(ws, key=lambda w: (w.host, w.pid)):
-            table.add_row(fp, w.host, str(w.pid), str(w.processes), w.device_name, w.version)
-    out.print(table)
+    print_served(found, queues)
+
+
+def print_served(found: dict[str, list[WorkerInfo]], queues: dict[str, QueueStats]) -> None:
+    """One block a fingerprint: the fingerprint whole on a line of its own (the value
+    `--fingerprint` takes), its queue, then its workers."""
+    from rich.text import Text
+
+    from farm.cli.tables import Column, print_table, print_title
+
+    print_title("workers, by the fingerprint they serve")
+    for fp in sorted(set(found) | set(queues)):
+        ws = sorted(found.get(fp, []), key=lambda w: (w.host, w.pid))
+        q = queues.get(fp)
+        out.print()
+        out.print(Text(fp, style="bold", overflow="fold"))
+        device = ws[0].device_name if ws else "no live worker"
+        out.print(Text(f"  {device}; {len(ws)} worker(s), {sum(w.processes for w in ws)} "
+                       f"process(es); {q.depth if q else 0} chunk(s) waiting, "
+                       f"{q.in_flight if q else 0} in flight"), markup=False)
+        if ws:
+            print_table([Column("worker"), Column("pool processes (host:pid)", wrap=True),
+                         Column("version")],
+                        [[w.field, " ".join(w.process_names), w.version] for w in ws])
     if not found:
         out.print("no worker is running")
-    if queues:
-        qtable = Table(title="queues")
-        for col in ("fingerprint", "waiting chunks", "in flight", "workers", "processes"):
-            qtable.add_column(col, justify="left" if col == "fingerprint" else "right")
-        for fp, q in queues.items():
-            qtable.add_row(fp, str(q.depth), str(q.in_flight), str(q.workers),
-                           str(q.processes))
-        out.print(qtable)

@@ -375,7 +375,7 @@ class Batch:
                 family=res.artifact.kernel.family, key=str(res.key), outcome=outcome,
                 work_s=res.work_s, source=lowered.source if lowered else None,
                 options=list(lowered.options) if lowered else None, worker=res.worker,
-                native_fallback=res.native_fallback)
+                native_fallback=res.native_fallback, kernel=res.label)
         notify(res)
 
     @staticmethod

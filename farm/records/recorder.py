@@ -152,10 +152,12 @@ class Recorder:
         host: str = "",
         requested_by: RequestedBy | None = None,
         native_fallback: str = "",
+        kernel: str = "",
     ) -> CompilationRecord | None:
         """Record one kernel obtained; None when nothing is recorded (level Off, closed).
 
         ``source`` and ``options`` are kept only at level Full, and never on Loaded.
+        ``kernel`` is its readable name (``KernelId.label()``), cut to the field's bound.
         """
         if self.config.level is RecordLevel.OFF or self._closed:
             return None
@@ -175,6 +177,7 @@ class Recorder:
                 options=list(options) if keep_code and options is not None else None,
                 requested_by=requested_by,
                 native_fallback=native_fallback[:1000],
+                kernel=kernel[:1000],
             )
             self._add(record)
         return record
