@@ -25,7 +25,7 @@ from typing import Any
 
 from farm.cluster.celery_app import make_app
 from farm.cluster.workers import Heartbeat, WorkerInfo
-from farm.core.device import DeviceInfo, discover_devices
+from farm.core.device import DeviceInfo, discover_devices, resolve_fingerprint
 from farm.core.errors import DeviceError
 from farm.core.keys import TASK_STATE_TTL_S, queue_name, task_holder_key
 from farm.core.outage import OutageError, redis_waiter
@@ -39,10 +39,12 @@ log = logging.getLogger(__name__)
 
 
 def pick_devices(devices: list[DeviceInfo], fingerprint: str | None) -> list[DeviceInfo]:
-    """The devices of one fingerprint (given, or the first device's)."""
+    """The devices of one fingerprint (given whole or by a unique prefix, or the first
+    device's)."""
     if not devices:
         raise DeviceError("no OpenCL device found: a worker needs one")
-    wanted = fingerprint or devices[0].fingerprint
+    wanted = resolve_fingerprint(fingerprint, (d.fingerprint for d in devices)) \
+        if fingerprint else devices[0].fingerprint
     chosen = [d for d in devices if d.fingerprint == wanted]
     if not chosen:
         known = ", ".join(sorted({d.fingerprint for d in devices}))

@@ -20,6 +20,7 @@ from farm.cli.console import err, print_json
 from farm.cli.progress import progress
 
 if TYPE_CHECKING:
+    from farm.cluster.workers import WorkerInfo
     from farm.compilation.batch import BatchReport
     from farm.core.settings import Settings
     from farm.manifest import Manifest
@@ -27,31 +28,45 @@ if TYPE_CHECKING:
 
 
 def build(
-    manifest: Annotated[str, typer.Argument(help="manifest file, or tiny/medium/large")],
+    manifest: Annotated[str, typer.Argument(
+        metavar="MANIFEST", help="a manifest file, or a built-in one: tiny, medium, large")],
     workers: Annotated[int | None, typer.Option(
-        "--workers", "-w", min=0, help="local compile processes (0: in this process)")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
+        "--workers", "-w", min=0, metavar="N", help="local compile processes (default: "
+        "FARM_WORKERS, else one per core; 0 compiles in this process)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="the summary as JSON")] = False,
     strict: Annotated[bool, typer.Option(
-        help="count kernels the device cannot run as failures")] = False,
-    device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
+        "--strict", help="count kernels the device cannot run as failures")] = False,
+    device: Annotated[str | None, typer.Option(
+        metavar="FINGERPRINT|NAME", help="the local device (default: FARM_DEVICE, else the "
+        "first)")] = None,
     cluster: Annotated[bool | None, typer.Option(
-        "--cluster/--local", help="build on the cluster (default: when FARM_REDIS_URL is "
-        "set) or locally")] = None,
+        "--cluster/--local", help="build on the cluster, or here (default: on the cluster "
+        "when FARM_REDIS_URL is set)")] = None,
     fingerprint: Annotated[str | None, typer.Option(
-        help="cluster: target fingerprint (default: the local device's)")] = None,
+        metavar="FINGERPRINT", help="cluster: the target fingerprint, whole or a unique "
+        "prefix of one served (default: the local device's)")] = None,
     fallback_local: Annotated[bool, typer.Option(
-        help="cluster: compile locally when no worker serves the fingerprint")] = False,
+        "--fallback-local",
+        help="cluster: compile here when no worker serves the fingerprint")] = False,
     verify: Annotated[bool, typer.Option(
-        help="cluster: read and verify every stored artifact's digest")] = False,
+        "--verify", help="cluster: read and verify every stored artifact's digest")] = False,
     wait_for_workers: Annotated[bool, typer.Option(
         "--wait-for-workers", help="cluster: queue the kernels even when no worker serves "
         "the fingerprint now (a pool that scales from zero starts on its queue's "
         "length); needs --fingerprint")] = False,
     metrics_file: Annotated[Path | None, typer.Option(
-        "--metrics-file", help="write the build's summary as Prometheus text here (for "
-        "node-exporter's textfile collector); FARM_METRICS_PUSHGATEWAY pushes it")] = None,
+        "--metrics-file", metavar="FILE", help="write the build's summary there as "
+        "Prometheus text (for node-exporter's textfile collector); "
+        "FARM_METRICS_PUSHGATEWAY pushes it")] = None,
 ) -> None:
-    """Build a model's kernels into the store (locally or on the cluster)."""
+    """Build a model's kernels into the store, here or on the cluster.
+
+    Expands MANIFEST into kernels, skips those the store holds, compiles the rest (on
+    local processes, or on the workers serving the fingerprint), and prints a summary.
+    Progress goes to stderr: a live line on a terminal, a plain line every few seconds
+    otherwise. Exit status 1 when a kernel failed (with --strict, also when the device
+    cannot run one).
+    """
     from farm.compilation.local import local_farm
     from farm.core.settings import load_settings
     from farm.manifest import expand, load_manifest, resolve_manifest
@@ -104,7 +119,8 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
 
     from farm.cluster.build import check_served, cluster_build
     from farm.cluster.celery_app import make_app
-    from farm.core.device import probe_devices, select_device
+    from farm.cluster.workers import served
+    from farm.core.device import probe_devices, resolve_fingerprint, select_device
     from farm.core.errors import ClusterError, InputError
     from farm.core.outage import redis_waiter
     from farm.families import Registry
@@ -125,9 +141,15 @@ def _cluster_build(settings: Settings, loaded: Manifest, label: str,
     def say(line: str) -> None:  # kept on stderr, also under --json
         err.print(line, markup=False, soft_wrap=True)
 
+    def check() -> list[WorkerInfo]:
+        nonlocal fp
+        if fingerprint:  # whole, or a unique prefix of a fingerprint served
+            fp = resolve_fingerprint(fingerprint, served(client, settings.dead_worker_grace))
+        return check_served(client, fp, settings.dead_worker_grace)
+
     waiter = redis_waiter(settings.redis_url or "", settings.outage_limit, say=say)
     try:
-        served_by = waiter.call(lambda: check_served(client, fp, settings.dead_worker_grace))
+        served_by = waiter.call(check)
     except ClusterError as exc:
         if wait_for_workers:
             served_by = []

@@ -14,19 +14,21 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from farm.cli.console import err, out, print_json
+from farm.cli.help import examples, new_app
 from farm.core.defaults import BUNDLE_MAX_BYTES
 from farm.core.errors import InputError
 
 if TYPE_CHECKING:
     from farm.core.keys import Namespace
 
-app = typer.Typer(help="Move artifacts between stores as one file (offline machines).",
-                  no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False)
+app = new_app("Move artifacts between stores as one file (offline machines).",
+              epilog=examples("farm bundle export kernels.bundle",
+                              "farm bundle show kernels.bundle",
+                              "farm bundle import kernels.bundle  # on the other machine"))
 
 MaxSize = Annotated[int, typer.Option(
-    "--max-size", help="largest bundle accepted, in bytes (it is held in memory while "
-    "it is verified)", min=1)]
+    "--max-size", metavar="BYTES", min=1, help="largest bundle accepted, in bytes (it is "
+    "held in memory while it is verified)")]
 
 
 def _namespace(text: str) -> Namespace:
@@ -51,19 +53,22 @@ def _this_device_namespace(device: str | None) -> Namespace:
     return Namespace.for_fingerprint(chosen.fingerprint)
 
 
-@app.command("export")
+@app.command("export", epilog=examples(
+    "farm bundle export kernels.bundle", "farm bundle export all.bundle --all",
+    "farm bundle export gpu.bundle --namespace nvidia-h200 --force"))
 def export(
     out_file: Annotated[Path, typer.Argument(metavar="OUT", help="bundle file to write")],
     namespace: Annotated[list[str] | None, typer.Option(
-        "--namespace", "-n", help="namespace or fingerprint to export (repeatable); "
-        "default: this machine's device")] = None,
+        "--namespace", "-n", metavar="NAMESPACE", help="namespace or fingerprint to "
+        "export (repeatable); default: this machine's device")] = None,
     all_namespaces: Annotated[bool, typer.Option("--all", help="every namespace")] = False,
     device: Annotated[str | None, typer.Option(
+        metavar="FINGERPRINT|NAME",
         help="pick this machine's device (when no --namespace/--all)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace OUT if it exists")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
 ) -> None:
-    """Export artifacts of the current environment's store to one bundle file."""
+    """Export artifacts of this environment's store to one bundle file."""
     from rich.table import Table
 
     from farm.core.settings import load_settings
@@ -98,13 +103,14 @@ def export(
                   highlight=False)
 
 
-@app.command("import")
+@app.command("import", epilog=examples("farm bundle import kernels.bundle",
+                                       "farm bundle import kernels.bundle --json"))
 def import_(
     bundle: Annotated[Path, typer.Argument(metavar="FILE", help="bundle file to import")],
     max_size: MaxSize = BUNDLE_MAX_BYTES,
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
 ) -> None:
-    """Verify a bundle in full, then import it into the current environment's store."""
+    """Verify a bundle in full, then import it into this store."""
     from rich.table import Table
 
     from farm.core.settings import load_settings
@@ -135,13 +141,13 @@ def import_(
                   "under the key (first writer wins; a local artifact is never replaced)")
 
 
-@app.command("show")
+@app.command("show", epilog=examples("farm bundle show kernels.bundle"))
 def show(
     bundle: Annotated[Path, typer.Argument(metavar="FILE", help="bundle file")],
     max_size: MaxSize = BUNDLE_MAX_BYTES,
     json_out: Annotated[bool, typer.Option("--json", help="manifest summary as JSON")] = False,
 ) -> None:
-    """List what a bundle holds (verifying it in full) without importing it."""
+    """List what a bundle holds (verifying it in full), importing nothing."""
     from rich.table import Table
 
     from farm.store.bundle import parse_namespace, read_bundle

@@ -10,10 +10,11 @@ from farm.cli.console import out, print_json
 
 
 def devices(json_out: Annotated[bool, typer.Option("--json", help="as JSON")] = False) -> None:
-    """List the OpenCL devices here with their fingerprints (probed in a child process).
+    """List the OpenCL devices here with their fingerprints.
 
-    One block a device, its fingerprint whole on the first line: that is the value
-    --fingerprint, --device and FARM_DEVICE take (a unique prefix will do).
+    One block a device, its fingerprint whole on the first line: the value that
+    --fingerprint, --device and FARM_DEVICE take (a unique prefix will do). The
+    devices are probed in a child process, so this process keeps no driver state.
     """
     from rich.padding import Padding
     from rich.table import Table

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from farm.cli.console import out, print_json
+from farm.cli.help import examples, new_app
 from farm.cli.tables import Column, print_one_row, print_table
 from farm.core.errors import FarmError, InputError, StoreError
 
@@ -26,8 +27,10 @@ if TYPE_CHECKING:
     from farm.records.query import BuildRef, KernelLine, Summary
     from farm.records.storage import SessionStorage
 
-app = typer.Typer(help="Read what the farm did: sessions, records, builds, timelines.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app = new_app("Read what the farm did: sessions, records, builds, timelines.",
+              epilog=examples("farm records sessions", "farm records show latest",
+                              "farm records summary --build latest",
+                              "farm records timeline latest -o build.html"))
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
 WideOpt = Annotated[bool, typer.Option(
@@ -96,9 +99,12 @@ def _build_ref(storage: SessionStorage, text: str) -> BuildRef:
     return BuildRef.parse(f"{(builds or [newest[0].id])[0]}{colon}{batch}")
 
 
-@app.command("sessions")
+@app.command("sessions", epilog=examples("farm records sessions",
+                                         "farm records sessions -n 5 --wide",
+                                         "farm records sessions --json"))
 def sessions(
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="newest N")] = 50,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, metavar="N",
+                                       help="the newest N")] = 50,
     wide: WideOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -164,7 +170,8 @@ def _record_what(record: Record, wide: bool = False) -> str:
             f"unsupported, {record.failed} failed; wall {record.wall_s:.3f} s")
 
 
-@app.command("show")
+@app.command("show", epilog=examples("farm records show latest",
+                                     "farm records show 1796187761603293040 --wide"))
 def show(
     session: Annotated[str, typer.Argument(help="session id, or `latest`",
                                            metavar="SESSION")],
@@ -236,18 +243,23 @@ def _print_summary(found: Summary, wide: bool = False) -> None:
                   "store by the client itself, or failed): counted in the totals only")
 
 
-@app.command("summary")
+@app.command("summary", epilog=examples("farm records summary",
+                                        "farm records summary --build latest --top 20",
+                                        "farm records summary --build 1796187761603293040:21"))
 def summary(
     build: Annotated[str | None, typer.Option(
         "--build", metavar="SESSION[:BATCH]",
         help="one build, seen across every worker; SESSION may be `latest`")] = None,
-    top: Annotated[int, typer.Option(min=0, help="slowest kernels to list")] = 10,
+    top: Annotated[int, typer.Option(min=0, metavar="N",
+                                     help="the N slowest kernels")] = 10,
     wide: WideOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Outcomes, store hit rate, work vs wall, slowest kernels, by family and worker.
+    """Totals, hit rates and slowest kernels, by family and worker.
 
-    Every kernel is counted once per build, whichever workers recorded it.
+    Outcomes, store hit rate, work against wall time, the slowest kernels (named by
+    family and parameters; --wide adds their keys), by family and by worker. Every
+    kernel is counted once per build, whichever workers recorded it.
     """
     from farm.records.query import load_builds, summarize
 
@@ -261,16 +273,22 @@ def summary(
     _print_summary(found, wide)
 
 
-@app.command("timeline")
+@app.command("timeline", epilog=examples("farm records timeline latest -o build.html",
+                                         "farm records timeline 1796187761603293040:21 -o b.svg"))
 def timeline_cmd(
     build: Annotated[str, typer.Argument(
         help="the build: SESSION[:BATCH], SESSION may be `latest`",
         metavar="SESSION[:BATCH]")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="file to write: .html or .svg",
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE",
+                                         help="file to write: .html or .svg",
                                          dir_okay=False)],
     json_out: JsonOpt = False,
 ) -> None:
-    """Draw a build: one lane per worker, a bar per kernel, stragglers outlined."""
+    """Draw a build: a lane per worker, a bar per kernel (HTML or SVG).
+
+    Bars are coloured by family; stragglers are outlined. The picture fits the
+    window it is opened in; .html adds a table of the stragglers.
+    """
     from farm.records.query import timeline
     from farm.records.timeline import write_timeline
 
@@ -287,13 +305,13 @@ def timeline_cmd(
               f"{stragglers} straggler(s), wall {data.wall_s:.2f} s", markup=False)
 
 
-@app.command("prune")
+@app.command("prune", epilog=examples("farm records prune --keep 100"))
 def prune(
-    keep: Annotated[int, typer.Option("--keep", min=0, max=2**63 - 1,
+    keep: Annotated[int, typer.Option("--keep", min=0, max=2**63 - 1, metavar="N",
                                       help="sessions to keep (0 acts as 1)")],
     json_out: JsonOpt = False,
 ) -> None:
-    """Delete the oldest sessions beyond KEEP, with all their records."""
+    """Delete the oldest sessions beyond N, with all their records."""
     with open_storage(write=True) as storage:
         deleted = storage.prune(keep)
         left = storage.count_sessions()

@@ -18,19 +18,29 @@ from farm.core.errors import SettingsError
 
 
 def warm(
-    manifest: Annotated[str, typer.Argument(help="manifest file, or tiny/medium/large")],
+    manifest: Annotated[str, typer.Argument(
+        metavar="MANIFEST", help="a manifest file, or a built-in one: tiny, medium, large")],
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
     on_miss: Annotated[str, typer.Option(
+        metavar="compile|farm|fail",
         help="what no store tier holds: compile (here), farm (the cluster's workers), "
              "fail")] = "compile",
     threads: Annotated[int | None, typer.Option(
+        metavar="N",
         help="fetch threads (default 16, 4 when every kernel is in the local tier)",
         min=1, max=256)] = None,
     strict: Annotated[bool, typer.Option(
+        "--strict",
         help="count kernels the device cannot run as failures")] = False,
-    device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
+    device: Annotated[str | None, typer.Option(
+        metavar="FINGERPRINT|NAME", help="the local device (default: FARM_DEVICE, else the "
+        "first)")] = None,
 ) -> None:
-    """Warm a manifest: fetch, load and (if missing) compile every kernel."""
+    """Load every kernel of a manifest onto this device now.
+
+    Fetches what the store tiers hold, loads each kernel, and compiles or asks the farm
+    for what is missing (--on-miss). Exit status 1 when a kernel failed.
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from farm.core.settings import load_settings

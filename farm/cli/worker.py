@@ -17,12 +17,14 @@ if TYPE_CHECKING:
 
 def worker(
     concurrency: Annotated[int, typer.Option(
-        "--concurrency", "-c", help="pool processes (default: one per core)")] = 0,
+        "--concurrency", "-c", metavar="N", show_default=False,
+        help="pool processes (default: one per core)")] = 0,
     fingerprint: Annotated[str | None, typer.Option(
-        help="serve this fingerprint (default: the first device's)")] = None,
+        metavar="FINGERPRINT", help="serve this fingerprint, whole or a unique prefix "
+        "(default: the first device's)")] = None,
     queues: Annotated[str | None, typer.Option(
-        help="comma-separated queues instead of the fingerprint's")] = None,
-    loglevel: Annotated[str, typer.Option()] = "INFO",
+        metavar="Q1,Q2", help="comma-separated queues instead of the fingerprint's")] = None,
+    loglevel: Annotated[str, typer.Option(metavar="LEVEL", help="log level")] = "INFO",
     events: Annotated[bool | None, typer.Option(
         "--events/--no-events", help="send Celery task events, for Flower and `celery "
         "events` (default FARM_WORKER_EVENTS, on)")] = None,
@@ -30,13 +32,18 @@ def worker(
         "--heartbeat/--no-heartbeat", help="send Celery worker heartbeats (default "
         "FARM_WORKER_HEARTBEAT, on)")] = None,
     metrics_port: Annotated[int | None, typer.Option(
-        "--metrics-port", min=1, max=65535, help="serve Prometheus metrics on this port "
-        "(default FARM_METRICS_PORT; unset: none)")] = None,
+        "--metrics-port", min=1, max=65535, metavar="PORT", help="serve Prometheus "
+        "metrics on this port (default FARM_METRICS_PORT; unset: none)")] = None,
     celery_args: Annotated[list[str] | None, typer.Argument(
+        metavar="CELERY_OPTION",
         help="after `--`: options passed unchanged to `celery worker`, e.g. "
         "`farm worker -- --max-tasks-per-child=100`", show_default=False)] = None,
 ) -> None:
-    """Run a compile worker for one device fingerprint (needs FARM_REDIS_URL, FARM_MINIO_*)."""
+    """Run a compile worker for one device fingerprint.
+
+    Needs FARM_REDIS_URL and FARM_MINIO_*. Runs until SIGTERM or SIGINT; see
+    `farm workers` for who serves what.
+    """
     from farm.core.settings import load_settings
     from worker.startup import run_worker
 
@@ -103,10 +110,11 @@ def print_served(found: dict[str, list[WorkerInfo]], queues: dict[str, QueueStat
         q = queues.get(fp)
         out.print()
         out.print(Text(fp, style="bold", overflow="fold"))
-        device = ws[0].device_name if ws else "no live worker"
-        out.print(Text(f"  {device}; {len(ws)} worker(s), {sum(w.processes for w in ws)} "
-                       f"process(es); {q.depth if q else 0} chunk(s) waiting, "
-                       f"{q.in_flight if q else 0} in flight"), markup=False)
+        if ws:
+            out.print(Text(f"  {ws[0].device_name}"))
+        out.print(Text(f"  {len(ws)} worker(s), {sum(w.processes for w in ws)} process(es); "
+                       f"{q.depth if q else 0} chunk(s) waiting, "
+                       f"{q.in_flight if q else 0} in flight"))
         if ws:
             print_table([Column("worker"), Column("pool processes (host:pid)", wrap=True),
                          Column("version")],
