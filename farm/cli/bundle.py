@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.text import Text
 
 from farm.cli.console import err, out, print_json
 from farm.cli.help import examples, new_app
+from farm.cli.tables import Column, print_table, print_title
 from farm.core.defaults import BUNDLE_MAX_BYTES
 from farm.core.errors import InputError
 
@@ -69,8 +71,6 @@ def export(
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
 ) -> None:
     """Export artifacts of this environment's store to one bundle file."""
-    from rich.table import Table
-
     from farm.core.settings import load_settings
     from farm.store import open_store
     from farm.store.bundle import export_bundle
@@ -92,12 +92,10 @@ def export(
     if json_out:
         print_json(report.summary())
         return
-    table = Table(title=f"exported {out_file} ({report.file_bytes} bytes)")
-    for col in ("namespace", "artifacts", "bytes"):
-        table.add_column(col, justify="left" if col == "namespace" else "right")
-    for ns in report.manifest.namespaces:
-        table.add_row(ns.namespace, str(ns.artifacts), str(ns.bytes))
-    out.print(table)
+    print_title(f"exported {out_file} ({report.file_bytes} bytes)")
+    for ns in report.manifest.namespaces:  # a namespace whole on a line of its own
+        out.print(Text(ns.namespace, overflow="fold"))
+        out.print(f"  {ns.artifacts} artifact(s), {ns.bytes} bytes", highlight=False)
     for name in report.unreadable:
         err.print(f"[yellow]left out[/yellow] {name}: fails its digest in the store",
                   highlight=False)
@@ -111,8 +109,6 @@ def import_(
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
 ) -> None:
     """Verify a bundle in full, then import it into this store."""
-    from rich.table import Table
-
     from farm.core.settings import load_settings
     from farm.store import open_store
     from farm.store.bundle import import_bundle
@@ -126,16 +122,15 @@ def import_(
     if json_out:
         print_json(summary)
         return
-    table = Table(title=f"imported {bundle}")
-    for col in ("namespace", "imported", "skipped", "refused"):
-        table.add_column(col, justify="left" if col == "namespace" else "right")
+    print_title(f"imported {bundle}")
     namespaces = summary["namespaces"]
     assert isinstance(namespaces, dict)
-    for ns, counts in namespaces.items():
-        table.add_row(ns, str(counts["imported"]), str(counts["skipped"]),
-                      str(counts["refused"]))
-    table.add_row("total", str(report.imported), str(report.skipped), str(report.refused))
-    out.print(table)
+    for ns, counts in namespaces.items():  # a namespace whole on a line of its own
+        out.print(Text(ns, overflow="fold"))
+        out.print(f"  imported {counts['imported']}, skipped {counts['skipped']}, refused "
+                  f"{counts['refused']}", highlight=False)
+    out.print(f"total: imported {report.imported}, skipped {report.skipped}, refused "
+              f"{report.refused}", highlight=False)
     if report.refused:
         out.print(f"{report.refused} artifact(s) refused: the store holds another value "
                   "under the key (first writer wins; a local artifact is never replaced)")
@@ -148,9 +143,7 @@ def show(
     json_out: Annotated[bool, typer.Option("--json", help="manifest summary as JSON")] = False,
 ) -> None:
     """List what a bundle holds (verifying it in full), importing nothing."""
-    from rich.table import Table
-
-    from farm.store.bundle import parse_namespace, read_bundle
+    from farm.store.bundle import read_bundle
 
     read = read_bundle(bundle, max_bytes=max_size)
     m = read.manifest
@@ -175,10 +168,9 @@ def show(
     sizes: Counter[tuple[str, str]] = Counter()
     for a in m.artifacts:
         sizes[(a.namespace, a.meta.family)] += a.size
-    table = Table(title="namespace opencl/v1/<fingerprint>")
-    for col in ("fingerprint", "family", "artifacts", "bytes"):
-        table.add_column(col, justify="left" if col in ("fingerprint", "family") else "right")
-    for (ns, family), count in sorted(families.items()):
-        table.add_row(parse_namespace(ns).fingerprint, family, str(count),
-                      str(sizes[(ns, family)]))
-    out.print(table)
+    for ns in sorted({ns for ns, _ in families}):  # the namespace whole, then its families
+        out.print()
+        out.print(Text(ns, style="bold", overflow="fold"))
+        print_table([Column("family"), Column("artifacts", "right"), Column("bytes", "right")],
+                    [[family, str(count), str(sizes[(n, family)])]
+                     for (n, family), count in sorted(families.items()) if n == ns])

@@ -45,8 +45,7 @@ def demo(
     context without a compiler, runs one against numpy, and prints what each step
     cost. Exit status 1 when a kernel failed or differs from numpy.
     """
-    from rich.table import Table
-
+    from farm.cli.tables import Column, print_one_row
     from farm.compilation.local import local_farm
     from farm.core.model import Outcome
     from farm.core.settings import load_settings
@@ -86,16 +85,15 @@ def demo(
         else:
             print_summary(build, f"1. build {loaded.label} on {fingerprint}")
             print_failures(build, strict=False)
-            table = Table(title=f"2. load every stored kernel of {loaded.label} onto the "
-                                "device, in a fresh context, without a compiler")
-            for col in ("kernels", "loaded", "native fallbacks", "failed", "wall",
-                        "per kernel"):
-                table.add_column(col, justify="right")
             s = warm.summary()
-            table.add_row(str(s["kernels"]), str(s["local"]), str(s["native_fallbacks"]),
-                          str(s["failed"]), f"{warm.wall_s:.3f} s",
-                          f"{1000 * per_load:.2f} ms")
-            out.print(table)
+            print_one_row([Column(c, "right") for c in ("kernels", "loaded",
+                                                        "native fallbacks", "failed", "wall",
+                                                        "per kernel")],
+                          [str(s["kernels"]), str(s["local"]), str(s["native_fallbacks"]),
+                           str(s["failed"]), f"{warm.wall_s:.3f} s",
+                           f"{1000 * per_load:.2f} ms"],
+                          title=f"2. load every stored kernel of {loaded.label} onto the "
+                                "device, in a fresh context, without a compiler")
             out.print(f"3. {check['kernel']} ran on the device: "
                       + ("matches numpy" if check["ok"] else
                          f"[red]differs from numpy[/red]: {'; '.join(check['problems'])}"))
