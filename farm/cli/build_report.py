@@ -64,11 +64,13 @@ def print_failures(report: BatchReport, strict: bool) -> None:
             out.print(f"  ... and {len(report.unsupported) - 20} more")
     for r in report.failed:
         assert r.failure is not None
+        # soft_wrap: a message or a build log line is left whole for the terminal to
+        # wrap, so it can be copied and searched as the compiler wrote it
         out.print(f"[red]FAILED[/red] {r.label} ({r.failure.kind}): ", end="")
-        out.print(r.failure.message, markup=False)
+        out.print(r.failure.message, markup=False, soft_wrap=True)
         if r.failure.build_log:
             for line in r.failure.build_log.splitlines()[:40]:
-                out.print(f"    | {line}", markup=False)
+                out.print(f"    | {line}", markup=False, soft_wrap=True)
 
 
 def recorded_session(recorder: Recorder | None) -> int | None:

@@ -80,13 +80,14 @@ def warm(
         _print_summary(summary)
         for item in report.unsupported[:20]:
             out.print(f"[yellow]unsupported[/yellow] {item.label}: ", end="")
-            out.print(item.failure.message if item.failure else "", markup=False)
+            out.print(item.failure.message if item.failure else "", markup=False,
+                      soft_wrap=True)
         for item in report.failed:
             assert item.failure is not None
             out.print(f"[red]FAILED[/red] {item.label} ({item.failure.kind}): ", end="")
-            out.print(item.failure.message, markup=False)
+            out.print(item.failure.message, markup=False, soft_wrap=True)
             for line in item.failure.build_log.splitlines()[:40]:
-                out.print(f"    | {line}", markup=False)
+                out.print(f"    | {line}", markup=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
 
