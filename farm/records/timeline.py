@@ -204,7 +204,8 @@ def render_html(data: Timeline) -> str:
         f"<tr><td>{esc(b.lane)}</td><td class=\"kernel\" title=\"key {esc(b.key)}\">"
         f"{esc(kernel_text(b).replace(',', ', '))}</td>"
         f"<td>{b.outcome.value}</td><td>{b.work_s:.3f}</td><td>{b.end_s:.3f}</td></tr>"
-        for b in sorted(data.bars, key=lambda bar: bar.work_s, reverse=True) if b.straggler)
+        for b in sorted(data.bars, key=lambda bar: bar.work_s, reverse=True) if b.straggler
+    ) or "<tr><td colspan=\"5\">none: no kernel's work reached that</td></tr>"
     missing = ""
     if data.missing_sessions:
         missing = ("<p>Sessions with records but no session row (not ingested yet, or "
