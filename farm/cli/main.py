@@ -12,6 +12,7 @@ from farm.cli import devices as devices_cmd
 from farm.cli import gc as gc_cmd
 from farm.cli import ingest as ingest_cmd
 from farm.cli import keygen as keygen_cmd
+from farm.cli import run as run_cmd
 from farm.cli import warm as warm_cmd
 from farm.cli import worker as worker_cmd
 from farm.cli.bundle import app as bundle_app
@@ -35,6 +36,8 @@ app.command("ingest")(ingest_cmd.ingest)
 app.command("warm")(warm_cmd.warm)
 app.command("keygen")(keygen_cmd.keygen)
 app.command("gc")(gc_cmd.gc)
+app.command("run")(run_cmd.run)
+app.command("capture")(run_cmd.capture_cmd)
 app.add_typer(bundle_app, name="bundle", help="Export, import and inspect artifact bundles.")
 app.add_typer(records_app, name="records", help="Read sessions, records, builds and timelines.")
 app.add_typer(families_app, name="families", help="List kernel families; check them against numpy.")
