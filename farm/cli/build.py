@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 
 def build(
-    manifest: Annotated[str, typer.Argument(help="manifest file, or tiny/medium/large")],
+    manifest: Annotated[str, typer.Argument(
+        help="manifest file, tiny/medium/large, or a capture (farm capture)")],
     workers: Annotated[int | None, typer.Option(
         "--workers", "-w", min=0, help="local compile processes (0: in this process)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
@@ -45,7 +46,14 @@ def build(
         "--metrics-file", help="write the build's summary as Prometheus text here (for "
         "node-exporter's textfile collector); FARM_METRICS_PUSHGATEWAY pushes it")] = None,
 ) -> None:
-    """Build a model's kernels into the store (locally or on the cluster)."""
+    """Build a model's kernels (or a capture's programs) into the store (locally or on
+    the cluster)."""
+    from farm.cli.build_capture import build_capture, is_capture
+
+    if is_capture(manifest):
+        build_capture(manifest, workers=workers, json_out=json_out, cluster=cluster,
+                      fingerprint=fingerprint, device=device)
+        return
     from farm.compilation.local import local_farm
     from farm.core.settings import load_settings
     from farm.manifest import expand, load_manifest, resolve_manifest

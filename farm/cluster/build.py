@@ -114,7 +114,7 @@ def cluster_build(settings: Settings, *, app: Any | Callable[[], Any],
     requested_by = None
     if recorder is not None:
         requested_by = RequestedBy(session=recorder.session.id, batch=recorder.reserve_seq())
-    gather = _Gatherer(settings, app=app, fingerprint=fingerprint, notify=notify,
+    gather = Gatherer(settings, app=app, fingerprint=fingerprint, notify=notify,
                        say=say, status=status, waiter=waiter)
     size = settings.chunk_size
     try:
@@ -169,8 +169,8 @@ def _apply_reply(meta: dict[str, Any], chunk: list[KernelResult], notify: Progre
         return
     reply = CompileReply.model_validate(meta["result"])
     by_id = {r.id_hash: r for r in reply.results}
-    for res in chunk:
-        got = by_id.get(res.artifact.id_hash)
+    for res in chunk:  # a family's key names its artifact id; a program's, its spec
+        got = by_id.get(res.key.id_hash if res.key is not None else res.artifact.id_hash)
         if got is None:
             res.failure = KernelFailure(kind="error", message="missing from the worker's reply")
         else:
@@ -195,7 +195,7 @@ class _Chunk:
     sends: int = 0
 
 
-class _Gatherer:
+class Gatherer:
     """Sends chunks, gathers their replies, re-sends those of dead workers."""
 
     def __init__(self, settings: Settings, *, app: Any, fingerprint: str, notify: Progress,
