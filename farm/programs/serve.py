@@ -110,20 +110,23 @@ class ProgramServer:
         source = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
         self.counts.bump("programs")
         devs = list(devices) if devices is not None else list(ctx.devices)
+        if self._broken:  # said once, when it broke
+            return self._fallback(plain, "")
         try:
             described = describe(source, options_bytes, os.getcwd())
-            if self._broken:
-                raise Unserved(self._broken)
             served = self._serve(ctx, devs, described)
         except _CompileRefused:
             return self._refused(plain)
         except Unserved as exc:
-            return self._fallback(plain, str(exc))
+            return self._fallback(plain, f"{exc}; built the plain way")
         except _CANNOT_HELP as exc:
-            if not isinstance(exc, LoadError):
-                self._broken = f"the farm is unavailable ({' '.join(str(exc).split())[:300]})"
-            return self._fallback(plain, f"the farm could not serve this program "
-                                         f"({' '.join(str(exc).split())[:300]})")
+            why = " ".join(str(exc).split())[:300]
+            if isinstance(exc, LoadError):  # this program's binary: the next may load
+                return self._fallback(plain, f"the farm could not serve a program ({why}); "
+                                             "built the plain way")
+            self._broken = why
+            return self._fallback(plain, f"the farm is unavailable ({why}); this run's "
+                                         "programs are built the plain way from now on")
         _install(program, served, options_bytes)
         self.counts.bump("loaded" if served.outcome is Outcome.LOADED else "compiled")
         if self.capture is not None:
@@ -155,7 +158,9 @@ class ProgramServer:
         return result
 
     def _fallback(self, plain: PlainBuild, why: str) -> Any:
-        self._warn(f"{why}; built the plain way")
+        """Build the plain way; ``why`` is the warning line ("": said already)."""
+        if why:
+            self._warn(why)
         try:
             with farm_compiling():
                 result = plain()
