@@ -5,6 +5,13 @@ private ``FARM_RUN_DIR`` (see :mod:`farm.programs.autoinstall`); each of its Pyt
 processes writes its counts (and its capture) there at exit, and the run's result is
 their sum: one summary line for the whole run, however many processes it had. The
 command's exit status is the run's.
+
+``PYTHONHASHSEED`` is set to 0 when the environment does not set it: some code
+generators emit their source in set or dict order (loopy 2025.2 orders the conditions of
+a loop by hash: ``if (-1 + m >= 0 && -1 + l >= 0)`` in one process, the other way round
+in the next, whenever its own disk cache misses), so with a random seed every node would
+compile its own variant of the same program. A seed the user set (``random`` included)
+is kept.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ def run_served(command: list[str], *, capture: bool = False) -> RunResult:
         env = dict(os.environ)
         env[RUN_DIR] = run_dir
         env[RUN_CAPTURE] = "1" if capture else ""
+        env.setdefault("PYTHONHASHSEED", "0")  # see the module docstring
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(shim_dir()), env.get("PYTHONPATH", "")) if p)
         try:
