@@ -318,3 +318,28 @@ def test_two_devices_of_one_program(tmp_path: Path) -> None:
     first, second = (json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2))
     assert first == {"programs": 2, "loaded": 1, "compiled": 1, "fallbacks": 0, "failed": 0}
     assert second["loaded"] == 2 and second["compiled"] == 0
+
+
+def test_a_bundle_carries_programs_and_their_sources(ctx: Any, tmp_path: Path) -> None:
+    from farm.programs.bundles import blobs_of
+    from farm.store import SQLiteStore
+    from farm.store.bundle import export_bundle, import_bundle
+
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "value.h").write_text("#define VALUE 8\n")
+    src = '#include "value.h"\n' + KERNEL
+    store = SQLiteStore(tmp_path / "a.sqlite")
+    settings = Settings(home=tmp_path, device=None, records_url=None)
+    ProgramServer(settings, store=store).build(cl.Program(ctx, src), ["-I", str(inc)], None,
+                                               lambda: pytest.fail("plain build"))
+    described = describe(src.encode(), cl.Program._process_build_options(
+        ctx, ["-I", str(inc)])[0], os.getcwd())
+    export_bundle(store, None, tmp_path / "b.tar", blobs_of=blobs_of(store))
+    other = SQLiteStore(tmp_path / "b.sqlite")
+    import_bundle(tmp_path / "b.tar", other)
+    assert other.existing_blobs(described.blobs()) == set(described.blobs())
+    served = ProgramServer(settings, store=other)
+    program = cl.Program(ctx, src)
+    served.build(program, ["-I", str(inc)], None, lambda: pytest.fail("plain build"))
+    assert served.counts.snapshot()["loaded"] == 1 and list(_run(ctx, program)) == [8] * 4

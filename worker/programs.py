@@ -104,7 +104,7 @@ def _compile(spec: ProgramSpec, key: Key, state: WorkerState,
             raise _Refused(kind, built.error)
         error = LoadError if built.error_kind == "load" else CompileError
         raise error(built.error, build_log=built.build_log)
-    art = Artifact.create(key, PROGRAM_FAMILY, built.binary, key.id_hash,
+    art = Artifact.create(key, PROGRAM_FAMILY, built.binary, spec.blob_digest,
                           build_log=built.build_log, host=built.host, worker=state.name,
                           work_s=built.work_s)
     # recorded (and sent) before the store is written, as for kernels (worker.execute)
@@ -114,6 +114,7 @@ def _compile(spec: ProgramSpec, key: Key, state: WorkerState,
                                options=list(spec.options), worker=state.name,
                                host=socket.gethostname(), requested_by=requested_by)
     send_records(state)
+    state.store.put_blob(spec.to_blob())  # the artifact names its spec (source_hash)
     state.store.put(state.ns, art)
 
 

@@ -12,8 +12,11 @@ from farm.cli.console import err, print_json
 
 
 def is_capture(name: str) -> bool:
-    """Whether ``name`` is a capture file (JSON) rather than a manifest (TOML)."""
+    """Whether ``name`` is a capture file (JSON: named ``*.json`` or starting with ``{``)
+    rather than a manifest (TOML)."""
     path = Path(name)
+    if path.suffix == ".json":
+        return True
     try:
         with path.open("rb") as fh:
             head = fh.read(64).lstrip()

@@ -52,11 +52,13 @@ def targets(capture: CaptureFile, fingerprint: str | None) -> dict[str, list[Pro
 
 def put_blobs(store: ArtifactStore, capture: CaptureFile, specs: list[ProgramSpec]) -> int:
     """Put every source and header of ``specs`` the store lacks; returns how many."""
-    wanted = list(dict.fromkeys(d for s in specs for d in s.digests()))
-    held = store.existing_blobs(wanted)
-    missing = [d for d in wanted if d not in held]
+    wanted = {d: None for s in specs for d in s.digests()}
+    specs_by_digest = {s.blob_digest: s for s in specs}  # its artifact names it
+    held = store.existing_blobs([*wanted, *specs_by_digest])
+    missing = [d for d in [*wanted, *specs_by_digest] if d not in held]
     for digest in missing:
-        store.put_blob(capture.blob(digest))
+        spec = specs_by_digest.get(digest)
+        store.put_blob(spec.to_blob() if spec is not None else capture.blob(digest))
     return len(missing)
 
 
@@ -118,7 +120,7 @@ def _finish(store: ArtifactStore, ns: Namespace, res: KernelResult, spec: Progra
             "compile", "load", "crashed", "validation") else "error"
         res.failure = KernelFailure(kind=kind, message=built.error, build_log=built.build_log)
         return
-    art = Artifact.create(spec.key, PROGRAM_FAMILY, built.binary, spec.key.id_hash,
+    art = Artifact.create(spec.key, PROGRAM_FAMILY, built.binary, spec.blob_digest,
                           build_log=built.build_log, host=built.host, worker=built.worker,
                           work_s=built.work_s)
     store.put(ns, art)

@@ -245,7 +245,7 @@ class ProgramServer:
                 raise _CompileRefused(built.error)
             raise LoadError(built.error)
         key = described.spec.key
-        art = Artifact.create(key, PROGRAM_FAMILY, built.binary, key.id_hash,
+        art = Artifact.create(key, PROGRAM_FAMILY, built.binary, described.spec.blob_digest,
                               build_log=built.build_log, host=built.host, worker=built.worker,
                               work_s=built.work_s)
         store = self.store

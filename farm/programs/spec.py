@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from farm.core.hashing import sha256_hex, stable_hash
+from farm.core.hashing import canonical_json, sha256_hex, stable_hash
 from farm.core.keys import PROGRAM_FAMILY
 from farm.core.model import SHA256_HEX, Frozen, Key
 from farm.programs.includes import (
@@ -113,6 +113,16 @@ class ProgramSpec(Frozen):
         """The blobs a compile elsewhere needs: the source, then every header."""
         return list(dict.fromkeys([self.source, *(h.digest for h in self.headers)]))
 
+    def to_blob(self) -> bytes:
+        """The spec as stored beside its artifact (canonical JSON): a program artifact's
+        ``source_hash`` is this blob's digest, so the artifact names its sources (a
+        bundle carries them; see :mod:`farm.programs.bundles`)."""
+        return canonical_json(self.model_dump(mode="json")).encode("utf-8")
+
+    @property
+    def blob_digest(self) -> str:
+        return sha256_hex(self.to_blob())
+
     @classmethod
     def of(cls, source_digest: str, source_size: int, options: Options,
            includes: Includes, roots: int) -> ProgramSpec:
@@ -146,8 +156,9 @@ class Described:
     headers: dict[str, bytes]
 
     def blobs(self) -> dict[str, bytes]:
-        """Every blob of the spec: the source and the headers, by digest."""
-        return {self.spec.source: self.source, **self.headers}
+        """Every blob of the program: the source, the headers and the spec, by digest."""
+        return {self.spec.source: self.source, **self.headers,
+                self.spec.blob_digest: self.spec.to_blob()}
 
 
 def describe(source: bytes, options: bytes, cwd: str) -> Described:
