@@ -39,7 +39,7 @@ class CompileRequest(Frozen):
     requested_by: RequestedBy | None = None
 
     @model_validator(mode="after")
-    def _something(self) -> CompileRequest:
+    def _names_something(self) -> CompileRequest:
         if not self.kernels and not self.programs:
             raise ValueError("a chunk names no kernel and no program")
         return self
