@@ -159,3 +159,63 @@ def test_a_header_changed_between_two_runs_recompiles_and_computes_the_new_value
     assert changed["value"] == 2 and changed["compiled"] == 1  # a new key
     again = run(0)  # unchanged: served
     assert again["value"] == 2 and again["loaded"] == 1 and again["compiled"] == 0
+
+
+ON_MISS_APP = """
+import os, sys
+import numpy as np
+import pyopencl as cl
+ctx = cl.create_some_context(interactive=False)
+q = cl.CommandQueue(ctx)
+try:
+    prg = cl.Program(ctx, sys.argv[1]).build()
+except cl.RuntimeError as exc:
+    print("pyopencl says", type(exc).__name__, exc.code, "undeclared" in str(exc))
+    raise SystemExit(3)
+buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4)
+prg.f(q, (1,), None, buf)
+out = np.empty(1, np.int32)
+cl.enqueue_copy(q, out, buf)
+print("value", int(out[0]), "pid", os.getpid())
+"""
+
+
+def test_with_programs_on_miss_farm_the_cluster_compiles_what_no_tier_holds(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    from cluster_helpers import minio_store
+
+    from farm.core.keys import Namespace
+
+    script = tmp_path / "app.py"
+    script.write_text(ON_MISS_APP)
+    value = uuid.uuid4().int % 100000  # a source no store holds yet
+    source = f"__kernel void f(__global int *a) {{ a[0] = {value}; }}"
+
+    def run(home: str, src: str) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
+        counts = tmp_path / f"{home}.json"
+        env = cluster.env(tmp_path / home, PYOPENCL_CTX="0", FARM_PROGRAMS_ON_MISS="farm")
+        proc = subprocess.run([sys.executable, "-m", "farm", "run", "--json", str(counts),
+                               "--", sys.executable, str(script), src], env=env,
+                              capture_output=True, text=True, timeout=600, check=False)
+        return proc, json.loads(counts.read_text())
+
+    proc, counts = run("a", source)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    assert words[1] == str(value) and counts["compiled"] == 1, (proc.stdout, counts)
+    store = minio_store(cluster)
+    try:
+        ns = next(n for n in store.namespaces() if store.keys(n))
+        worker = {a.meta.worker for k in store.keys(ns) if (a := store.get(ns, k)) is not None
+                  and a.meta.family == "program"}
+        app_pid = words[3]
+        assert worker and all(not w.endswith(f":{app_pid}") for w in worker), worker
+        assert isinstance(ns, Namespace)
+    finally:
+        store.close()
+    again, counts = run("b", source)
+    assert again.returncode == 0 and counts["loaded"] == 1 and counts["compiled"] == 0
+    bad, counts = run("c", source.replace(str(value), "undeclared_name"))
+    assert bad.returncode == 3, bad.stderr
+    assert "pyopencl says RuntimeError -11 True" in bad.stdout
+    assert counts["failed"] == 1

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     import pyopencl as cl
 
     from farm.programs.capture import CaptureLog
+    from farm.programs.remote import Remote
     from farm.records import Recorder
 
 #: seconds a store outage is waited out inside an application (the farm's default of a
@@ -99,6 +100,7 @@ class ProgramServer:
         self._broken = ""
         self._warned: set[str] = set()
         self._blobs_put: set[str] = set()
+        self._remote: Remote | None = None
 
     # -- the hook's entry point -------------------------------------------------------------
     def build(self, program: Any, options: Any, devices: Sequence[cl.Device] | None,
@@ -220,7 +222,8 @@ class ProgramServer:
                 if art is not None:
                     break
             if art is None:
-                art = self._compile(ctx, dev, info, described)
+                art = self._on_cluster(info, described) or \
+                    self._compile(ctx, dev, info, described)
                 outcome, tier = Outcome.COMPILED, 0
             self._memory.put(mkey, art)
             return art, outcome, tier
@@ -234,6 +237,23 @@ class ProgramServer:
             except _CANNOT_HELP as exc:
                 self._warn(f"could not keep a program in {front.store.location} "
                            f"({' '.join(str(exc).split())[:200]})")
+
+    def _on_cluster(self, info: DeviceInfo, described: Described) -> Artifact | None:
+        """The cluster's compile (``FARM_PROGRAMS_ON_MISS=farm``), or ``None``."""
+        settings = self._settings()
+        if settings.programs_on_miss != "farm" or not settings.redis_url \
+                or not described.spec.portable:
+            return None
+        from farm.programs.remote import Remote, RemoteRefused
+
+        with self._lock:
+            if self._remote is None:
+                self._remote = Remote(_capped(settings))
+            remote = self._remote
+        try:
+            return remote.build(self.store, info.fingerprint, described)
+        except RemoteRefused as exc:
+            raise _CompileRefused(str(exc)) from None
 
     def _compile(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
                  described: Described) -> Artifact:
@@ -289,10 +309,7 @@ class ProgramServer:
             if self._store is None:
                 from farm.store import open_store
 
-                settings = self._settings()
-                capped = settings.model_copy(update={
-                    "outage_limit": min(settings.outage_limit, APP_OUTAGE_LIMIT_S)})
-                self._store = open_store(capped)
+                self._store = open_store(_capped(self._settings()))
             return self._store
 
     @property
@@ -303,6 +320,12 @@ class ProgramServer:
 
                 self._recorder = open_recorder(self._settings(), self._label)
             return self._recorder
+
+
+def _capped(settings: Settings) -> Settings:
+    """``settings`` with outages waited out :data:`APP_OUTAGE_LIMIT_S` at most."""
+    return settings.model_copy(update={
+        "outage_limit": min(settings.outage_limit, APP_OUTAGE_LIMIT_S)})
 
 
 def _install(program: Any, served: Served, options: bytes) -> None:
