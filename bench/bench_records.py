@@ -55,7 +55,7 @@ def produce(redis_url: str | None, storage_url: str | None, count: int) -> tuple
     """Record ``count`` kernels of one session to the streams (or straight to a storage);
     returns the session id and the seconds it took, close included."""
     from farm.core.model import Outcome
-    from farm.records import Recorder, RecordsConfig, RequestedBy, StorageSink
+    from farm.records import Recorder, RecordsConfig, RequestedBy, StorageSink, Trip
     from farm.records.stream import RedisStreamSink
 
     sink: Any
@@ -67,9 +67,9 @@ def produce(redis_url: str | None, storage_url: str | None, count: int) -> tuple
     asked = RequestedBy(session=1_800_000_000_000_000_000, batch=1)
     start = time.perf_counter()
     for i in range(count):
-        recorder.compilation(family="matmul", key=f"{i:032x}.{'ab' * 12}",
-                             outcome=Outcome.COMPILED, work_s=0.08, worker="bench:1",
-                             host="bench", requested_by=asked)
+        recorder.compilation(Trip(family="matmul", key=f"{i:032x}.{'ab' * 12}",
+                                  outcome=Outcome.COMPILED, work_s=0.08, worker="bench:1",
+                                  host="bench", requested_by=asked))
     recorder.close()
     return recorder.session.id, time.perf_counter() - start
 

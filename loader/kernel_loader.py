@@ -14,7 +14,7 @@ One loader holds one OpenCL context on one device and serves kernels from, in or
    network, and a binary this device refused is never copied;
 3. **a full miss**: ``on_miss="compile"`` (default) runs the farm's batch here (lower,
    rekey or compile, load, store after the load), ``on_miss="farm"`` asks the cluster's
-   workers (:func:`farm.cluster.build.cluster_build`) and then loads what they stored, and
+   workers (:class:`farm.cluster.client.ClusterClient`) and then loads what they stored, and
    ``on_miss="fail"`` raises :class:`ArtifactMissing`.
 
 Every trip that is not a memory hit is recorded (a Loaded, Compiled or Rekeyed
@@ -46,8 +46,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
-from farm.compilation.batch import Batch, BatchReport
+from farm.compilation.batch import Batch, BatchReport, Progress
 from farm.compilation.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
+from farm.compilation.obtain import store_key
 from farm.core.device import DeviceContext, DeviceInfo, probe_devices, select_device
 from farm.core.errors import KernelError, SettingsError
 from farm.core.generation import bump_generation
@@ -57,15 +58,17 @@ from farm.core.settings import Settings, load_settings
 from farm.families import Registry
 from farm.manifest import Manifest
 from farm.records import Recorder
+from farm.records.model import Trip
 from farm.records.open import open_recorder
 from farm.store import ArtifactStore, open_store
 from loader.errors import ArtifactMissing, UnknownKernelName, failure_error
-from loader.programs import InFlight, LoadedProgram
+from loader.programs import InFlight, LoadedProgram, source_of
 from loader.tiers import Tier, TierFetcher
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
+    from farm.cluster.client import ClusterClient
     from loader.warm import WarmProgress, WarmReport
 
 log = logging.getLogger(__name__)
@@ -140,7 +143,7 @@ class KernelLoader:
         self.inflight = InFlight()
         self._compiler = compiler
         self._owns_compiler = False
-        self._celery: Any = None
+        self._cluster: ClusterClient | None = None
         self._closed = False
         try:
             if context is not None:  # a caller that started the context earlier still
@@ -327,8 +330,7 @@ class KernelLoader:
     # -- one trip ------------------------------------------------------------------------
     def key_of(self, artifact: ArtifactId) -> Key:
         """The store key of an artifact id under this farm's code (its build id)."""
-        family = self.registry.get(artifact.kernel.family)
-        return Key(id_hash=artifact.id_hash, build_id=family.build_id)
+        return store_key(self.registry, artifact)
 
     def _obtain(self, artifact: ArtifactId) -> LoadedProgram:
         """Memory, else a trip; concurrent asks for one key share one trip."""
@@ -381,20 +383,19 @@ class KernelLoader:
             self.record_loaded(got[0], time.perf_counter() - start)
             return got[0]
         assert res.program is not None and res.outcome is not None
-        self.stats.bump("compiled" if res.outcome is Outcome.COMPILED else
-                        "rekeyed" if res.outcome is Outcome.REKEYED else "local")
+        self.stats.bump(source_of(res.outcome))
         return LoadedProgram.of(res.program, artifact.kernel.family, key)
 
     def record_loaded(self, entry: LoadedProgram, work_s: float) -> None:
-        self.recorder.compilation(family=entry.family, key=entry.key, outcome=Outcome.LOADED,
-                                  work_s=work_s, native_fallback=entry.native_fallback)
+        self.recorder.compilation(Trip(family=entry.family, key=entry.key,
+                                       outcome=Outcome.LOADED, work_s=work_s,
+                                       native_fallback=entry.native_fallback))
 
-    def compile_batch(self, artifacts: list[ArtifactId], progress: Any = None,
+    def compile_batch(self, artifacts: list[ArtifactId], progress: Progress | None = None,
                       label: str = "") -> BatchReport:
         """Full misses through the farm's batch (lower, rekey or compile, load, store
         after load) on this loader's context, keeping the programs."""
-        batch = Batch(registry=self.registry, device=self._device, ctx=self._context,
-                      store=self.store,
+        batch = Batch(registry=self.registry, ctx=self._context, store=self.store,
                       compiler=self._compiler_for(len(artifacts)),
                       recorder=self.recorder, record_batch=False,
                       keep_programs=True, label=label or self.label)
@@ -402,7 +403,7 @@ class KernelLoader:
         self.stats.bump("compiler_invocations", report.compiler_invocations)
         return report
 
-    def farm_batch(self, artifacts: list[ArtifactId], progress: Any = None,
+    def farm_batch(self, artifacts: list[ArtifactId], progress: Progress | None = None,
                    label: str = "") -> BatchReport:
         """Full misses through the cluster's workers; they store, the caller loads.
 
@@ -410,25 +411,25 @@ class KernelLoader:
         this device's fingerprint (rather than waiting on a queue nobody reads). The
         workers record how they obtained each kernel; this process records its loads.
         """
-        import redis
+        from farm.cluster.client import BuildOptions, ClusterClient
 
-        from farm.cluster.build import check_served, cluster_build
-
-        if self._celery is None:
-            from farm.cluster.celery_app import make_app
-
-            self._celery = make_app(self.settings)
-        client: Any = redis.Redis.from_url(self.settings.redis_url or "")
-        try:
-            check_served(client, self._device.fingerprint)
-        finally:
-            client.close()
-        report = cluster_build(self.settings, app=self._celery, registry=self.registry,
-                               store=self.store, fingerprint=self._device.fingerprint,
-                               artifacts=artifacts, recorder=None, label=label or self.label,
-                               progress=progress)
+        with self._lock:
+            if self._cluster is None:
+                self._cluster = ClusterClient(self.settings, registry=self.registry,
+                                              store=self.store)
+                self._environment.callback(self._drop_cluster)
+            client = self._cluster
+        report = client.build(artifacts, BuildOptions(fingerprint=self._device.fingerprint,
+                                                      label=label or self.label),
+                              progress=progress)
         self.stats.bump("compiler_invocations", report.compiler_invocations)
         return report
+
+    def _drop_cluster(self) -> None:
+        """Close the cluster client with the environment whose store it asks."""
+        client, self._cluster = self._cluster, None
+        if client is not None:
+            client.close()
 
     def _compiler_for(self, misses: int) -> Compiler:
         """The injected compiler, else compile processes for many misses (made once,

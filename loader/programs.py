@@ -13,21 +13,38 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 from farm.core.errors import KernelError
 from farm.core.generation import GenerationCache, generation
-from farm.core.model import Key
+from farm.core.model import Key, Outcome
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 #: a key under the generation it was loaded in
 CacheKey = tuple[int, Key]
+
+#: where a loader got a kernel: memory, a store tier, compiled or rekeyed here, the farm
+Source = Literal["memory", "local", "remote", "compiled", "rekeyed", "farm"]
+SOURCES: tuple[Source, ...] = ("memory", "local", "remote", "compiled", "rekeyed", "farm")
+
+
+def source_of(outcome: Outcome | None) -> Source:
+    """The loader's counter for a kernel its batch obtained (the one mapping of an
+    outcome to where the kernel came from: a batch's Loaded is the local store's)."""
+    if outcome is Outcome.COMPILED:
+        return "compiled"
+    if outcome is Outcome.REKEYED:
+        return "rekeyed"
+    return "local"
 
 
 @dataclass(frozen=True)
 class LoadedProgram:
     """What the memory cache keeps for a key: the program and its kernels' names."""
 
-    program: Any  # pyopencl.Program
+    program: cl.Program
     kernel_names: tuple[str, ...]
     family: str
     key: Key
@@ -35,7 +52,7 @@ class LoadedProgram:
     native_fallback: str = ""
 
     @classmethod
-    def of(cls, program: Any, family: str, key: Key) -> LoadedProgram:
+    def of(cls, program: cl.Program, family: str, key: Key) -> LoadedProgram:
         """The entry of a program a batch loaded (its kernels' names read from it)."""
         import pyopencl as cl
 

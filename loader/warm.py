@@ -30,22 +30,21 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from farm.compilation.batch import BatchReport, KernelResult
 from farm.core.errors import FarmError
-from farm.core.model import Artifact, ArtifactId, KernelFailure, Key, Outcome
+from farm.core.model import Artifact, ArtifactId, KernelFailure, Key
 from farm.core.settings import Settings
 from farm.manifest import Manifest, expand, load_manifest, resolve_manifest
+from farm.records.model import BatchCounts
 from loader.errors import failure_error
-from loader.programs import InFlight, LoadedProgram
+from loader.programs import SOURCES, InFlight, LoadedProgram, Source, source_of
 
 if TYPE_CHECKING:
     from farm.core.device import DeviceInfo
     from loader.kernel_loader import KernelLoader, OnMiss
 
-Source = Literal["memory", "local", "remote", "compiled", "rekeyed", "farm"]
-SOURCES: tuple[Source, ...] = ("memory", "local", "remote", "compiled", "rekeyed", "farm")
 PHASES = ("lookup", "fetch", "load", "compile")
 #: an artifact read ahead of its load (``None``: the tier did not hold it), and the read's time
 Prefetched = tuple[Artifact | None, float]
@@ -135,6 +134,16 @@ class WarmReport:
     @property
     def work_s(self) -> float:
         return sum(i.work_s for i in self.items)
+
+    def counts(self) -> BatchCounts:
+        """What the batch record keeps: every kernel that came from memory, a tier or the
+        farm counts as loaded here."""
+        return BatchCounts(
+            kernels=len(self.items),
+            loaded=sum(self.count(s) for s in ("memory", "local", "remote", "farm")),
+            rekeyed=self.count("rekeyed"), compiled=self.count("compiled"),
+            unsupported=len(self.unsupported), failed=len(self.failed),
+            parallelism=self.parallelism, wall_s=self.wall_s, work_s=self.work_s)
 
     def summary(self) -> dict[str, Any]:
         n = len(self.items)
@@ -230,12 +239,7 @@ class _Warm:
                             threads=self.threads,
                             compiler_invocations=self.compiler_invocations,
                             parallelism=self.parallelism or self.threads)
-        loaded = sum(report.count(s) for s in ("memory", "local", "remote", "farm"))
-        rec = self.loader.recorder.batch(
-            kernels=len(items), loaded=loaded, rekeyed=report.count("rekeyed"),
-            compiled=report.count("compiled"), unsupported=len(report.unsupported),
-            failed=len(report.failed), parallelism=report.parallelism, wall_s=wall,
-            work_s=report.work_s, label=f"warm {self.label}")
+        rec = self.loader.recorder.batch(report.counts(), label=f"warm {self.label}")
         report.batch_seq = rec.stamp.seq if rec is not None else None
         return report
 
@@ -365,8 +369,7 @@ class _Warm:
             self._fail(group, res.failure)
             return
         assert res.program is not None
-        source: Source = ("compiled" if res.outcome is Outcome.COMPILED else
-                          "rekeyed" if res.outcome is Outcome.REKEYED else "local")
+        source = source_of(res.outcome)
         self.loader.stats.bump(source)
         group[0].work_s = res.work_s
         self._settle(key, LoadedProgram.of(res.program, res.artifact.kernel.family, key))

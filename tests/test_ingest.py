@@ -38,6 +38,7 @@ from farm.records import (
     Stamp,
 )
 from farm.records.ingest import Ingester, record_streams
+from farm.records.model import Trip
 from farm.records.stream import RedisStreamSink, encode_packs, encode_record
 
 pytestmark = pytest.mark.integration
@@ -48,14 +49,15 @@ PRODUCER = r"""
 import sys, time
 from farm.core.model import Outcome
 from farm.records import Recorder, RecordsConfig
+from farm.records.model import Trip
 from farm.records.stream import RedisStreamSink
 
 url, count, pause = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 recorder = Recorder(RedisStreamSink.open(url), RecordsConfig(), "producer", flush_records=25)
 print(recorder.session.id, flush=True)
 for i in range(count):
-    recorder.compilation(family="axpy", key=f"{i:016x}.{0:016x}", outcome=Outcome.COMPILED,
-                         work_s=0.001)
+    recorder.compilation(Trip(family="axpy", key=f"{i:016x}.{0:016x}", outcome=Outcome.COMPILED,
+                              work_s=0.001))
     if pause and i % 25 == 24:
         time.sleep(pause)
 recorder.close()
@@ -193,8 +195,8 @@ def test_entries_a_dead_ingester_held_are_claimed(
     url = f"sqlite:///{tmp_path / 'records.sqlite'}"
     recorder = Recorder(RedisStreamSink.open(redis_url), label="build", flush_records=10)
     for i in range(40):
-        recorder.compilation(family="axpy", key=f"{i:032x}", outcome=Outcome.COMPILED,
-                             work_s=0.01)
+        recorder.compilation(Trip(family="axpy", key=f"{i:032x}", outcome=Outcome.COMPILED,
+                                  work_s=0.01))
     recorder.close()
     # An ingester that read everything and died before writing (as if SIGKILLed).
     with SessionStorage("sqlite://") as scratch:
@@ -220,8 +222,8 @@ def test_a_restart_under_the_same_name_rereads_its_own_pending_entries_at_once(
     url = f"sqlite:///{tmp_path / 'records.sqlite'}"
     recorder = Recorder(RedisStreamSink.open(redis_url), label="build")
     for i in range(5):
-        recorder.compilation(family="axpy", key=f"{i:032x}", outcome=Outcome.COMPILED,
-                             work_s=0.01)
+        recorder.compilation(Trip(family="axpy", key=f"{i:032x}", outcome=Outcome.COMPILED,
+                                  work_s=0.01))
     recorder.close()
     with SessionStorage("sqlite://") as scratch:
         Ingester(client, scratch, consumer="ingester-0").ensure_groups()
@@ -242,12 +244,13 @@ def test_keep_sessions_is_applied_by_the_ingester(
         recorder = Recorder(RedisStreamSink.open(redis_url), RecordsConfig(keep_sessions=2),
                             label=f"build {n}")
         for _ in range(3):
-            recorder.compilation(family="axpy", key=KEY, outcome=Outcome.COMPILED, work_s=0.01)
+            recorder.compilation(Trip(family="axpy", key=KEY, outcome=Outcome.COMPILED,
+                                      work_s=0.01))
         recorder.close()
         ids.append(recorder.session.id)
     # A session that carries no keep_sessions: the ingester's own applies (here 3).
     other = Recorder(RedisStreamSink.open(redis_url), RecordsConfig(), label="no keep")
-    other.compilation(family="axpy", key=KEY, outcome=Outcome.COMPILED, work_s=0.01)
+    other.compilation(Trip(family="axpy", key=KEY, outcome=Outcome.COMPILED, work_s=0.01))
     other.close()
 
     counts = drain(service_env(redis_url, records_url, tmp_path), tmp_path / "ingest.log",

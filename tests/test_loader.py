@@ -28,7 +28,7 @@ from farm.core.model import Artifact, ArtifactId, Key, LaunchSettings, Lowered
 from farm.core.settings import Settings
 from farm.families.run import check_example, run_example
 from farm.records import Recorder
-from farm.records.model import Session
+from farm.records.model import BatchCounts, Session, Trip
 from farm.store import ArtifactStore, PutResult, SQLiteStore, TieredStore
 from loader import ArtifactMissing, KernelLoader, UnknownKernelName
 
@@ -63,19 +63,19 @@ class SpyRecorder(Recorder):
 
     def __init__(self) -> None:
         super().__init__(_NullSink(), label="test")
-        self.compilations: list[dict[str, Any]] = []
-        self.batches: list[dict[str, Any]] = []
+        self.compilations: list[Trip] = []
+        self.batches: list[BatchCounts] = []
 
-    def compilation(self, **kwargs: Any) -> Any:
-        self.compilations.append(kwargs)
-        return super().compilation(**kwargs)
+    def compilation(self, trip: Trip, lowered: Lowered | None = None) -> Any:
+        self.compilations.append(trip)
+        return super().compilation(trip, lowered)
 
-    def batch(self, **kwargs: Any) -> Any:
-        self.batches.append(kwargs)
-        return super().batch(**kwargs)
+    def batch(self, counts: BatchCounts, **kwargs: Any) -> Any:
+        self.batches.append(counts)
+        return super().batch(counts, **kwargs)
 
     def outcomes(self) -> Counter[str]:
-        return Counter(str(c["outcome"]) for c in self.compilations)
+        return Counter(str(c.outcome) for c in self.compilations)
 
 
 class CountingStore(ArtifactStore):
@@ -403,8 +403,8 @@ def test_warm_records_one_batch_and_says_where_each_kernel_came_from(seeded: Set
         assert set(s["phases"]) == {"lookup", "fetch", "load", "compile"}
         assert s["phases"]["fetch"]["kernels"] == 3 and s["phases"]["compile"]["kernels"] == 1
         assert spy.outcomes() == {"Loaded": 3, "Compiled": 1}
-        assert len(spy.batches) == 1 and spy.batches[0]["kernels"] == 4
-        assert spy.batches[0]["compiled"] == 1 and spy.batches[0]["loaded"] == 3
+        assert len(spy.batches) == 1 and spy.batches[0].kernels == 4
+        assert spy.batches[0].compiled == 1 and spy.batches[0].loaded == 3
 
         again = loader.warm(artifacts)
         assert again.count("memory") == 4 and again.compiler_invocations == 0

@@ -19,7 +19,7 @@ import pytest
 
 from farm.compilation.batch import Batch
 from farm.compilation.compiler import ProcessPoolCompiler
-from farm.core.device import open_device, probe_devices, select_device
+from farm.core.device import DeviceContext, probe_devices, select_device
 from farm.core.keys import Namespace
 from farm.core.settings import Settings
 from farm.families import Registry
@@ -56,13 +56,12 @@ def medium_in_minio(minio_server: Any, tmp_path_factory: pytest.TempPathFactory
                         minio_secret_key=minio_server.secret_key, minio_bucket=BUCKET)
     registry = Registry.load()
     device = select_device(probe_devices())
-    ctx, cl_device = open_device(device)
     entries = expand(load_manifest(resolve_manifest("medium")), registry)
     store = open_store(settings)  # the builder's own SQLite in front of MinIO
     compiler = ProcessPoolCompiler(device, 2)
     try:
-        batch = Batch(registry=registry, device=device, ctx=ctx, cl_device=cl_device,
-                      store=store, compiler=compiler, label="build medium")
+        batch = Batch(registry=registry, ctx=DeviceContext(device), store=store,
+                      compiler=compiler, label="build medium")
         report = batch.run([e.artifact for e in entries])
     finally:
         compiler.close()

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 
 from farm.core.errors import ForeignStoreError, StoreError
-from farm.core.model import Key, Outcome
+from farm.core.model import Key, Lowered, Outcome
 from farm.records import (
     SCHEMA_VERSION,
     CompilationBatchRecord,
@@ -39,6 +39,7 @@ from farm.records import (
     StorageSink,
     parse_record,
 )
+from farm.records.model import BatchCounts, Trip
 
 KEY = "0123456789abcdef.fedcba9876543210"
 
@@ -85,17 +86,20 @@ class FlakySink:
         self.inner.close()
 
 
-def load(recorder: Recorder, work_s: float = 0.002, **extra: object) -> CompilationRecord:
-    record = recorder.compilation(family="axpy", key=KEY, outcome=Outcome.LOADED,
-                                  work_s=work_s, **extra)  # type: ignore[arg-type]
+def load(recorder: Recorder, work_s: float = 0.002, lowered: Lowered | None = None,
+         **extra: object) -> CompilationRecord:
+    record = recorder.compilation(Trip(family="axpy", key=KEY, outcome=Outcome.LOADED,
+                                       work_s=work_s, **extra),  # type: ignore[arg-type]
+                                  lowered)
     assert record is not None
     return record
 
 
 def compile_(recorder: Recorder, outcome: Outcome = Outcome.COMPILED,
-             **extra: object) -> CompilationRecord:
-    record = recorder.compilation(family="axpy", key=KEY, outcome=outcome, work_s=0.08,
-                                  **extra)  # type: ignore[arg-type]
+             lowered: Lowered | None = None, **extra: object) -> CompilationRecord:
+    record = recorder.compilation(Trip(family="axpy", key=KEY, outcome=outcome, work_s=0.08,
+                                       **extra),  # type: ignore[arg-type]
+                                  lowered)
     assert record is not None
     return record
 
@@ -191,7 +195,7 @@ class StorageContract:
         recorder = self.recorder(storage)
         for _ in range(5):
             load(recorder)
-        batch = recorder.batch(kernels=5, loaded=5, wall_s=0.01, work_s=0.01)
+        batch = recorder.batch(BatchCounts(kernels=5, loaded=5, wall_s=0.01, work_s=0.01))
         assert batch is not None and batch.effect is Effect.OBSERVES
         recorder.flush()
         recorder.close()
@@ -228,7 +232,8 @@ class StorageContract:
         load(recorder)
         load(recorder)
         assert storage.count_records() == 1
-        recorder.batch(kernels=3, loaded=2, compiled=1, parallelism=4, wall_s=0.2, work_s=0.3)
+        recorder.batch(BatchCounts(kernels=3, loaded=2, compiled=1, parallelism=4, wall_s=0.2,
+                                   work_s=0.3))
         assert storage.count_records() == 4
         recorder.close()
 
@@ -256,19 +261,21 @@ class StorageContract:
 
     def test_level_off_records_nothing(self, storage: SessionStorage) -> None:
         recorder = self.recorder(storage, RecordsConfig(level=RecordLevel.OFF))
-        assert recorder.compilation(family="axpy", key=KEY, outcome=Outcome.COMPILED,
-                                    work_s=0.1, source="kernel void k() {}") is None
-        assert recorder.batch(kernels=1, compiled=1, wall_s=0.1) is None
+        code = Lowered(source="kernel void k() {}", kernel_names=("k",))
+        assert recorder.compilation(Trip(family="axpy", key=KEY, outcome=Outcome.COMPILED,
+                                         work_s=0.1), code) is None
+        assert recorder.batch(BatchCounts(kernels=1, compiled=1, wall_s=0.1)) is None
         recorder.close()
         assert storage.count_sessions() == 0 and storage.count_records() == 0
 
     @pytest.mark.parametrize("level", [RecordLevel.BASIC, RecordLevel.FULL])
     def test_levels_basic_and_full(self, storage: SessionStorage, level: RecordLevel) -> None:
         recorder = self.recorder(storage, RecordsConfig(level=level))
-        code = {"source": "kernel void k() {}", "options": ["-cl-fast-relaxed-math"]}
-        loaded = load(recorder, **code)
-        compiled = compile_(recorder, **code)
-        rekeyed = compile_(recorder, Outcome.REKEYED, **code)
+        code = Lowered(source="kernel void k() {}", options=("-cl-fast-relaxed-math",),
+                       kernel_names=("k",))
+        loaded = load(recorder, lowered=code)
+        compiled = compile_(recorder, lowered=code)
+        rekeyed = compile_(recorder, Outcome.REKEYED, lowered=code)
         recorder.close()
         stored = storage.records(recorder.session.id)
         assert stored == [loaded, compiled, rekeyed]
@@ -277,8 +284,8 @@ class StorageContract:
         assert by_outcome[Outcome.LOADED].options is None
         for outcome in (Outcome.COMPILED, Outcome.REKEYED):
             if level is RecordLevel.FULL:
-                assert by_outcome[outcome].source == code["source"]
-                assert by_outcome[outcome].options == code["options"]
+                assert by_outcome[outcome].source == code.source
+                assert by_outcome[outcome].options == list(code.options)
             else:
                 assert by_outcome[outcome].source is None
                 assert by_outcome[outcome].options is None
@@ -355,7 +362,7 @@ class StorageContract:
     def test_rewrites_are_idempotent(self, storage: SessionStorage) -> None:
         recorder = self.recorder(storage)
         records: list[Record] = [load(recorder), compile_(recorder)]
-        batch = recorder.batch(kernels=2, loaded=1, compiled=1, wall_s=0.1, work_s=0.1)
+        batch = recorder.batch(BatchCounts(kernels=2, loaded=1, compiled=1, wall_s=0.1, work_s=0.1))
         assert batch is not None
         records.append(batch)
         recorder.close()
@@ -400,8 +407,8 @@ class StorageContract:
         asked = RequestedBy(session=client.session.id, batch=client_batch)
         for_client = [compile_(worker, requested_by=asked), compile_(worker, requested_by=asked)]
         compile_(worker)  # someone else's
-        worker_batch = worker.batch(kernels=3, compiled=3, wall_s=0.3, work_s=0.24)
-        client.batch(kernels=2, compiled=2, wall_s=0.4, work_s=0.16)
+        worker_batch = worker.batch(BatchCounts(kernels=3, compiled=3, wall_s=0.3, work_s=0.24))
+        client.batch(BatchCounts(kernels=2, compiled=2, wall_s=0.4, work_s=0.16))
         worker.close()
         client.close()
         assert storage.all_records(requested_by_session=client.session.id) == for_client
@@ -424,10 +431,11 @@ class StorageContract:
             start.wait()
             for i in range(each):
                 if i % 5 == 4:
-                    record: Record | None = recorder.batch(kernels=1, compiled=1, wall_s=0.1)
+                    record: Record | None = recorder.batch(
+                        BatchCounts(kernels=1, compiled=1, wall_s=0.1))
                 else:
-                    record = recorder.compilation(family="axpy", key=KEY,
-                                                  outcome=Outcome.COMPILED, work_s=0.01)
+                    record = recorder.compilation(Trip(family="axpy", key=KEY,
+                                                       outcome=Outcome.COMPILED, work_s=0.01))
                 assert record is not None
                 mine.append(record.stamp.seq)
             seen[index] = mine
@@ -610,9 +618,9 @@ def test_recording_after_close_is_ignored(tmp_path: Path) -> None:
         compile_(recorder)
         recorder.close()
         recorder.close()  # idempotent
-        assert recorder.compilation(family="f", key=KEY, outcome=Outcome.COMPILED,
-                                    work_s=0.1) is None
-        assert recorder.batch(kernels=1, compiled=1, wall_s=0.1) is None
+        assert recorder.compilation(Trip(family="f", key=KEY, outcome=Outcome.COMPILED,
+                                         work_s=0.1)) is None
+        assert recorder.batch(BatchCounts(kernels=1, compiled=1, wall_s=0.1)) is None
         assert storage.count_records() == 1
 
 

@@ -30,6 +30,7 @@ from farm.records import (
     SessionStorage,
     StorageSink,
 )
+from farm.records.model import BatchCounts, Trip
 from farm.records.query import BuildRef, group_builds, timeline
 
 
@@ -79,17 +80,17 @@ def fill(url: str) -> Filled:
     t0 = Session.start("t0").id + 1_000_000
     with SessionStorage(url) as storage:
         old, clock = _recorder(storage, "build old", 0.0, t0)
-        old.compilation(family="softmax", key="k-old", outcome=Outcome.COMPILED, work_s=0.1)
+        old.compilation(Trip(family="softmax", key="k-old", outcome=Outcome.COMPILED, work_s=0.1))
         old.close()
 
         emb, clock = _recorder(storage, "build tiny", 10.0, t0)
         clock.at(0.1)
-        emb.compilation(family="matmul", key="k1", outcome=Outcome.LOADED, work_s=0.01)
+        emb.compilation(Trip(family="matmul", key="k1", outcome=Outcome.LOADED, work_s=0.01))
         clock.at(0.6)
-        emb.compilation(family="reduce", key="k2", outcome=Outcome.COMPILED, work_s=0.5)
-        emb.compilation(family="matmul", key="k3", outcome=Outcome.COMPILED, work_s=0.2)
-        emb.batch(kernels=4, loaded=1, compiled=2, failed=1, wall_s=0.6, work_s=0.71,
-                  label="build tiny")
+        emb.compilation(Trip(family="reduce", key="k2", outcome=Outcome.COMPILED, work_s=0.5))
+        emb.compilation(Trip(family="matmul", key="k3", outcome=Outcome.COMPILED, work_s=0.2))
+        emb.batch(BatchCounts(kernels=4, loaded=1, compiled=2, failed=1, wall_s=0.6,
+                              work_s=0.71), label="build tiny")
         emb.close()
 
         # The cluster build: the client reserves its batch seq, the workers name it.
@@ -104,8 +105,8 @@ def fill(url: str) -> Filled:
             (2.06, "k12", "matmul", Outcome.REKEYED, 0.05),
         ):
             clock.at(end)
-            w1.compilation(family=family, key=key, outcome=outcome, work_s=work,
-                           worker="vm:1", host="vm", requested_by=asked)
+            w1.compilation(Trip(family=family, key=key, outcome=outcome, work_s=work,
+                                worker="vm:1", host="vm", requested_by=asked))
         w1.close()
 
         w2, clock = _recorder(storage, "worker vm:2", 20.6, t0)
@@ -115,13 +116,13 @@ def fill(url: str) -> Filled:
             (0.9, "k10", "matmul", Outcome.LOADED, 0.01),  # re-delivered: counted once
         ):
             clock.at(end)
-            w2.compilation(family=family, key=key, outcome=outcome, work_s=work,
-                           worker="vm:2", host="vm", requested_by=asked)
+            w2.compilation(Trip(family=family, key=key, outcome=outcome, work_s=work,
+                                worker="vm:2", host="vm", requested_by=asked))
         w2.close()
 
         client_clock.at(2.6)
-        client.batch(kernels=6, loaded=1, rekeyed=1, compiled=4, wall_s=2.5, work_s=2.7,
-                     parallelism=2, label="build small", seq=batch)
+        client.batch(BatchCounts(kernels=6, loaded=1, rekeyed=1, compiled=4, wall_s=2.5, work_s=2.7,
+                                 parallelism=2), label="build small", seq=batch)
         client.close()
     return Filled(url=url, old=old.session.id, embedded=emb.session.id,
                   client=client.session.id, worker1=w1.session.id, worker2=w2.session.id)
@@ -259,10 +260,11 @@ def test_builds_join_when_the_client_wrote_its_batch_record_without_the_reserved
         client, _ = _recorder(storage, "build", 0.0)
         asked = RequestedBy(session=client.session.id, batch=client.reserve_seq())
         worker, _ = _recorder(storage, "worker", 0.1)
-        worker.compilation(family="matmul", key="k", outcome=Outcome.COMPILED, work_s=0.1,
-                           worker="w", requested_by=asked)
+        worker.compilation(Trip(family="matmul", key="k", outcome=Outcome.COMPILED, work_s=0.1,
+                                worker="w", requested_by=asked))
         worker.close()
-        client.batch(kernels=1, compiled=1, wall_s=0.2)  # seq 2, the next after the reservation
+        # seq 2, the next after the reservation
+        client.batch(BatchCounts(kernels=1, compiled=1, wall_s=0.2))
         client.close()
         (build,) = group_builds(storage.all_records())
     assert build.ref == BuildRef(session=client.session.id, batch=1)
@@ -290,10 +292,10 @@ def test_summary_counts_a_stored_kernel_whose_record_never_came(tmp_path: Path) 
         client, _ = _recorder(storage, "build", 0.0)
         asked = RequestedBy(session=client.session.id, batch=client.reserve_seq())
         worker, _ = _recorder(storage, "worker", 0.1)
-        worker.compilation(family="matmul", key="k1", outcome=Outcome.COMPILED, work_s=0.1,
-                           worker="w", requested_by=asked)
+        worker.compilation(Trip(family="matmul", key="k1", outcome=Outcome.COMPILED, work_s=0.1,
+                                worker="w", requested_by=asked))
         worker.close()  # the record of k2 never came (its process was killed)
-        client.batch(kernels=3, compiled=2, loaded=1, wall_s=0.2, seq=asked.batch)
+        client.batch(BatchCounts(kernels=3, compiled=2, loaded=1, wall_s=0.2), seq=asked.batch)
         client.close()
         found = summarize(group_builds(storage.all_records()))
     assert found.missing == 1

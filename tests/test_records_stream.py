@@ -40,6 +40,7 @@ from farm.records import (
     StorageSink,
 )
 from farm.records.ingest import record_streams
+from farm.records.model import BatchCounts, Trip
 from farm.records.open import open_recorder, records_transport
 from farm.records.stream import (
     PACK_MAX_RECORDS,
@@ -191,8 +192,8 @@ def stream_records(client: Any, stream: str) -> list[Record]:
 
 
 def _compile(recorder: Recorder, outcome: Outcome = Outcome.COMPILED, **extra: Any) -> None:
-    assert recorder.compilation(family="axpy", key=KEY, outcome=outcome, work_s=0.05,
-                                **extra) is not None
+    assert recorder.compilation(Trip(family="axpy", key=KEY, outcome=outcome, work_s=0.05,
+                                     **extra)) is not None
 
 
 # -- choosing the transport (no services) -----------------------------------------------
@@ -337,13 +338,13 @@ def test_a_batch_record_takes_its_reserved_seq_and_records_reach_the_sink_in_ord
     reserved = recorder.reserve_seq()
     _compile(recorder)  # seq 2, sent at once (the first change)
     _compile(recorder, Outcome.LOADED)  # seq 3, held
-    batch = recorder.batch(kernels=2, compiled=1, loaded=1, wall_s=0.2, seq=reserved)
+    batch = recorder.batch(BatchCounts(kernels=2, compiled=1, loaded=1, wall_s=0.2), seq=reserved)
     assert batch is not None and batch.stamp.seq == reserved == 1
     assert batch.stamp.offset_s > 0  # stamped when the batch ended, not when reserved
     with pytest.raises(ValueError, match="not reserved"):
-        recorder.batch(kernels=0, wall_s=0.0, seq=reserved)  # each reserved seq once
+        recorder.batch(BatchCounts(kernels=0, wall_s=0.0), seq=reserved)  # each reserved seq once
     with pytest.raises(ValueError, match="not reserved"):
-        recorder.batch(kernels=0, wall_s=0.0, seq=3)
+        recorder.batch(BatchCounts(kernels=0, wall_s=0.0), seq=3)
     recorder.close()
     assert seqs(storage.records(recorder.session.id)) == [1, 2, 3]
 
@@ -387,7 +388,8 @@ def test_an_observe_only_session_never_reaches_the_streams_nor_storage(
     recorder = Recorder(RedisStreamSink.open(redis_url), label="loader")
     for _ in range(5):
         _compile(recorder, Outcome.LOADED)
-    recorder.batch(kernels=5, loaded=5, wall_s=0.01)  # a batch that only loaded observes too
+    # a batch that only loaded observes too
+    recorder.batch(BatchCounts(kernels=5, loaded=5, wall_s=0.01))
     recorder.close()
     assert not recorder.written
     assert client.keys("farm:records:*") == []
@@ -420,7 +422,7 @@ def test_a_changing_session_goes_first_then_its_held_records_in_order(
         _compile(recorder, Outcome.LOADED)  # held: nothing in Redis yet
     assert client.keys("farm:records:*") == []
     _compile(recorder)  # the first change: session, then the held loads and it
-    recorder.batch(kernels=4, loaded=3, compiled=1, wall_s=0.3)
+    recorder.batch(BatchCounts(kernels=4, loaded=3, compiled=1, wall_s=0.3))
     recorder.close()
 
     (session_entry,) = entries(client, RECORDS_SESSIONS_STREAM)

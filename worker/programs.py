@@ -1,7 +1,9 @@
 """Obtaining an application's program on a worker (``farm.programs``), one request.
 
-The same outcomes as a family's kernel (``worker.execute``), minus the rekey (a
-program's key *is* its source and headers, so two keys never share one):
+The rules of ``farm.compilation.obtain`` (its :class:`~farm.compilation.obtain.Obtainer`:
+the Loaded rule, and keep after a validated compile, first writer wins), minus the
+rekey: a program's key *is* its source, options and headers, and the source index (a
+hash of source and options only) would hand it a binary made with other headers.
 
 1. the key, computed here from the spec (never taken from the client), is in the store
    and the binary loads on this device -> **Loaded**;
@@ -21,13 +23,14 @@ import socket
 import time
 
 from farm.cluster.payloads import KernelReply, ProgramRequest
-from farm.compilation.load import load
+from farm.compilation.load import LoadedBinary, load_binary
+from farm.compilation.obtain import Obtainer, compiled_artifact
 from farm.core.errors import CompileError, FarmError, KernelError, LoadError, StoreError
 from farm.core.keys import PROGRAM_FAMILY
-from farm.core.model import Artifact, KernelFailure, Key, Outcome
+from farm.core.model import KernelFailure, Key, Lowered, Outcome
 from farm.programs.compile import compile_laid_out
 from farm.programs.spec import ProgramSpec
-from farm.records.model import RequestedBy
+from farm.records.model import RequestedBy, Trip
 from worker.execute import LEASE_WAIT_S, send_records
 from worker.state import WorkerState
 
@@ -48,23 +51,23 @@ def obtain_program(req: ProgramRequest, state: WorkerState,
         return _failed(key, "error", str(exc), "", start)
     work = time.perf_counter() - start
     if outcome is Outcome.LOADED:
-        state.recorder.compilation(family=PROGRAM_FAMILY, key=key, outcome=outcome,
-                                   work_s=work, worker=state.name, host=socket.gethostname(),
-                                   requested_by=requested_by)
+        state.recorder.compilation(Trip(family=PROGRAM_FAMILY, key=key, outcome=outcome,
+                                        work_s=work, worker=state.name,
+                                        host=socket.gethostname(), requested_by=requested_by))
     return KernelReply(id_hash=key.id_hash, key=str(key), outcome=outcome, work_s=work,
                        worker=state.name, host=socket.gethostname())
 
 
+def _rules(state: WorkerState) -> Obtainer:
+    """The obtain rules for programs here: a program may hold no kernel."""
+    def load(binary: bytes) -> LoadedBinary:
+        return load_binary(state.ctx, state.cl_device, binary, arch=state.device.native_arch,
+                           require_kernel=False)
+    return Obtainer(state.store, state.ns, load)
+
+
 def _loads(key: Key, state: WorkerState) -> bool:
-    art = state.store.get(state.ns, key)
-    if art is None:
-        return False
-    try:
-        load(state.ctx, state.cl_device, art.binary, arch=state.device.native_arch,
-             require_kernel=False)
-    except LoadError:
-        return False
-    return True
+    return _rules(state).stored(key) is not None
 
 
 def _resolve(spec: ProgramSpec, key: Key, state: WorkerState,
@@ -104,18 +107,17 @@ def _compile(spec: ProgramSpec, key: Key, state: WorkerState,
             raise _Refused(kind, built.error)
         error = LoadError if built.error_kind == "load" else CompileError
         raise error(built.error, build_log=built.build_log)
-    art = Artifact.create(key, PROGRAM_FAMILY, built.binary, spec.blob_digest,
-                          build_log=built.build_log, host=built.host, worker=state.name,
-                          work_s=built.work_s)
+    art = compiled_artifact(key, PROGRAM_FAMILY, built, spec.blob_digest, worker=state.name)
     # recorded (and sent) before the store is written, as for kernels (worker.execute)
-    state.recorder.compilation(family=PROGRAM_FAMILY, key=key, outcome=Outcome.COMPILED,
-                               work_s=time.perf_counter() - start,
-                               source=blobs[spec.source].decode("utf-8", "replace"),
-                               options=list(spec.options), worker=state.name,
-                               host=socket.gethostname(), requested_by=requested_by)
+    state.recorder.compilation(
+        Trip(family=PROGRAM_FAMILY, key=key, outcome=Outcome.COMPILED,
+             work_s=time.perf_counter() - start, worker=state.name,
+             host=socket.gethostname(), requested_by=requested_by),
+        Lowered(source=blobs[spec.source].decode("utf-8", "replace"), options=spec.options,
+                kernel_names=()))
     send_records(state)
     state.store.put_blob(spec.to_blob())  # the artifact names its spec (source_hash)
-    state.store.put(state.ns, art)
+    _rules(state).keep(key, PROGRAM_FAMILY, art, None)  # no source index: no rekey
 
 
 class _Refused(KernelError):

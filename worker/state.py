@@ -9,10 +9,13 @@ connection, its lease client and its records session exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from farm.cluster.lease import Leases
 from farm.compilation.finalize import worker_name
+from farm.compilation.load import LoadedBinary, load_binary
+from farm.compilation.obtain import Obtainer
 from farm.core.device import DeviceInfo, open_device
 from farm.core.keys import Namespace
 from farm.core.outage import Waiter, redis_waiter
@@ -23,6 +26,9 @@ from farm.store import ArtifactStore
 
 if TYPE_CHECKING:
     import pyopencl as cl
+    import redis
+
+    from worker.crashes import TaskLedger
 
 
 @dataclass
@@ -37,14 +43,22 @@ class WorkerState:
     recorder: Recorder
     name: str
     #: the farm's Redis (leases, crash bookkeeping) and the waiter of its outages
-    redis: Any = None
+    redis: redis.Redis | None = None
     redis_waiter: Waiter | None = None
     #: the running task's crash bookkeeping (a pool process runs one task at a time)
-    ledger: Any = None
+    ledger: TaskLedger | None = None
 
     @property
     def ns(self) -> Namespace:
         return Namespace.for_fingerprint(self.device.fingerprint)
+
+    @cached_property
+    def rules(self) -> Obtainer:
+        """The obtain rules here: every artifact found is loaded on this device first."""
+        return Obtainer(self.store, self.ns, self._load)
+
+    def _load(self, binary: bytes) -> LoadedBinary:
+        return load_binary(self.ctx, self.cl_device, binary, arch=self.device.native_arch)
 
     def close(self) -> None:
         self.recorder.close()
@@ -63,7 +77,7 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     device = devices[index % len(devices)]
     ctx, cl_device = open_device(device)
     assert settings.redis_url, "a worker needs FARM_REDIS_URL"
-    client: Any = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
                                        socket_connect_timeout=5)
     waiter = redis_waiter(settings.redis_url, settings.outage_limit)
     return WorkerState(

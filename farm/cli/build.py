@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
     from farm.compilation.batch import Batch, BatchReport, KernelResult
     from farm.core.model import ArtifactId
     from farm.core.settings import Settings
-    from farm.manifest import Manifest
+    from farm.families import Registry
+    from farm.records import Recorder
 
 
 def build(
@@ -56,6 +58,7 @@ def build(
         return
     from farm.compilation.local import local_farm
     from farm.core.settings import load_settings
+    from farm.families import Registry
     from farm.manifest import expand, load_manifest, resolve_manifest
 
     overrides = {"device": device} if device else {}
@@ -64,13 +67,16 @@ def build(
     loaded = load_manifest(path)
     label = f"build {loaded.label}"
     use_cluster = settings.cluster if cluster is None else cluster
+    registry = Registry.load(settings.family_modules)  # one registry, one expansion
+    artifacts = [e.artifact for e in expand(loaded, registry)]
     report: BatchReport | None = None
     if use_cluster:
-        report, fp = _cluster_build(settings, loaded, label, fingerprint, fallback_local,
-                                    verify, json_out, wait_for_workers=wait_for_workers)
+        target = _ClusterTarget(fingerprint=fingerprint, fallback_local=fallback_local,
+                                wait_for_workers=wait_for_workers, verify=verify)
+        report, fp = _cluster_build(settings, registry, artifacts, label, target,
+                                    quiet=json_out)
     if report is None:
-        with local_farm(settings, label=label, workers=workers) as farm:
-            artifacts = [e.artifact for e in expand(loaded, farm.registry)]
+        with local_farm(settings, label=label, workers=workers, registry=registry) as farm:
             report = _run_with_progress(farm.batch(label=label), artifacts, quiet=json_out)
             fp = farm.device.fingerprint
     failed = report.failed + (report.unsupported if strict else [])
@@ -91,80 +97,66 @@ def build(
         raise typer.Exit(1)
 
 
-def _cluster_build(settings: Settings, loaded: Manifest, label: str,
-                   fingerprint: str | None, fallback_local: bool, verify: bool,
-                   quiet: bool, *, wait_for_workers: bool = False
+@dataclass(frozen=True)
+class _ClusterTarget:
+    """The cluster options of ``farm build``: where to build, and the fallback policy."""
+
+    fingerprint: str | None
+    fallback_local: bool
+    wait_for_workers: bool
+    verify: bool
+
+
+def _say(line: str) -> None:
+    """A line worth keeping (an outage, a re-sent chunk): stderr, also under --json."""
+    err.print(line, markup=False, soft_wrap=True)
+
+
+def _cluster_build(settings: Settings, registry: Registry, artifacts: list[ArtifactId],
+                   label: str, target: _ClusterTarget, *, quiet: bool
                    ) -> tuple[BatchReport | None, str]:
     """Build through the workers; ``None`` when falling back to a local build."""
-    import redis
-
-    from farm.cluster.build import check_served, cluster_build
-    from farm.cluster.celery_app import make_app
+    from farm.cluster.client import BuildOptions, ClusterClient
     from farm.core.device import probe_devices, select_device
     from farm.core.errors import ClusterError, InputError
-    from farm.core.outage import redis_waiter
-    from farm.families import Registry
-    from farm.manifest import expand
     from farm.records.open import open_recorder
-    from farm.store.open import open_store
 
-    if wait_for_workers and not fingerprint:
+    if target.wait_for_workers and not target.fingerprint:
         raise InputError("--wait-for-workers needs --fingerprint: with no worker to ask, "
                          "the target device must be named")
     # In this process: a build client never forks (a local fallback's pool is spawned).
     local_fp = select_device(probe_devices(), settings.device).fingerprint \
-        if fallback_local or not fingerprint else None
-    fp = fingerprint or local_fp or ""
-    client: Any = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
-                                       socket_connect_timeout=5)
-
-    def say(line: str) -> None:  # kept on stderr, also under --json
-        err.print(line, markup=False, soft_wrap=True)
-
-    waiter = redis_waiter(settings.redis_url or "", settings.outage_limit, say=say)
-    try:
-        served_by = waiter.call(lambda: check_served(client, fp, settings.dead_worker_grace))
-    except ClusterError as exc:
-        if wait_for_workers:
-            served_by = []
-            err.print(f"{exc}: queueing for the workers to come (--wait-for-workers)",
-                      markup=False, soft_wrap=True)
-        else:
-            if not fallback_local:
+        if target.fallback_local or not target.fingerprint else None
+    fp = target.fingerprint or local_fp or ""
+    with ClusterClient(settings, registry=registry, say=_say) as client:
+        try:
+            client.served(fp)
+        except ClusterError as exc:
+            if target.wait_for_workers:
+                _say(f"{exc}: queueing for the workers to come (--wait-for-workers)")
+            elif not target.fallback_local:
                 raise
-            if local_fp != fp:
+            elif local_fp != fp:
                 raise ClusterError(f"{exc}; and the local device ({local_fp}) cannot "
                                    f"compile for {fp}") from None
-            err.print(f"{exc}: compiling locally (--fallback-local)", markup=False,
-                      soft_wrap=True)
-            return None, fp
-    registry = Registry.load(settings.family_modules)
-    artifacts = [e.artifact for e in expand(loaded, registry)]
-    store = open_store(settings)
-    recorder = open_recorder(settings, label)
-
-    def app() -> Any:  # made only when a chunk must be sent: no Celery for a stored build
-        return make_app(settings)
-
-    try:
-        with _progress(len(artifacts), quiet) as tick:
-            report = cluster_build(settings, app=app, registry=registry, store=store,
-                                   fingerprint=fp, artifacts=artifacts, recorder=recorder,
-                                   label=label, progress=tick, verify=verify,
-                                   device=next((w.device for w in served_by if w.device),
-                                               None),
-                                   say=say, status=tick.status, waiter=waiter)
-    except BaseException:
-        _close_quietly(recorder)  # the error on its way out is the one line to show
-        raise
-    else:
+            else:
+                _say(f"{exc}: compiling locally (--fallback-local)")
+                return None, fp
+        options = BuildOptions(fingerprint=fp, label=label, verify=target.verify,
+                               wait_for_workers=target.wait_for_workers)
+        recorder = open_recorder(settings, label)
+        try:
+            with _progress(len(artifacts), quiet) as tick:
+                report = client.build(artifacts, options, recorder=recorder, progress=tick,
+                                      status=tick.status)
+        except BaseException:
+            _close_quietly(recorder)  # the error on its way out is the one line to show
+            raise
         recorder.close()
-    finally:
-        store.close()
     return report, fp
 
 
-def _close_quietly(recorder: Any) -> None:
+def _close_quietly(recorder: Recorder) -> None:
     try:
         recorder.close()
     except Exception as exc:  # e.g. Redis gone too: the records stay unsent

@@ -87,21 +87,13 @@ def _here(settings: Any, capture: Any, fp: str, store: Any, recorder: Any,
 
 
 def _on_cluster(settings: Any, capture: Any, fp: str, store: Any, tick: Any) -> Any:
-    import redis
-
-    from farm.cluster.build import check_served
-    from farm.cluster.celery_app import make_app
+    from farm.cluster.client import ClusterClient
+    from farm.families import Registry
     from farm.programs.prebuild import build_on_cluster
-
-    client: Any = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
-                                       socket_connect_timeout=5)
-    try:
-        check_served(client, fp, settings.dead_worker_grace)
-    finally:
-        client.close()
 
     def say(line: str) -> None:
         err.print(line, markup=False, soft_wrap=True)
 
-    return build_on_cluster(settings, capture, fp, store=store, app=lambda: make_app(settings),
-                            progress=tick, say=say)
+    with ClusterClient(settings, registry=Registry(), store=store, say=say) as client:
+        client.served(fp)  # no worker for it: one line naming those served
+        return build_on_cluster(client, capture, fp, progress=tick, status=tick.status)

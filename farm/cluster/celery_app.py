@@ -21,9 +21,18 @@ Why these settings:
 * ``visibility_timeout``: with Redis as broker, a message taken by a worker whose main
   process is killed comes back only after this timeout, so it is a setting, chosen
   longer than the hard time limit (see ``Settings``), not an inherited default.
+
+A client's app (``client=True``, :class:`farm.cluster.client.ClusterClient`) waits for
+replies on the result backend's publish/subscribe channel. Its result backend does not
+retry a lost connection itself (``retry_policy`` of no retries) and gives up a silent
+socket after 10 s: the client's own outage waiter retries, says once what it waits for,
+and gives up at ``FARM_OUTAGE_LIMIT`` with one line; Celery's own retries would block
+inside a wait for up to 20 tries, with a log line each.
 """
 
 from __future__ import annotations
+
+import logging
 
 from celery import Celery
 
@@ -32,8 +41,8 @@ from farm.core.keys import DEFAULT_QUEUE
 from farm.core.settings import Settings
 
 
-def make_app(settings: Settings) -> Celery:
-    """A Celery app configured from ``settings`` (used by workers and build clients)."""
+def make_app(settings: Settings, *, client: bool = False) -> Celery:
+    """A Celery app configured from ``settings``: a worker's, or a client's (``client``)."""
     if not settings.redis_url:
         raise SettingsError("setting FARM_REDIS_URL: the cluster needs a Redis URL")
     if settings.visibility_timeout <= settings.compile_hard_time_limit:
@@ -65,5 +74,29 @@ def make_app(settings: Settings) -> Celery:
         task_default_queue=DEFAULT_QUEUE,
         enable_utc=True,
     )
+    if client:
+        app.conf.update(
+            result_backend_transport_options={
+                "visibility_timeout": settings.visibility_timeout,
+                "retry_policy": {"max_retries": 0}},
+            redis_socket_timeout=10.0,
+            redis_socket_connect_timeout=5.0,
+        )
+        _quiet_result_reconnects()
     return app
+
+
+class _ReconnectNoise(logging.Filter):
+    """Drops the result backend's "retry limit exceeded" line: in a client, the outage
+    waiter reports the outage (and its end) instead, and the app is made again."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Retry limit exceeded while trying to reconnect" not in str(record.msg)
+
+
+_RECONNECT_NOISE = _ReconnectNoise()
+
+
+def _quiet_result_reconnects() -> None:
+    logging.getLogger("celery.backends.asynchronous").addFilter(_RECONNECT_NOISE)  # once
 

@@ -33,13 +33,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from farm.compilation.finalize import FinalizeResult
-from farm.compilation.load import load_binary
-from farm.compilation.rekey import RekeyAction, rekey_action
+from farm.compilation.load import LoadedBinary, load_binary
+from farm.compilation.obtain import Obtainer, compiled_artifact, store_key
 from farm.core.device import DeviceContext, DeviceInfo
 from farm.core.errors import FarmError, KernelError, LoadError
 from farm.core.keys import Namespace
-from farm.core.model import Artifact, ArtifactId, KernelFailure, Key, Lowered, Outcome
+from farm.core.model import ArtifactId, KernelFailure, Key, Lowered, Outcome
 from farm.families import Registry
+from farm.records.model import BatchCounts, Trip
 from farm.store.base import ArtifactStore
 
 if TYPE_CHECKING:
@@ -71,7 +72,8 @@ class KernelResult:
     failure: KernelFailure | None = None
     work_s: float = 0.0
     worker: str = ""
-    program: Any = None  # the loaded pyopencl.Program, when the batch keeps programs
+    #: the loaded program, when the batch keeps programs
+    program: cl.Program | None = None
     #: why a native artifact's machine code was refused and its portable part loaded
     native_fallback: str = ""
     #: ``work_s`` by step (:data:`WORK_PARTS`), so a slow build says where it went
@@ -113,6 +115,15 @@ class BatchReport:
     def failed(self) -> list[KernelResult]:
         return [r for r in self.results if r.failure and r.failure.kind != "unsupported"]
 
+    def counts(self) -> BatchCounts:
+        """What the batch record keeps of this report."""
+        return BatchCounts(kernels=len(self.results), loaded=self.count(Outcome.LOADED),
+                           rekeyed=self.count(Outcome.REKEYED),
+                           compiled=self.count(Outcome.COMPILED),
+                           unsupported=len(self.unsupported), failed=len(self.failed),
+                           parallelism=self.parallelism, wall_s=self.wall_s,
+                           work_s=self.work_s)
+
     def summary(self) -> dict[str, Any]:
         wall = self.wall_s
         return {
@@ -146,27 +157,29 @@ class _Pending:
 
 
 class Batch:
-    """Obtains kernels on one device. Reusable: one ``run`` per batch."""
+    """Obtains kernels on one device. Reusable: one ``run`` per batch.
 
-    def __init__(self, *, registry: Registry, device: DeviceInfo,
-                 ctx: cl.Context | DeviceContext, cl_device: cl.Device | None = None,
-                 store: ArtifactStore, compiler: Compiler,
-                 recorder: Recorder | None = None, keep_programs: bool = False,
-                 label: str = "", record_batch: bool = True) -> None:
+    ``ctx`` opens the device's context on the first load (a batch of hits that keeps no
+    programs never needs one). ``record_batch`` False: the caller records one batch of
+    its own (a loader's warm).
+    """
+
+    def __init__(self, *, registry: Registry, ctx: DeviceContext, store: ArtifactStore,
+                 compiler: Compiler, recorder: Recorder | None = None,
+                 keep_programs: bool = False, label: str = "",
+                 record_batch: bool = True) -> None:
         self.registry = registry
-        self.device = device
-        #: the context, or a DeviceContext opened on the first load (a batch of hits
-        #: that keeps no programs never needs one)
+        self.device: DeviceInfo = ctx.info
         self._context = ctx
-        self._cl_device = cl_device
         self.store = store
-        self.ns = Namespace.for_fingerprint(device.fingerprint)
+        self.ns = Namespace.for_fingerprint(self.device.fingerprint)
         self.compiler = compiler
         self.recorder = recorder
         self.keep_programs = keep_programs
         self.label = label
-        #: False when the caller records one batch of its own (a loader's warm)
         self.record_batch = record_batch
+        #: the rules; a kernel found in the store is loaded here only to keep its program
+        self.rules = Obtainer(store, self.ns, self._load if keep_programs else None)
 
     # -- entry point ---------------------------------------------------------------------
     def run(self, artifacts: Iterable[ArtifactId],
@@ -177,12 +190,9 @@ class Batch:
         invocations = 0
 
         # 1. keys, then one bulk look-up
-        families: dict[int, str] = {}
-        for i, res in enumerate(results):
+        for res in results:
             try:
-                family = self.registry.get(res.artifact.kernel.family)
-                res.key = Key(id_hash=res.artifact.id_hash, build_id=family.build_id)
-                families[i] = family.name
+                res.key = store_key(self.registry, res.artifact)
             except FarmError as exc:
                 self._fail(res, "validation", str(exc), notify)
         keyed = [r for r in results if r.key is not None]
@@ -200,39 +210,24 @@ class Batch:
         for res in hits:
             t = time.perf_counter()
             assert res.key is not None
-            art = self.store.get(self.ns, res.key)
-            program: Any = None
-            if art is not None and not self.keep_programs:
-                program = True  # digest verified; loading it here would only be thrown away
-            elif art is not None:
-                try:
-                    program = self._load(res, art.binary)
-                except LoadError as exc:
-                    log.warning("stored artifact %s refused by the device (%s); compiling",
-                                res.key, exc)
-            if program is None:  # corrupt or refused: a miss that recompiling repairs
+            found = self.rules.stored(res.key)
+            if found is None:  # corrupt or refused: a miss that recompiling repairs
                 late.append(_Pending(result=res, family=res.artifact.kernel.family,
                                      started=t))
                 continue
             res.add_part("fetch", time.perf_counter() - t)
-            self._done(res, Outcome.LOADED, program, notify)
+            self._done(res, Outcome.LOADED, notify, loaded=found.loaded)
         invocations += self._dispatch(late, futures, notify, rekey=False)
 
         # 4. load compiled binaries as they arrive, store after a successful load
         for fut in as_completed(list(futures)):
             self._finish_compile(futures[fut], fut.result(), notify)
 
-        wall = time.perf_counter() - start
-        report = BatchReport(results=results, wall_s=wall,
+        report = BatchReport(results=results, wall_s=time.perf_counter() - start,
                              parallelism=self.compiler.parallelism,
                              compiler_invocations=invocations)
         if self.recorder is not None and self.record_batch:
-            rec = self.recorder.batch(
-                kernels=len(results), loaded=report.count(Outcome.LOADED),
-                rekeyed=report.count(Outcome.REKEYED), compiled=report.count(Outcome.COMPILED),
-                unsupported=len(report.unsupported), failed=len(report.failed),
-                parallelism=report.parallelism, wall_s=wall, work_s=report.work_s,
-                label=self.label)
+            rec = self.recorder.batch(report.counts(), label=self.label)
             report.batch_seq = rec.stamp.seq if rec is not None else None
         return report
 
@@ -263,7 +258,7 @@ class Batch:
             if source_hash in leaders:
                 leaders[source_hash].followers.append(pending)
                 continue
-            if rekey and self._try_rekey(pending, source_hash, notify):
+            if rekey and self._try_rekey(pending, notify):
                 continue
             leaders[source_hash] = pending
             futures[self.compiler.submit(pending.lowered)] = pending
@@ -279,28 +274,16 @@ class Batch:
             return KernelError(str(exc))
         return None
 
-    def _try_rekey(self, pending: _Pending, source_hash: str, notify: Progress) -> bool:
-        res = pending.result
-        assert res.key is not None
-        found = self.store.find_source(self.ns, source_hash)
-        if found is None or found == res.key:
-            return False
+    def _try_rekey(self, pending: _Pending, notify: Progress) -> bool:
+        res, lowered = pending.result, pending.lowered
+        assert res.key is not None and lowered is not None
         t = time.perf_counter()
-        art = self.store.get(self.ns, found)
-        if art is None or art.meta.source_hash != source_hash:  # index entries are hints
+        found = self.rules.reusable(res.key, pending.family, lowered)
+        if found is None:
             return False
-        program: Any = None
-        if self.keep_programs:
-            try:
-                program = self._load(res, art.binary)
-            except LoadError:
-                return False
-        action = rekey_action(found, art.meta.family, res.key, res.artifact.kernel.family)
-        self._put(res, art, pending.lowered)
-        if action is RekeyAction.MOVE:
-            self.store.delete(self.ns, found)
+        self.rules.keep_reused(found, res.key, pending.family, lowered)
         res.add_part("fetch", time.perf_counter() - t)
-        self._done(res, Outcome.REKEYED, program, notify, pending.lowered)
+        self._done(res, Outcome.REKEYED, notify, found.loaded, lowered)
         return True
 
     def _finish_compile(self, leader: _Pending, built: FinalizeResult,
@@ -313,69 +296,48 @@ class Batch:
                 self._fail(p.result, built.error_kind, built.error, notify, built.build_log)
             return
         t = time.perf_counter()
-        assert leader.lowered is not None
-        program: Any = None
+        res, lowered = leader.result, leader.lowered
+        assert lowered is not None and res.key is not None
+        loaded: LoadedBinary | None = None
         if self.keep_programs or not built.validated:
             try:
-                program = self._load(leader.result, built.binary, leader.lowered.kernel_names)
+                loaded = self._load(built.binary, lowered.kernel_names)
             except LoadError as exc:
                 for p in group:
                     self._fail(p.result, "load", str(exc), notify, built.build_log)
                 return
-        art = Artifact.create(leader.result.key or Key(id_hash="0" * 8, build_id="0" * 8),
-                              leader.family, built.binary, leader.lowered.source_hash,
-                              build_log=built.build_log, host=built.host, worker=built.worker,
-                              work_s=built.work_s)
-        self._put(leader.result, art, leader.lowered)
-        leader.result.worker = built.worker
-        res = leader.result
+        art = compiled_artifact(res.key, leader.family, built, lowered.source_hash)
+        self.rules.keep(res.key, leader.family, art, lowered)
+        res.worker = built.worker
         res.add_part("compile", max(0.0, built.work_s - built.native_s - built.validate_s))
         res.add_part("native", built.native_s)
         res.add_part("validate", built.validate_s)
         res.add_part("store", time.perf_counter() - t)
-        self._done(leader.result, Outcome.COMPILED, program, notify, leader.lowered)
+        self._done(res, Outcome.COMPILED, notify, loaded, lowered)
         for p in leader.followers:
-            self._put(p.result, art, p.lowered)
-            self._done(p.result, Outcome.REKEYED, program, notify, p.lowered)
+            assert p.result.key is not None
+            self.rules.keep(p.result.key, p.family, art, p.lowered)
+            self._done(p.result, Outcome.REKEYED, notify, loaded, p.lowered)
 
-    def _load(self, res: KernelResult, binary: bytes,
-              kernel_names: tuple[str, ...] = ()) -> Any:
-        """Load on this batch's device; a native artifact's fallback is noted on ``res``."""
-        if isinstance(self._context, DeviceContext):
-            ctx, cl_device = self._context.get()
-        else:
-            assert self._cl_device is not None, "a Batch given a context needs its device"
-            ctx, cl_device = self._context, self._cl_device
-        loaded = load_binary(ctx, cl_device, binary, kernel_names,
-                             arch=self.device.native_arch)
-        res.native_fallback = loaded.fallback
-        return loaded.program
-
-    def _put(self, res: KernelResult, art: Artifact, lowered: Lowered | None) -> None:
-        """Store ``art`` under ``res``'s key, indexed by the source *we* lowered for it
-        (never by the hash in a stored artifact's metadata, see farm.store.base)."""
-        assert res.key is not None
-        update: dict[str, Any] = {}
-        if art.meta.key != res.key or art.meta.family != res.artifact.kernel.family:
-            update.update(key=res.key, family=res.artifact.kernel.family)
-        if lowered is not None and art.meta.source_hash != lowered.source_hash:
-            update["source_hash"] = lowered.source_hash
-        if update:
-            art = Artifact(meta=art.meta.model_copy(update=update), binary=art.binary)
-        self.store.put(self.ns, art, source=lowered)
+    def _load(self, binary: bytes, kernel_names: tuple[str, ...] = ()) -> LoadedBinary:
+        """Load on this batch's device (LoadError when it refuses the binary)."""
+        ctx, cl_device = self._context.get()
+        return load_binary(ctx, cl_device, binary, kernel_names,
+                           arch=self.device.native_arch)
 
     # -- bookkeeping ---------------------------------------------------------------------------
-    def _done(self, res: KernelResult, outcome: Outcome, program: Any, notify: Progress,
-              lowered: Lowered | None = None) -> None:
+    def _done(self, res: KernelResult, outcome: Outcome, notify: Progress,
+              loaded: LoadedBinary | None = None, lowered: Lowered | None = None) -> None:
         res.outcome = outcome
-        if self.keep_programs:
-            res.program = program
+        if loaded is not None:
+            res.native_fallback = loaded.fallback
+            if self.keep_programs:
+                res.program = loaded.program
         if self.recorder is not None and res.key is not None:
             self.recorder.compilation(
-                family=res.artifact.kernel.family, key=str(res.key), outcome=outcome,
-                work_s=res.work_s, source=lowered.source if lowered else None,
-                options=list(lowered.options) if lowered else None, worker=res.worker,
-                native_fallback=res.native_fallback)
+                Trip(family=res.artifact.kernel.family, key=res.key, outcome=outcome,
+                     work_s=res.work_s, worker=res.worker, native_fallback=res.native_fallback),
+                lowered)
         notify(res)
 
     @staticmethod

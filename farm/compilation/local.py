@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from farm.compilation.batch import Batch
 from farm.compilation.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
@@ -19,9 +18,6 @@ from farm.records import Recorder
 from farm.records.open import open_recorder
 from farm.store import ArtifactStore
 from farm.store.open import open_store
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass
@@ -38,22 +34,24 @@ class LocalFarm:
     compiler: Compiler
 
     def batch(self, *, keep_programs: bool = False, label: str = "") -> Batch:
-        return Batch(registry=self.registry, device=self.device, ctx=self.context,
+        return Batch(registry=self.registry, ctx=self.context,
                      store=self.store, compiler=self.compiler,
                      recorder=self.recorder, keep_programs=keep_programs, label=label)
 
 
 @contextlib.contextmanager
 def local_farm(settings: Settings, *, label: str, workers: int | None = None,
-               compiler: Compiler | None = None) -> Iterator[LocalFarm]:
-    """Open the embedded farm. ``workers=0`` compiles in this process."""
-    registry = Registry.load(settings.family_modules)
+               compiler: Compiler | None = None,
+               registry: Registry | None = None) -> Iterator[LocalFarm]:
+    """Open the embedded farm. ``workers=0`` compiles in this process; ``registry`` is the
+    caller's when it already loaded the families (to expand a manifest)."""
+    registry = registry if registry is not None else Registry.load(settings.family_modules)
     device = select_device(probe_devices(), settings.device)
     context = DeviceContext(device)
     store = open_store(settings)
     recorder = open_recorder(settings, label)
     n = settings.workers if workers is None else workers
-    own: Any = None
+    own: Compiler | None = None
     if compiler is None:
         own = (ProcessPoolCompiler(device, n, settings.native_binaries,
                                    crash_limit=settings.crash_limit) if n > 0

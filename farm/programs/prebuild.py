@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, as_completed
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm.compilation.batch import BatchReport, KernelResult
 from farm.compilation.compiler import ProcessPoolCompiler
@@ -27,7 +27,11 @@ from farm.programs.capture import CaptureFile
 from farm.programs.compile import ProgramJob, pool_compile
 from farm.programs.spec import ProgramSpec
 from farm.records import Recorder
+from farm.records.model import Trip
 from farm.store.base import ArtifactStore
+
+if TYPE_CHECKING:
+    from farm.cluster.client import ClusterClient
 
 Progress = Callable[[KernelResult], None]
 
@@ -125,39 +129,31 @@ def _finish(store: ArtifactStore, ns: Namespace, res: KernelResult, spec: Progra
                           work_s=built.work_s)
     store.put(ns, art)
     res.outcome = Outcome.COMPILED
-    recorder.compilation(family=PROGRAM_FAMILY, key=spec.key, outcome=Outcome.COMPILED,
-                         work_s=built.work_s, options=list(spec.options), worker=built.worker)
+    recorder.compilation(Trip(family=PROGRAM_FAMILY, key=spec.key, outcome=Outcome.COMPILED,
+                              work_s=built.work_s, worker=built.worker))
 
 
-def build_on_cluster(settings: Settings, capture: CaptureFile, fingerprint: str, *,
-                     store: ArtifactStore, app: Any, progress: Progress | None = None,
-                     say: Callable[[str], None] | None = None) -> BatchReport:
-    """Send the programs the store lacks for ``fingerprint`` to its workers."""
-    from farm.cluster.build import Gatherer
+def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: str, *,
+                     progress: Progress | None = None,
+                     status: Callable[[str], None] | None = None) -> BatchReport:
+    """Send the programs ``client.store`` lacks for ``fingerprint`` to its workers (whose
+    liveness the caller checked: ``client.served``)."""
     from farm.cluster.payloads import CompileRequest, ProgramRequest
 
     start = time.perf_counter()
     notify = progress or (lambda r: None)
     specs = targets(capture, fingerprint).get(fingerprint, [])
     ns = Namespace.for_fingerprint(fingerprint)
-    results, misses = _results(store, ns, specs, notify)
-    gather = Gatherer(settings, app=app, fingerprint=fingerprint, notify=notify, say=say,
-                      status=None, waiter=None)
-    try:
-        if misses:
-            put_blobs(store, capture, [s for _, s in misses])
-        size = settings.chunk_size
-        for i in range(0, len(misses), size):
-            chunk = misses[i:i + size]
-            payload = CompileRequest(fingerprint=fingerprint,
-                                     programs=[ProgramRequest(spec=s) for _, s in chunk])
-            gather.send(payload.model_dump(mode="json"), [r for r, _ in chunk])
-        gather.run(3600.0)
-    finally:
-        gather.close()
-    report = BatchReport(results=results, wall_s=time.perf_counter() - start,
-                         parallelism=len({r.worker for r in results if r.worker}) or 1,
-                         compiler_invocations=sum(1 for r in results
-                                                  if r.outcome is Outcome.COMPILED))
-    report.tasks_sent = gather.tasks_sent
-    return report
+    results, misses = _results(client.store, ns, specs, notify)
+    if misses:
+        put_blobs(client.store, capture, [s for _, s in misses])
+    size = client.settings.chunk_size
+    chunks = [(CompileRequest(fingerprint=fingerprint,
+                              programs=[ProgramRequest(spec=s) for _, s in misses[i:i + size]]),
+               [r for r, _ in misses[i:i + size]]) for i in range(0, len(misses), size)]
+    sent = client.send(fingerprint, chunks, progress=notify, status=status)
+    return BatchReport(results=results, wall_s=time.perf_counter() - start,
+                       parallelism=len({r.worker for r in results if r.worker}) or 1,
+                       compiler_invocations=sum(1 for r in results
+                                                if r.outcome is Outcome.COMPILED),
+                       tasks_sent=sent)

@@ -12,8 +12,6 @@ error.
 
 from __future__ import annotations
 
-from typing import Any
-
 from farm.compilation.batch import KernelResult
 from farm.core.errors import ClusterError
 from farm.core.keys import Namespace
@@ -32,50 +30,34 @@ class RemoteRefused(Exception):
 
 
 class Remote:
-    """The cluster as one process's hook sees it: made on first use, kept."""
+    """The cluster as one process's hook sees it: one client, made on first use, kept."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._app: Any = None
+    def __init__(self, settings: Settings, store: ArtifactStore) -> None:
+        from farm.cluster.client import ClusterClient
+        from farm.families import Registry
 
-    def build(self, store: ArtifactStore, fingerprint: str,
-              described: Described) -> Artifact | None:
+        self.client = ClusterClient(settings, registry=Registry(), store=store)
+
+    def build(self, fingerprint: str, described: Described) -> Artifact | None:
         """The artifact the cluster compiled and stored; ``None``: compile here."""
-        import redis
-
-        from farm.cluster.build import Gatherer, check_served
         from farm.cluster.payloads import CompileRequest, ProgramRequest
 
-        client: Any = redis.Redis.from_url(self.settings.redis_url or "", socket_timeout=5,
-                                           socket_connect_timeout=2)
         try:
-            check_served(client, fingerprint, self.settings.dead_worker_grace)
+            self.client.served(fingerprint)
         except ClusterError:
             return None
-        finally:
-            client.close()
+        store = self.client.store
         for data in described.blobs().values():
             store.put_blob(data)
         spec = described.spec
         result = KernelResult(artifact=handle(spec), key=spec.key)
-        gather = Gatherer(self.settings, app=self._celery, fingerprint=fingerprint,
-                          notify=lambda r: None, say=None, status=None, waiter=None)
-        try:
-            payload = CompileRequest(fingerprint=fingerprint,
-                                     programs=[ProgramRequest(spec=spec)])
-            gather.send(payload.model_dump(mode="json"), [result])
-            gather.run(REMOTE_TIMEOUT_S)
-        finally:
-            gather.close()
+        request = CompileRequest(fingerprint=fingerprint, programs=[ProgramRequest(spec=spec)])
+        self.client.send(fingerprint, [(request, [result])], timeout_s=REMOTE_TIMEOUT_S)
         if result.failure is not None:
             if result.failure.kind == "compile":
                 raise RemoteRefused(result.failure.message)
             return None
         return store.get(Namespace.for_fingerprint(fingerprint), spec.key)
 
-    def _celery(self) -> Any:
-        if self._app is None:
-            from farm.cluster.celery_app import make_app
-
-            self._app = make_app(self.settings)
-        return self._app
+    def close(self) -> None:
+        self.client.close()

@@ -40,11 +40,12 @@ from farm.core.device import DeviceInfo, info_from_device
 from farm.core.errors import FarmError, LoadError
 from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
-from farm.core.model import Artifact, Key, Outcome
+from farm.core.model import Artifact, Key, Lowered, Outcome
 from farm.core.settings import Settings, load_settings
 from farm.programs.assemble import Assembled, assemble
 from farm.programs.counts import RunCounts
 from farm.programs.spec import Described, Unserved, describe
+from farm.records.model import Trip
 from farm.store.base import ArtifactStore
 from farm.store.tiers import tiers_of
 
@@ -138,6 +139,9 @@ class ProgramServer:
     def close(self) -> None:
         """Close the store and recorder this server opened."""
         with self._lock:
+            if self._remote is not None:
+                self._remote.close()
+                self._remote = None
             if self._recorder is not None and self._owns[1]:
                 self._recorder.close()
                 self._recorder = None
@@ -246,12 +250,13 @@ class ProgramServer:
             return None
         from farm.programs.remote import Remote, RemoteRefused
 
+        store = self.store
         with self._lock:
             if self._remote is None:
-                self._remote = Remote(_capped(settings))
+                self._remote = Remote(_capped(settings), store)
             remote = self._remote
         try:
-            return remote.build(self.store, info.fingerprint, described)
+            return remote.build(info.fingerprint, described)
         except RemoteRefused as exc:
             raise _CompileRefused(str(exc)) from None
 
@@ -278,12 +283,13 @@ class ProgramServer:
 
     def _record(self, key: Key, outcome: Outcome, seconds: float, described: Described,
                 native_fallback: str) -> None:
+        code = None if outcome is Outcome.LOADED else Lowered(
+            source=described.source.decode("utf-8", "replace"),
+            options=described.spec.options, kernel_names=())
         try:
-            self.recorder.compilation(
-                family=PROGRAM_FAMILY, key=key, outcome=outcome, work_s=seconds,
-                source=described.source.decode("utf-8", "replace")
-                if outcome is not Outcome.LOADED else None,
-                options=list(described.spec.options), native_fallback=native_fallback)
+            self.recorder.compilation(Trip(family=PROGRAM_FAMILY, key=key, outcome=outcome,
+                                           work_s=seconds, native_fallback=native_fallback),
+                                      code)
         except _CANNOT_HELP as exc:  # records never break a build
             self._warn(f"could not record a program ({' '.join(str(exc).split())[:200]})")
 

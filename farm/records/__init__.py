@@ -17,6 +17,7 @@ from farm.core.lazy import lazy_exports
 if TYPE_CHECKING:
     from farm.records.model import (
         RECORD_KINDS,
+        BatchCounts,
         Clock,
         CompilationBatchRecord,
         CompilationRecord,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         Session,
         Stamp,
         SystemClock,
+        Trip,
         parse_record,
     )
     from farm.records.recorder import Recorder
@@ -37,9 +39,10 @@ if TYPE_CHECKING:
 # Names are imported on first use (PEP 562): the storage module pulls in SQLAlchemy,
 # which a process that only loads kernels never needs.
 _WHERE = {
-    **dict.fromkeys(("RECORD_KINDS", "Clock", "CompilationBatchRecord", "CompilationRecord",
-                     "Effect", "Record", "RecordLevel", "RecordsConfig", "RequestedBy",
-                     "Session", "Stamp", "SystemClock", "parse_record"), "farm.records.model"),
+    **dict.fromkeys(("RECORD_KINDS", "BatchCounts", "Clock", "CompilationBatchRecord",
+                     "CompilationRecord", "Effect", "Record", "RecordLevel", "RecordsConfig",
+                     "RequestedBy", "Session", "Stamp", "SystemClock", "Trip", "parse_record"),
+                    "farm.records.model"),
     "Recorder": "farm.records.recorder",
     "RecordSink": "farm.records.sink",
     "StorageSink": "farm.records.sink",
@@ -54,6 +57,7 @@ __all__ = [
     "MIGRATIONS",
     "RECORD_KINDS",
     "SCHEMA_VERSION",
+    "BatchCounts",
     "Clock",
     "CompilationBatchRecord",
     "CompilationRecord",
@@ -69,5 +73,6 @@ __all__ = [
     "Stamp",
     "StorageSink",
     "SystemClock",
+    "Trip",
     "parse_record",
 ]

@@ -15,6 +15,7 @@ import platform
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
@@ -210,6 +211,38 @@ class RequestedBy(BaseModel):
 
     session: int = Field(gt=0, le=INT64_MAX)
     batch: NonNegInt64
+
+
+@dataclass(frozen=True)
+class Trip:
+    """One kernel obtained, as the process that obtained it saw it: what its compilation
+    record says before the recorder stamps it (and keeps or drops its code by level).
+    A plain dataclass: it is made per kernel, and the record validates."""
+
+    family: str
+    key: Key | str
+    outcome: Outcome
+    work_s: float
+    worker: str = ""
+    host: str = ""
+    requested_by: RequestedBy | None = None
+    native_fallback: str = ""
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """What a batch record counts: kernels asked for and what came of each, the
+    threads/workers that compiled at once, and the batch's wall and work time."""
+
+    kernels: int
+    wall_s: float
+    work_s: float = 0.0
+    loaded: int = 0
+    rekeyed: int = 0
+    compiled: int = 0
+    unsupported: int = 0
+    failed: int = 0
+    parallelism: int = 1
 
 
 class _Record(BaseModel):

@@ -30,21 +30,22 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Sequence
+from dataclasses import asdict
 from types import TracebackType
 
-from farm.core.model import Key, Outcome
+from farm.core.model import Lowered, Outcome
 from farm.records.model import (
+    BatchCounts,
     Clock,
     CompilationBatchRecord,
     CompilationRecord,
     Record,
     RecordLevel,
     RecordsConfig,
-    RequestedBy,
     Session,
     Stamp,
     SystemClock,
+    Trip,
 )
 from farm.records.sink import RecordSink
 
@@ -139,61 +140,38 @@ class Recorder:
 
     # -- recording ----------------------------------------------------------------------
 
-    def compilation(
-        self,
-        *,
-        family: str,
-        key: Key | str,
-        outcome: Outcome,
-        work_s: float,
-        source: str | None = None,
-        options: Sequence[str] | None = None,
-        worker: str = "",
-        host: str = "",
-        requested_by: RequestedBy | None = None,
-        native_fallback: str = "",
-    ) -> CompilationRecord | None:
+    def compilation(self, trip: Trip, lowered: Lowered | None = None
+                    ) -> CompilationRecord | None:
         """Record one kernel obtained; None when nothing is recorded (level Off, closed).
 
-        ``source`` and ``options`` are kept only at level Full, and never on Loaded.
+        ``lowered`` (the source and build options it was obtained from) is kept only at
+        level Full, and never on Loaded.
         """
         if self.config.level is RecordLevel.OFF or self._closed:
             return None
-        keep_code = self.config.level is RecordLevel.FULL and outcome is not Outcome.LOADED
+        keep_code = (self.config.level is RecordLevel.FULL and lowered is not None
+                     and trip.outcome is not Outcome.LOADED)
         with self._lock:
             if self._closed:  # closed while this thread waited for the lock
                 return None
             record = CompilationRecord(
                 stamp=self._stamp(),
-                family=family,
-                key=str(key),
-                outcome=outcome,
-                work_s=work_s,
-                worker=worker,
-                host=host,
-                source=source if keep_code else None,
-                options=list(options) if keep_code and options is not None else None,
-                requested_by=requested_by,
-                native_fallback=native_fallback[:1000],
+                family=trip.family,
+                key=str(trip.key),
+                outcome=trip.outcome,
+                work_s=trip.work_s,
+                worker=trip.worker,
+                host=trip.host,
+                source=lowered.source if keep_code and lowered else None,
+                options=list(lowered.options) if keep_code and lowered else None,
+                requested_by=trip.requested_by,
+                native_fallback=trip.native_fallback[:1000],
             )
             self._add(record)
         return record
 
-    def batch(
-        self,
-        *,
-        kernels: int,
-        wall_s: float,
-        work_s: float = 0.0,
-        loaded: int = 0,
-        rekeyed: int = 0,
-        compiled: int = 0,
-        unsupported: int = 0,
-        failed: int = 0,
-        parallelism: int = 1,
-        label: str = "",
-        seq: int | None = None,
-    ) -> CompilationBatchRecord | None:
+    def batch(self, counts: BatchCounts, *, label: str = "",
+              seq: int | None = None) -> CompilationBatchRecord | None:
         """Record a batch of kernels obtained together; None when nothing is recorded.
 
         A batch record also sends what is waiting: the end of a batch is when a person
@@ -209,19 +187,7 @@ class Recorder:
             if seq is not None and seq not in self._reserved:
                 raise ValueError(f"records: seq {seq} was not reserved (or is used already)")
             stamp = self._stamp() if seq is None else self._stamp_reserved(seq)
-            record = CompilationBatchRecord(
-                stamp=stamp,
-                kernels=kernels,
-                loaded=loaded,
-                rekeyed=rekeyed,
-                compiled=compiled,
-                unsupported=unsupported,
-                failed=failed,
-                parallelism=parallelism,
-                wall_s=wall_s,
-                work_s=work_s,
-                label=label,
-            )
+            record = CompilationBatchRecord(stamp=stamp, label=label, **asdict(counts))
             self._add(record, send=True)
         return record
 
