@@ -63,14 +63,20 @@ def assemble(ctx: cl.Context, devices: Sequence[cl.Device], binaries: Sequence[b
 
 def _build(ctx: cl.Context, devices: Sequence[cl.Device], binaries: list[bytes],
            options: bytes) -> Any:
+    """Build the binaries with the application's options; a driver that refuses options
+    on a program made from binaries (they were for the source) gets none."""
     import pyopencl as cl
 
-    try:
-        program = cl._cl._Program(ctx, list(devices), binaries)
-        program.build(options, list(devices))
-    except cl.Error as exc:
-        raise LoadError(f"the device refused the binary: {str(exc).splitlines()[0]}") from None
-    return program
+    error: Exception | None = None
+    for opts in dict.fromkeys((options, b"")):
+        try:
+            program = cl._cl._Program(ctx, list(devices), binaries)
+            program.build(opts, list(devices))
+            return program
+        except cl.Error as exc:
+            error = exc
+    first = str(error).splitlines()[0] if error else "no answer"
+    raise LoadError(f"the device refused the binary: {first}")
 
 
 def kernel_names(program: Any) -> tuple[str, ...]:
