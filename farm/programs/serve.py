@@ -113,28 +113,34 @@ class ProgramServer:
         source = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
         self.counts.bump("programs")
         devs = list(devices) if devices is not None else list(ctx.devices)
-        if self._broken:  # said once, when it broke
-            return self._fallback(plain, "")
+        described: Described | None = None
         try:
             described = describe(source, options_bytes, os.getcwd())
-            served = self._serve(ctx, devs, described)
+            if self._broken:  # said once, when it broke
+                result = self._fallback(plain, "")
+            else:
+                served = self._serve(ctx, devs, described)
+                _install(program, served, options_bytes)
+                self.counts.bump("loaded" if served.outcome is Outcome.LOADED else "compiled")
+                result = program
         except _CompileRefused:
             return self._refused(plain)
         except Unserved as exc:
             return self._fallback(plain, f"{exc}; built the plain way")
         except _CANNOT_HELP as exc:
-            why = " ".join(str(exc).split())[:300]
-            if isinstance(exc, LoadError):  # this program's binary: the next may load
-                return self._fallback(plain, f"the farm could not serve a program ({why}); "
-                                             "built the plain way")
-            self._broken = why
-            return self._fallback(plain, f"the farm is unavailable ({why}); this run's "
-                                         "programs are built the plain way from now on")
-        _install(program, served, options_bytes)
-        self.counts.bump("loaded" if served.outcome is Outcome.LOADED else "compiled")
-        if self.capture is not None:
+            result = self._cannot_help(plain, exc)
+        if self.capture is not None and described is not None:  # built, served or not
             self.capture.add(described, [self._info(d).fingerprint for d in devs])
-        return program
+        return result
+
+    def _cannot_help(self, plain: PlainBuild, exc: BaseException) -> Any:
+        why = " ".join(str(exc).split())[:300]
+        if isinstance(exc, LoadError):  # this program's binary: the next may load
+            return self._fallback(plain, f"the farm could not serve a program ({why}); "
+                                         "built the plain way")
+        self._broken = why
+        return self._fallback(plain, f"the farm is unavailable ({why}); this run's "
+                                     "programs are built the plain way from now on")
 
     def close(self) -> None:
         """Close the store and recorder this server opened."""
