@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 def build(
     manifest: Annotated[str, typer.Argument(
-        metavar="MANIFEST", help="a manifest file, or a built-in one: tiny, medium, large")],
+        metavar="MANIFEST", help="a manifest file, a built-in one (tiny, medium, large), "
+        "or a capture of an application's programs (farm capture)")],
     workers: Annotated[int | None, typer.Option(
         "--workers", "-w", min=0, metavar="N", help="local compile processes (default: "
         "FARM_WORKERS, else one per core; 0 compiles in this process)")] = None,
@@ -62,12 +63,19 @@ def build(
 ) -> None:
     """Build a model's kernels into the store, here or on the cluster.
 
+    MANIFEST may also be a capture of an application's programs (farm capture).
     Expands MANIFEST into kernels, skips those the store holds, compiles the rest (on
     local processes, or on the workers serving the fingerprint), and prints a summary.
     Progress goes to stderr: a live line on a terminal, a plain line every few seconds
     otherwise. Exit status 1 when a kernel failed (with --strict, also when the device
     cannot run one).
     """
+    from farm.cli.build_capture import build_capture, is_capture
+
+    if is_capture(manifest):
+        build_capture(manifest, workers=workers, json_out=json_out, cluster=cluster,
+                      fingerprint=fingerprint, device=device)
+        return
     from farm.compilation.local import local_farm
     from farm.core.settings import load_settings
     from farm.families import Registry

@@ -72,6 +72,7 @@ def export(
 ) -> None:
     """Export artifacts of this environment's store to one bundle file."""
     from farm.core.settings import load_settings
+    from farm.programs.bundles import blobs_of
     from farm.store import open_store
     from farm.store.bundle import export_bundle
 
@@ -86,7 +87,8 @@ def export(
         chosen = [_this_device_namespace(device)]
     store = open_store(load_settings())
     try:
-        report = export_bundle(store, chosen, out_file, overwrite=force)
+        report = export_bundle(store, chosen, out_file, overwrite=force,
+                               blobs_of=blobs_of(store))
     finally:
         store.close()
     if json_out:

@@ -13,6 +13,7 @@ from farm.cli import devices as devices_cmd
 from farm.cli import gc as gc_cmd
 from farm.cli import ingest as ingest_cmd
 from farm.cli import keygen as keygen_cmd
+from farm.cli import run as run_cmd
 from farm.cli import warm as warm_cmd
 from farm.cli import worker as worker_cmd
 from farm.cli.bundle import app as bundle_app
@@ -67,6 +68,12 @@ app.command("warm", epilog=examples("farm warm medium", "farm warm model.toml --
     warm_cmd.warm)
 app.command("keygen", epilog=examples("farm keygen signing.key"))(keygen_cmd.keygen)
 app.command("gc", epilog=examples("farm gc --dry-run", "farm gc"))(gc_cmd.gc)
+app.command("run", epilog=examples(
+    "farm run -- python my_app.py", "farm run --json summary.json -- python my_app.py",
+    "farm run --capture app.capture.json -- python my_app.py"))(run_cmd.run)
+app.command("capture", epilog=examples(
+    "farm capture app.capture.json -- python my_app.py",
+    "farm build app.capture.json --cluster"))(run_cmd.capture_cmd)
 app.add_typer(bundle_app, name="bundle", help="Export, import and inspect artifact bundles.")
 app.add_typer(records_app, name="records", help="Read sessions, records, builds and timelines.")
 app.add_typer(families_app, name="families", help="List kernel families; check them against numpy.")
