@@ -442,9 +442,10 @@ class KernelLoader:
             with self._lock:
                 if self._compiler is None:
                     pool = ProcessPoolCompiler(self._device, workers,
-                                               self.settings.native_binaries)
+                                               self.settings.native_binaries,
+                                               ready=self.settings.pocl_ready)
                     self._compiler = pool
                     self._owns_compiler = True
                 return self._compiler
         return InlineCompiler(self._context.ctx, self._context.cl_device,
-                              self.settings.native_binaries)
+                              self.settings.native_binaries, ready=self.settings.pocl_ready)

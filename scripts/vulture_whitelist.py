@@ -112,3 +112,4 @@ _._names_something  # unused method (farm/cluster/payloads.py: pydantic validato
 _._one  # unused method (farm/programs/capture.py: pydantic validator)
 _._relative  # unused method (farm/programs/spec.py: pydantic validator)
 _._farm_build_logs  # unused attribute (farm/programs/serve.py: read by the hook's get_build_info)
+_._same_rank  # unused method (farm/core/model.py: ReadyLaunch's validator)

@@ -150,7 +150,8 @@ class WorkerSteps:
         # Validated on this device before storing: a refused binary is never stored.
         state = self.state
         built = finalize_and_validate(state.ctx, state.cl_device, lowered,
-                                      "auto" if state.settings.native_binaries else None)
+                                      "auto" if state.settings.native_binaries else None,
+                                      state.settings.pocl_ready)
         if not built.ok:
             error = LoadError if built.error_kind == "load" else CompileError
             raise error(built.error, build_log=built.build_log)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
 from farm.compilation.load import load
+from farm.compilation.ready import applies, ready_binary
 from farm.core.errors import LoadError
 from farm.core.model import Lowered
 
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     import pyopencl as cl
 
     from farm.compilation.native import NativeLinker
+
+logger = logging.getLogger(__name__)
 
 
 class FinalizeResult(BaseModel):
@@ -62,6 +66,11 @@ class FinalizeResult(BaseModel):
     validate_s: float = 0.0
     #: why no machine code was stored where a linker exists ("" when it was, or none)
     native_error: str = ""
+    #: the launch specialisation whose machine code the binary carries, ready for a
+    #: load's first launch (:mod:`farm.compilation.ready`; PoCL), "" when none
+    ready_spec: str = ""
+    #: why none is carried where the device needed one ("" when it is, or none needed)
+    ready_error: str = ""
 
     @property
     def ok(self) -> bool:
@@ -147,13 +156,18 @@ class _Failed(Exception):
 
 
 def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
-             extra_options: tuple[str, ...] = ()) -> FinalizeResult:
+             extra_options: tuple[str, ...] = (), ready: bool = True) -> FinalizeResult:
     """Compile ``lowered`` on ``device``; the binary is what ``load`` takes.
 
     ``extra_options`` are the native linker's
     (:attr:`farm.compilation.native.NativeLinker.build_options`):
     they change how the build spends its time, never the binary, so they are not part
     of the kernel's options or its key.
+
+    With ``ready``, where the device makes machine code at a kernel's first launch
+    (PoCL's CPU drivers) and a family's ``lowered`` declares a launch, the binary is
+    taken after one launch and carries that launch's machine code
+    (:mod:`farm.compilation.ready`). An application's program declares none.
     """
     import pyopencl as cl
 
@@ -167,16 +181,27 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
                                     f"{_first_error(log)}", build_log=log,
                               work_s=time.perf_counter() - start, host=socket.gethostname(),
                               worker=worker_name())
-    binaries: Any = program.get_info(cl.program_info.BINARIES)
+    spec = error = ""
+    declared = lowered.ready if isinstance(lowered, Lowered) else None
+    if ready and declared is not None and applies(device):
+        made = ready_binary(ctx, device, program, declared)
+        binary, spec, error = made.binary, made.spec, made.error
+        if error:  # stored all the same: its first launch compiles, as before
+            logger.warning("%s: binary stored without its launch's machine code (%s)",
+                           declared.kernel_name, error)
+    else:
+        binaries: Any = program.get_info(cl.program_info.BINARIES)
+        binary = bytes(binaries[0])
     work = time.perf_counter() - start
-    return FinalizeResult(binary=bytes(binaries[0]), build_log=_build_log(program, device),
-                          work_s=work, host=socket.gethostname(), worker=worker_name())
+    return FinalizeResult(binary=binary, build_log=_build_log(program, device),
+                          work_s=work, host=socket.gethostname(), worker=worker_name(),
+                          ready_spec=spec, ready_error=error)
 
 
 def finalize_and_validate(ctx: cl.Context, device: cl.Device,
                           lowered: Lowered | RawSource,
-                          linker: NativeLinker | Literal["auto"] | None = "auto"
-                          ) -> FinalizeResult:
+                          linker: NativeLinker | Literal["auto"] | None = "auto",
+                          ready: bool = True) -> FinalizeResult:
     """Compile, then load the binary where it was made, so nothing unloadable is stored.
 
     Validating in the compiling process keeps loads parallel: on NVIDIA a load from a
@@ -189,16 +214,18 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device,
     what the validating load checks: the artifact becomes a native container that every
     later process loads in about a millisecond. A conversion or load that fails leaves
     the plain binary, validated as before (``native_error`` says why).
+
+    ``ready``: see :func:`finalize` (PoCL's CPU drivers; ``Settings.pocl_ready``).
     """
     from farm.compilation.native import linker_for
 
     native = linker_for(device) if linker == "auto" else linker
     extra = native.build_options if native is not None else ()
-    built = finalize(ctx, device, lowered, extra)
+    built = finalize(ctx, device, lowered, extra, ready)
     if not built.ok and extra:
         # A driver that refuses the linker's options must not fail a kernel it compiles:
         # the plain build decides (this costs a second build only for failing kernels).
-        built = finalize(ctx, device, lowered)
+        built = finalize(ctx, device, lowered, ready=ready)
     if not built.ok:
         return built
     if native is not None:

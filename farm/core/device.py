@@ -64,6 +64,14 @@ class DeviceInfo(BaseModel):
     def has_fp64(self) -> bool:
         return "cl_khr_fp64" in self.extensions
 
+    @property
+    def compiles_at_launch(self) -> bool:
+        """PoCL's CPU drivers (``pthread``/``basic`` in 3.x, ``cpu``/``cpu-minimal`` in 5.x)
+        make a kernel's machine code at its first launch, per local size and grid class:
+        its artifacts are made ready for a declared launch (:mod:`farm.compilation.ready`)."""
+        return (self.platform_name == "Portable Computing Language"
+                and self.device_name.startswith(("pthread-", "basic-", "cpu-")))
+
     def identity(self) -> dict[str, str]:
         """The fields a binary's validity depends on.
 

@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
 )
 
@@ -172,12 +173,58 @@ class Key(Frozen):
         return cls(id_hash=id_hash, build_id=build_id)
 
 
+#: a kernel name as OpenCL C spells one (an identifier)
+KernelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")]
+#: an NDRange dimension: 1 to 3 sizes
+Sizes = Annotated[tuple[Annotated[int, Field(ge=1, le=2**32)], ...],
+                  Field(min_length=1, max_length=3)]
+
+
+class LaunchArg(Frozen):
+    """One argument of a :class:`ReadyLaunch`: a buffer of ``nbytes`` (zero-filled), local
+    memory of ``nbytes``, or a scalar ``value`` of numpy type ``dtype`` (e.g. ``<u4``)."""
+
+    kind: Literal["buffer", "local", "scalar"]
+    nbytes: int = Field(default=0, ge=0, le=2**40)
+    dtype: str = Field(default="", pattern=r"^([<>|=]?[biuf][1248])?$")
+    value: int | float = 0
+
+
+class ReadyLaunch(Frozen):
+    """The launch a compiled artifact is made ready for: a kernel, its global and local
+    size (``None``: left to the driver), and its arguments' sizes and scalars, never data.
+
+    Where a driver makes a kernel's machine code at its first launch, specialised to the
+    launch (PoCL's CPU drivers: by local size, zero offset and grid width), the process
+    that compiles launches this once before taking the binary, so the binary carries that
+    code and a load's first launch compiles nothing (:mod:`farm.compilation.ready`). It
+    travels with :class:`Lowered` but is no part of its source hash: it decides what
+    else an artifact carries, not what the compiler sees.
+    """
+
+    kernel_name: KernelName
+    global_size: Sizes
+    local_size: Sizes | None = None
+    args: tuple[LaunchArg, ...] = Field(default=(), max_length=256)
+
+    @field_validator("local_size")
+    @classmethod
+    def _same_rank(cls, value: tuple[int, ...] | None,
+                   info: ValidationInfo) -> tuple[int, ...] | None:
+        glob = info.data.get("global_size")
+        if value is not None and glob is not None and len(value) != len(glob):
+            raise ValueError("local_size must have as many dimensions as global_size")
+        return value
+
+
 class Lowered(Frozen):
     """A kernel expanded to OpenCL C for one device: the reusable *source*."""
 
     source: str
     options: tuple[str, ...] = ()
     kernel_names: tuple[str, ...]
+    #: the launch its artifact is made ready for, where the device needs one (not hashed)
+    ready: ReadyLaunch | None = None
 
     @property
     def source_hash(self) -> str:

@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     #: cluster's pool for its fingerprint (FARM_REDIS_URL), here when no worker serves it
     #: (FARM_PROGRAMS_ON_MISS)
     programs_on_miss: Literal["compile", "farm"] = "compile"
+    #: on PoCL's CPU drivers, take each kernel's binary after one launch of its declared
+    #: geometry, so it carries that launch's machine code and a load's first launch
+    #: compiles nothing (farm/compilation/ready.py; FARM_POCL_READY)
+    pocl_ready: bool = True
 
     #: Ed25519 private key (base64) that signs every stored artifact; writers only
     signing_key: SecretStr | None = Field(default=None, max_length=200)

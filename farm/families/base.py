@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import logging
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -34,8 +35,18 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from farm.core.device import DeviceInfo
 from farm.core.errors import FarmError, KernelError, ParameterError, UnsupportedFeature, first_error
 from farm.core.hashing import sha256_hex
-from farm.core.model import ArtifactId, KernelId, LaunchSettings, Lowered, Variant
+from farm.core.model import (
+    ArtifactId,
+    KernelId,
+    LaunchArg,
+    LaunchSettings,
+    Lowered,
+    ReadyLaunch,
+    Variant,
+)
 from farm.version import __version__
+
+log = logging.getLogger(__name__)
 
 
 class Params(BaseModel):
@@ -71,6 +82,20 @@ class Example:
     rtol: float = 1e-4
     atol: float = 1e-5
     notes: dict[str, Any] = field(default_factory=dict)
+
+    def ready_launch(self) -> ReadyLaunch:
+        """This launch without its data: sizes, scalars and local memory only."""
+        args = []
+        for arg in self.args:
+            if isinstance(arg, LocalMem):
+                args.append(LaunchArg(kind="local", nbytes=arg.nbytes))
+            elif isinstance(arg, np.ndarray):
+                args.append(LaunchArg(kind="buffer", nbytes=arg.nbytes))
+            else:
+                args.append(LaunchArg(kind="scalar", dtype=np.asarray(arg).dtype.str,
+                                      value=arg.item()))
+        return ReadyLaunch(kernel_name=self.kernel_name, global_size=self.global_size,
+                           local_size=self.local_size, args=tuple(args))
 
 
 #: a device that refuses nothing, for :meth:`KernelFamily.check_launch`
@@ -139,7 +164,26 @@ class KernelFamily(ABC, Generic[P]):
             raise KernelError(f"family {self.name}: lower() returned "
                               f"{type(lowered).__name__}, not Lowered")
         options = tuple(self.base_options) + lowered.options + artifact.variant.options
-        return lowered.model_copy(update={"options": options})
+        ready = (self._ready(params, artifact.kernel.launch, lowered.kernel_names)
+                 if device.compiles_at_launch else None)
+        return lowered.model_copy(update={"options": options, "ready": ready})
+
+    def _ready(self, params: P, launch: LaunchSettings,
+               names: tuple[str, ...]) -> ReadyLaunch | None:
+        """:meth:`ready_launch`, or ``None`` where it fails or names another kernel: an
+        artifact without one is stored as before (its first launch compiles), never
+        refused."""
+        try:
+            ready = self.ready_launch(params, launch)
+        except Exception as exc:  # a plugin's example: no ready launch, not a failed kernel
+            log.warning("family %s: no ready launch (%s: %s)", self.name,
+                        type(exc).__name__, " ".join(str(exc).split())[:200])
+            return None
+        if ready is not None and not isinstance(ready, ReadyLaunch):
+            log.warning("family %s: ready_launch() returned %s, not ReadyLaunch", self.name,
+                        type(ready).__name__)
+            return None
+        return ready if ready is not None and ready.kernel_name in names else None
 
     @abstractmethod
     def lower(self, params: P, launch: LaunchSettings, device: DeviceInfo) -> Lowered:
@@ -154,6 +198,18 @@ class KernelFamily(ABC, Generic[P]):
         ``farm families check`` runs it on the local device against numpy, the one
         test a family author gets for free (see docs/PLUGINS.md)."""
         return None
+
+    def ready_launch(self, params: P, launch: LaunchSettings) -> ReadyLaunch | None:
+        """The launch a compiled artifact is made ready for, or ``None``.
+
+        On a device that makes a kernel's machine code at its first launch (PoCL's CPU
+        drivers), the compiling process launches this once, with zero-filled buffers of
+        these sizes, and stores the code it made, so a load's first launch with the same
+        local size (and grid class) compiles nothing (docs/LOADER.md). The default is
+        :meth:`example`'s launch without its data; a family whose example is costly to make
+        (large arrays, a reference computation) overrides this with the sizes alone."""
+        example = self.example(params, launch, np.random.default_rng(0))
+        return None if example is None else example.ready_launch()
 
     def check_launch(self, params: Mapping[str, Any], launch: LaunchSettings) -> None:
         """Raise :class:`ParameterError` when ``launch`` cannot go with ``params`` on
