@@ -286,11 +286,13 @@ class KernelLoader:
 
     def warm(self, manifest: Manifest | str | Path | Iterable[ArtifactId], *,
              progress: WarmProgress | None = None, threads: int | None = None,
-             label: str | None = None) -> WarmReport:
-        """Obtain every kernel of a manifest now (see :func:`loader.warm`)."""
+             label: str | None = None, launch: bool = False) -> WarmReport:
+        """Obtain every kernel of a manifest now (see :func:`loader.warm`); ``launch``:
+        then launch each once (the readiness figure, loader/readiness.py)."""
         from loader.warm import warm_loader
 
-        return warm_loader(self, manifest, progress=progress, threads=threads, label=label)
+        return warm_loader(self, manifest, progress=progress, threads=threads, label=label,
+                           launch=launch)
 
     def cached(self, artifact: ArtifactId) -> bool:
         """Whether the artifact's program is in memory now (no trip needed)."""

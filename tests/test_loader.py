@@ -400,7 +400,8 @@ def test_warm_records_one_batch_and_says_where_each_kernel_came_from(seeded: Set
         s = report.summary()
         assert (s["local"], s["compiled"], s["failed"], s["kernels"]) == (3, 1, 0, 4)
         assert s["compiler_invocations"] == 1 and len(seen) == 4
-        assert set(s["phases"]) == {"lookup", "fetch", "load", "compile"}
+        assert set(s["phases"]) == {"lookup", "fetch", "load", "compile", "launch"}
+        assert s["phases"]["launch"]["kernels"] == 0 and s["readiness"] == {"kernels": 0}
         assert s["phases"]["fetch"]["kernels"] == 3 and s["phases"]["compile"]["kernels"] == 1
         assert spy.outcomes() == {"Loaded": 3, "Compiled": 1}
         assert len(spy.batches) == 1 and spy.batches[0].kernels == 4

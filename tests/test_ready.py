@@ -4,6 +4,8 @@ What this file proves, on the local PoCL (the drivers' own caches off everywhere
 
 * ``farm build tiny`` stores binaries that carry each kernel's work-group function for
   its declared launch and no generic one;
+* ``farm warm`` reports the time to first result per kernel (load + first launch)
+  beside the load;
 * a fresh process with an empty PoCL cache folder loads every stored kernel and runs its
   example: PoCL writes no work-group function (its cache folder gains no ``.so``) and
   says so itself (``POCL_DEBUG``: "Using a cached WG function", never "Built a"), and
@@ -161,6 +163,28 @@ def test_artifacts_made_as_before_still_load_and_compile_at_first_launch(
     assert [r for r in rows if r["problems"]] == []
     assert all(len(r["written"]) == 1 for r in rows), rows  # the check sees a compile
     assert debug.count("Built a specialized WG function") == 2
+
+
+def test_farm_warm_reports_time_to_first_result_beside_the_load(tiny_home: Path,
+                                                                 tmp_path: Path) -> None:
+    cache = tmp_path / "pocl-cache"
+    cache.mkdir()
+    runs, debug = {}, ""
+    for flag in ("--launch", "--no-launch"):
+        proc = subprocess.run([str(FARM), "warm", "tiny", "--json", flag],
+                              env=_env(tiny_home, POCL_CACHE_DIR=str(cache),
+                                       POCL_DEBUG="general"),
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[flag] = json.loads(proc.stdout)["summary"]
+        debug = debug or proc.stderr
+    ready = runs["--launch"]["readiness"]
+    assert ready["kernels"] == 20 and runs["--launch"]["phases"]["launch"]["kernels"] == 20
+    assert ready["first_result_ms"] >= ready["load_ms"] > 0
+    assert runs["--no-launch"]["readiness"] == {"kernels": 0}
+    # each first launch found its machine code; none made any
+    assert debug.count("Using a cached WG function") == 20
+    assert "Built a" not in debug
 
 
 # -- in-process ------------------------------------------------------------------------------

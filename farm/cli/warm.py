@@ -1,8 +1,11 @@
 """``farm warm MANIFEST``: every kernel of a manifest onto this machine's device now.
 
 Fetches what the store tiers hold (local SQLite, then MinIO when configured) on threads,
-loads each on the device, compiles or requests what is missing (``--on-miss``), and
-prints where each kernel came from and what each phase took. What it fetched from MinIO
+loads each on the device, compiles or requests what is missing (``--on-miss``), then
+launches each kernel once (``--launch``, the default), and prints where each kernel came
+from, what each phase took, and the time to first result per kernel (load + first
+launch) beside the load alone: on PoCL an artifact without its launch's machine code
+compiles at that first launch. What it fetched from MinIO
 or compiled stays in the local tier, so the application's own loader later loads
 without network or compiler.
 """
@@ -35,6 +38,9 @@ def warm(
     device: Annotated[str | None, typer.Option(
         metavar="FINGERPRINT|NAME", help="the local device (default: FARM_DEVICE, else the "
         "first)")] = None,
+    launch: Annotated[bool, typer.Option(
+        help="then launch each kernel once, its declared launch: the time to first "
+             "result per kernel (load + first launch) beside the load")] = True,
 ) -> None:
     """Load every kernel of a manifest onto this device now.
 
@@ -70,6 +76,16 @@ def warm(
         artifacts, label = artifacts_of(manifest, loader)
         shown.set_total(len(artifacts))
         report = loader.warm(artifacts, progress=tick, threads=threads, label=label)
+        if launch:
+            from loader.readiness import launch_all
+
+            launched = [0]
+
+            def launched_one(item: WarmItem) -> None:
+                launched[0] += 1
+                shown.status(f"first launches: {launched[0]}, last {item.label}")
+
+            launch_all(loader, report.items, report.phases["launch"], notify=launched_one)
     summary = report.summary()
     failed = report.failed + (report.unsupported if strict else [])
     if json_out:
@@ -107,6 +123,12 @@ def _print_summary(s: dict[str, object]) -> None:
                 [[name, str(p["kernels"]), f"{p['wall_s']:.3f} s", f"{p['work_s']:.3f} s"]
                  for name, p in s["phases"].items()],
                 title="phases (wall: first start to last end; work: summed over kernels)")
+    r = s["readiness"]
+    assert isinstance(r, dict)
+    if r.get("kernels"):
+        out.print(f"time to first result per kernel (median of {r['kernels']} loaded from a "
+                  f"store tier): {r['first_result_ms']:.2f} ms = load {r['load_ms']:.2f} ms "
+                  f"+ first launch {r['first_launch_ms']:.2f} ms")
 
 
 def _item_json(item: object) -> dict[str, object]:
