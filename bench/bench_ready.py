@@ -13,14 +13,17 @@ alternating which goes first:
    fresh process loads every stored kernel and launches it once (``farm warm --on-miss
    fail``, empty PoCL cache folder). Ratios: farm over peer (below 1.1 is the goal);
 2. **time to first result** (the issue's table), each in a fresh process with an empty
-   PoCL cache folder: every stored kernel of the last round's homes loaded, then its
-   example launched twice with its data (results checked against numpy); medians of
-   load, first launch, second launch, and the number of first launches that made a
+   PoCL cache folder: every stored kernel of the last round's homes loaded (the program
+   from its binary and its ``pyopencl.Kernel``, whose first making costs pyopencl
+   milliseconds on any device), then its example run twice with its data (buffers in,
+   the launch, outputs back: ``farm.families.run.run_example``; checked against numpy);
+   medians of load, first run, second run, and the number of first runs that made a
    PoCL work-group function. ``--source-row`` adds the plain pyopencl program for
    reference: a build from source in that process, then the same two launches.
 
     python bench/bench_ready.py --manifest tiny --workers 2 --repeat 2
-    bench/nvidia_host.sh python3 bench/bench_ready.py --manifest medium --workers 16 --device pocl
+    bench/nvidia_host.sh python3 bench/bench_ready.py --manifest medium --workers 16 \
+        --device pocl --no-before
 
 Prints tables and one JSON line (``BENCH_READY {...}``).
 """
@@ -147,8 +150,9 @@ def peer_pool(manifest: str, workers: int) -> dict[str, Any]:
 
 # -- 2. time to first result ------------------------------------------------------------------
 def loads(manifest: str, mode: str) -> dict[str, Any]:
-    """(child) Every kernel: load (stored binary, or ``source``: a pyopencl build), then its
-    example launched twice; medians, compiles seen at first launch, numpy check."""
+    """(child) Every kernel: load (stored binary, or ``source``: a pyopencl build; and the
+    kernel object), then its example run twice; medians, compiles seen at the first run,
+    numpy check."""
     import numpy as np
     import pyopencl as cl
 
@@ -158,8 +162,7 @@ def loads(manifest: str, mode: str) -> dict[str, Any]:
     from farm.core.model import Key
     from farm.core.settings import load_settings
     from farm.families import Registry
-    from farm.families.base import LocalMem
-    from farm.families.run import check_example
+    from farm.families.run import check_example, run_example
     from farm.manifest import expand, load_manifest, resolve_manifest
     from farm.store import open_store
 
@@ -194,37 +197,17 @@ def loads(manifest: str, mode: str) -> dict[str, Any]:
                 continue
             t = time.perf_counter()
             program = load_binary(ctx, dev, art.binary, arch=info.native_arch).program
+        kernel = cl.Kernel(program, example.kernel_name)  # pyopencl's set-up: part of a load
         load_s = time.perf_counter() - t
-        mf = cl.mem_flags
-        bufs: dict[int, Any] = {}
-        args: list[Any] = []
-        for i, a in enumerate(example.args):
-            if isinstance(a, LocalMem):
-                args.append(cl.LocalMemory(a.nbytes))
-            elif isinstance(a, np.ndarray):
-                bufs[i] = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR,
-                                    hostbuf=np.ascontiguousarray(a))
-                args.append(bufs[i])
-            else:
-                args.append(a)
-        queue.finish()
         before = set(top.rglob("*.so"))
-        times = []
-        for _ in range(2):
+        times, outputs = [], []
+        for _ in range(2):  # data in, the launch, data out: a result on the host
             t = time.perf_counter()
-            kernel = cl.Kernel(program, example.kernel_name)
-            kernel.set_args(*args)
-            cl.enqueue_nd_range_kernel(queue, kernel, example.global_size, example.local_size)
-            queue.finish()
+            outputs.append(run_example(queue, kernel, example))
             times.append(time.perf_counter() - t)
             if len(times) == 1:
                 compiled += len(set(top.rglob("*.so")) - before) > 0
-        out = {}
-        for i in example.expected:
-            out[i] = np.empty_like(example.args[i])
-            cl.enqueue_copy(queue, out[i], bufs[i])
-        queue.finish()
-        wrong += bool(check_example(out, example))
+        wrong += bool(check_example(outputs[0], example))
         rows.append((load_s, times[0], times[1]))
     store.close()
 
@@ -246,6 +229,8 @@ def one_round(args: argparse.Namespace, tmp: Path, r: int) -> dict[str, Any]:
     """Farm (ready), farm as before, the peer; then the ready home's first launches."""
     homes = {"farm": tmp / f"farm-{r}", "before": tmp / f"before-{r}"}
     order = ["farm", "before", "peer"] if r % 2 == 0 else ["peer", "before", "farm"]
+    farms = ["farm"] if args.no_before else ["farm", "before"]
+    order = [n for n in order if n == "peer" or n in farms]
     row: dict[str, Any] = {}
     for name in order:
         if name == "peer":
@@ -255,7 +240,7 @@ def one_round(args: argparse.Namespace, tmp: Path, r: int) -> dict[str, Any]:
         else:
             row[name] = farm_build(args.manifest, args.workers, homes[name], args.device,
                                    ready=name == "farm")
-    for name in ("farm", "before"):
+    for name in farms:
         row[name]["first"] = first_launches(args.manifest, homes[name], args.device,
                                             tmp / f"pocl-{name}-{r}")
         first = row[name]["first"]
@@ -263,18 +248,20 @@ def one_round(args: argparse.Namespace, tmp: Path, r: int) -> dict[str, Any]:
                                      + first["launch_s"], 3)
     peer_s = row["peer"]["pool_s"]
     row["ratio"] = {"batch": round(row["farm"]["batch_s"] / peer_s, 3),
-                    "build_and_first_launch": round(row["farm"]["ready_s"] / peer_s, 3),
-                    "before_build_and_first_launch": round(row["before"]["ready_s"] / peer_s,
-                                                           3)}
+                    "build_and_first_launch": round(row["farm"]["ready_s"] / peer_s, 3)}
+    if "before" in row:
+        row["ratio"]["before_build_and_first_launch"] = round(row["before"]["ready_s"]
+                                                              / peer_s, 3)
     return row
 
 
 def table(args: argparse.Namespace, tmp: Path, rounds: int) -> list[dict[str, Any]]:
     """Time to first result in fresh processes, on the last round's homes."""
     last = rounds - 1
-    runs = [("farm artifacts", tmp / f"farm-{last}", "stored"),
-            ("farm artifacts as before (FARM_POCL_READY=0)", tmp / f"before-{last}",
-             "stored")]
+    runs = [("farm artifacts", tmp / f"farm-{last}", "stored")]
+    if not args.no_before:
+        runs.append(("farm artifacts as before (FARM_POCL_READY=0)", tmp / f"before-{last}",
+                     "stored"))
     if args.source_row:
         runs.append(("no farm: pyopencl build from source in the process", tmp / "peer-home",
                      "source"))
@@ -297,6 +284,9 @@ def main() -> None:
     parser.add_argument("--source-row", action="store_true",
                         help="add the plain pyopencl program (a build from source per kernel) "
                              "to the time-to-first-result table")
+    parser.add_argument("--no-before", action="store_true",
+                        help="skip the binaries as before (FARM_POCL_READY=0): their first "
+                             "launches compile, 40 to 550 ms a kernel")
     parser.add_argument("--child-peer", metavar="MANIFEST", help=argparse.SUPPRESS)
     parser.add_argument("--child-loads", metavar="MANIFEST", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="stored", help=argparse.SUPPRESS)
@@ -324,11 +314,14 @@ def _print(args: argparse.Namespace, rounds: list[dict[str, Any]],
     print(f"{'round':>5} {'peer build+launch':>18} {'farm batch':>11} {'+ load+launch':>14} "
           f"{'ratio':>6} {'before batch':>13} {'+ load+launch':>14} {'ratio':>6}")
     for i, r in enumerate(rounds):
-        f, b = r["farm"], r["before"]
-        print(f"{i:>5} {r['peer']['pool_s']:>17.2f}s {f['batch_s']:>10.2f}s "
-              f"{f['ready_s']:>13.2f}s {r['ratio']['build_and_first_launch']:>6.3f} "
-              f"{b['batch_s']:>12.2f}s {b['ready_s']:>13.2f}s "
-              f"{r['ratio']['before_build_and_first_launch']:>6.3f}")
+        f = r["farm"]
+        line = (f"{i:>5} {r['peer']['pool_s']:>17.2f}s {f['batch_s']:>10.2f}s "
+                f"{f['ready_s']:>13.2f}s {r['ratio']['build_and_first_launch']:>6.3f}")
+        if "before" in r:
+            b = r["before"]
+            line += (f" {b['batch_s']:>12.2f}s {b['ready_s']:>13.2f}s "
+                     f"{r['ratio']['before_build_and_first_launch']:>6.3f}")
+        print(line)
     medians = {k: statistics.median(r["ratio"][k] for r in rounds)
                for k in rounds[0]["ratio"]} if rounds else {}
     print("median ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
