@@ -25,6 +25,7 @@ from cluster_helpers import (
     write_manifest,
 )
 
+from farm.compilation.poclbin import kernel_files
 from farm.core.model import Key
 from farm.devservices.cluster import LocalCluster, local_cluster
 from farm.families import Registry
@@ -105,7 +106,12 @@ def test_build_spreads_over_both_workers_and_a_fresh_client_loads_all(
     ns = namespace(first["fingerprint"])
     keys = _keys(manifest)
     for key in keys:  # every artifact is in MinIO, and its digest verifies
-        assert store.get(ns, key) is not None
+        art = store.get(ns, key)
+        assert art is not None
+        # made ready by the worker that compiled it (PoCL): its launch's machine code,
+        # no generic work-group function (docs/DESIGN.md, "Ready artifacts on PoCL")
+        (files,) = kernel_files(art.binary).values()
+        assert [f.split("/")[-2] for f in files] == ["64-1-1-goffs0-smallgrid"], files
     assert store.stats.corrupt == 0
 
     second = build_json(cluster.env(tmp_path / "client-b"), str(manifest))
