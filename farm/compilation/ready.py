@@ -139,7 +139,7 @@ def ready_binary(ctx: cl.Context, device: cl.Device, program: cl.Program,
         launch_s = launch(queue, cl.Kernel(program, ready.kernel_name), ready)
     except (cl.Error, ValueError, TypeError) as exc:
         return ReadyBinary(_binary(program), error=f"warm-up launch failed: {exc}"[:300])
-    made = sorted(mapped_functions() - before)
+    made = [p for p in sorted(mapped_functions() - before) if _ours(Path(p), ready)]
     if len(made) != 1:
         return ReadyBinary(_binary(program), launch_s=launch_s,
                            error=f"the warm-up launch mapped {len(made)} new work-group "
@@ -152,6 +152,18 @@ def ready_binary(ctx: cl.Context, device: cl.Device, program: cl.Program,
     except PoclBinaryError as exc:
         return ReadyBinary(raw, launch_s=launch_s, error=f"binary not rewritten: {exc}")
     return ReadyBinary(binary, spec=spec.parent.name, launch_s=launch_s)
+
+
+def _ours(path: Path, ready: ReadyLaunch) -> bool:
+    """Whether a newly mapped work-group function can be the warm-up's: its kernel's
+    folder, and its local size where the launch fixed one (an application's threads may
+    be launching other kernels in this process meanwhile)."""
+    if path.parent.parent.name != ready.kernel_name:
+        return False
+    if ready.local_size is None:
+        return True
+    local = (*ready.local_size, 1, 1)[:3]
+    return path.parent.name.startswith(f"{local[0]}-{local[1]}-{local[2]}-goffs0")
 
 
 @contextlib.contextmanager
