@@ -52,7 +52,7 @@ def warm_run(manifest: str, home: Path, device: str | None,
         raise SystemExit(f"farm warm failed ({proc.returncode}): {proc.stderr[-2000:]}")
     summary = json.loads(proc.stdout)["summary"]
     return {k: summary[k] for k in ("kernels", "local", "compiled", "unsupported",
-                                   "wall_s", "work_s") if k in summary}
+                                   "wall_s", "work_s", "readiness") if k in summary}
 
 
 def run(manifest: str, workers: int, home: Path, device: str | None) -> dict[str, object]:
@@ -144,8 +144,10 @@ def main() -> None:
     print(f"rebuild, all in the store: {rebuild['loaded']} in {rebuild['wall_s']:.3f} s")
     for name, w in loads.items():
         n = max(1, int(str(w.get("local", 0))))
+        ready = w.get("readiness") or {}
         print(f"farm warm ({name}): {w.get('local')} loaded in {w['wall_s']} s "
-              f"= {float(str(w['wall_s'])) / n * 1000:.2f} ms a kernel")
+              f"= {float(str(w['wall_s'])) / n * 1000:.2f} ms a kernel; time to first result "
+              f"{ready.get('first_result_ms', '-')} ms a kernel (median, load + first launch)")
     print(json.dumps({"manifest": args.manifest, "runs": rows, "peers": peers,
                       "medians": _medians(rows, peers), "rebuild": rebuild, "loads": loads}))
 
