@@ -92,7 +92,7 @@ def _pool_finalize(lowered_json: str) -> str:
 
 def _pool_job(job: tuple[PoolJob, str]) -> str:
     assert _POOL_DEVICE is not None, "pool process was not initialised"
-    ctx, dev, native = _POOL_DEVICE
+    ctx, dev, native, _ = _POOL_DEVICE
     fn, arg = job
     return fn(ctx, dev, native, arg)
 
