@@ -129,8 +129,8 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
         if state is not None:
             state.close()
 
-    client: Any = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
-                                       socket_connect_timeout=5)
+    client = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
+                                  socket_connect_timeout=5)
     info = WorkerInfo(host=socket.gethostname(), pid=os.getpid(), fingerprint=fp,
                       device_name=devices[0].device_name, processes=concurrency,
                       version=__version__, queues=queue_list, device=devices[0])

@@ -92,7 +92,7 @@ def check(
         raise typer.Exit(1)
 
 
-def _base_example() -> Any:
+def _base_example() -> object:
     from farm.families.base import KernelFamily
 
     return KernelFamily.example

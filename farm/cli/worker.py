@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -62,8 +62,8 @@ def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     from farm.core.errors import ClusterError
     from farm.core.outage import is_redis_down, redis_location
 
-    client: Any = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
-                                       socket_connect_timeout=5)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
+                                  socket_connect_timeout=5)
     try:
         found = served(client, settings.dead_worker_grace)
     except Exception as exc:

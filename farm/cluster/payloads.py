@@ -7,8 +7,6 @@ worker running different kernel code refuses instead of storing under a wrong ke
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, ValidationError, field_validator
 
 from farm.core.errors import InputError, first_error
@@ -42,7 +40,7 @@ class PayloadError(InputError):
     ``ValidationError`` (which cannot be rebuilt from JSON) arrived as an empty message."""
 
 
-def parse_request(payload: Any) -> CompileRequest:
+def parse_request(payload: object) -> CompileRequest:
     """The validated request of a task, or :class:`PayloadError` in one line."""
     try:
         return CompileRequest.model_validate(payload)

@@ -98,14 +98,14 @@ class ProcessPoolCompiler:
         raw = self._pool.submit(_pool_finalize, lowered.model_dump_json())
         out: Future[FinalizeResult] = Future()
 
-        def _done(f: Future[str]) -> None:
+        def _done(f: Future[object]) -> None:
             exc = f.exception()
             if isinstance(exc, JobCrashed):
                 out.set_result(FinalizeResult(error=str(exc), error_kind="crashed"))
             elif exc is not None:
                 out.set_result(FinalizeResult(error=f"compile process failed: {exc}"))
             else:
-                out.set_result(FinalizeResult.model_validate_json(f.result()))
+                out.set_result(FinalizeResult.model_validate_json(str(f.result())))
 
         raw.add_done_callback(_done)
         return out

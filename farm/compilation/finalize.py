@@ -12,7 +12,7 @@ import base64
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
@@ -93,7 +93,7 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered,
                                     f"{_first_error(log)}", build_log=log,
                               work_s=time.perf_counter() - start, host=socket.gethostname(),
                               worker=worker_name())
-    binaries: Any = program.get_info(cl.program_info.BINARIES)
+    binaries = cast("list[bytes]", program.get_info(cl.program_info.BINARIES))
     work = time.perf_counter() - start
     return FinalizeResult(binary=bytes(binaries[0]), build_log=_build_log(program, device),
                           work_s=work, host=socket.gethostname(), worker=worker_name())

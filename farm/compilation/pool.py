@@ -31,11 +31,16 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from multiprocessing.queues import SimpleQueue
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-_STARTED: Any = None  # in a pool process: the queue its jobs report their start on
+#: a pool job: an importable function of text (JSON), whose result is pickled back
+Job = Callable[[str], object]
+
+#: in a pool process: the queue its jobs report (process id, job id) on as they start
+_STARTED: SimpleQueue[tuple[int, int]] | None = None
 
 
 class JobCrashed(Exception):
@@ -61,14 +66,15 @@ def exit_status(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-def _init(started: Any, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+def _init(started: SimpleQueue[tuple[int, int]], initializer: Callable[..., None] | None,
+          initargs: tuple[object, ...]) -> None:
     global _STARTED
     _STARTED = started
     if initializer is not None:
         initializer(*initargs)
 
 
-def _run(job_id: int, fn: Callable[[Any], Any], arg: Any) -> Any:
+def _run(job_id: int, fn: Job, arg: str) -> object:
     if _STARTED is not None:
         _STARTED.put((os.getpid(), job_id))
     return fn(arg)
@@ -77,9 +83,9 @@ def _run(job_id: int, fn: Callable[[Any], Any], arg: Any) -> Any:
 @dataclass
 class _Job:
     id: int
-    fn: Callable[[Any], Any]
-    arg: Any
-    out: Future[Any]
+    fn: Job
+    arg: str
+    out: Future[object]
     generation: int = -1
     crashes: int = 0
 
@@ -88,7 +94,7 @@ class _Job:
 class _Generation:
     number: int
     executor: ProcessPoolExecutor
-    started: Any
+    started: SimpleQueue[tuple[int, int]]
     jobs: dict[int, _Job] = field(default_factory=dict)
     broken: bool = False
 
@@ -98,7 +104,7 @@ class CrashSafePool:
     one dies; see the module docstring for who is blamed."""
 
     def __init__(self, workers: int, *, initializer: Callable[..., None] | None = None,
-                 initargs: tuple[Any, ...] = (), crash_limit: int = 2) -> None:
+                 initargs: tuple[object, ...] = (), crash_limit: int = 2) -> None:
         self.workers = max(1, workers)
         self.crash_limit = max(1, crash_limit)
         self._initializer = initializer
@@ -125,8 +131,9 @@ class CrashSafePool:
             initargs=(started, self._initializer, self._initargs))
         return _Generation(number=number, executor=executor, started=started)
 
-    def submit(self, fn: Callable[[Any], Any], arg: Any) -> Future[Any]:
-        """Run ``fn(arg)`` in a pool process (``fn`` importable, ``arg`` picklable)."""
+    def submit(self, fn: Job, arg: str) -> Future[object]:
+        """Run ``fn(arg)`` in a pool process (``fn`` importable; ``arg`` is text, the
+        compile path's JSON)."""
         job = _Job(id=next(self._ids), fn=fn, arg=arg, out=Future())
         with self._lock:
             self._launch(job)

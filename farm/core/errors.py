@@ -26,7 +26,7 @@ non-zero exit status, while anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import ValidationError
 
 
 class FarmError(Exception):
@@ -113,7 +113,7 @@ class ClusterError(FarmError):
     """The cluster cannot serve a request (no worker for a fingerprint, ...)."""
 
 
-def first_error(exc: Any, default_where: str = "") -> tuple[str, str]:
+def first_error(exc: ValidationError, default_where: str = "") -> tuple[str, str]:
     """(where, why) of a pydantic ``ValidationError``'s first error, for one line.
 
     ``where`` is the dotted field path (``default_where`` when the error is about the
@@ -132,8 +132,7 @@ def first_error(exc: Any, default_where: str = "") -> tuple[str, str]:
 def one_line(exc: BaseException) -> str:
     """Any exception as one line: ``where: why`` for a validation error, else its first
     line of text (or its type's name when it has none)."""
-    if hasattr(exc, "errors") and callable(exc.errors) and type(exc).__name__ == \
-            "ValidationError":
+    if isinstance(exc, ValidationError):
         where, why = first_error(exc)
         return f"{where}: {why}" if where else why
     text = str(exc).strip()

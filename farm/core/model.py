@@ -242,11 +242,13 @@ class Artifact(BaseModel):
     binary: bytes
 
     @classmethod
-    def create(cls, key: Key, family: str, binary: bytes, source_hash: str,
-               **extra: Any) -> Artifact:
+    def create(cls, key: Key, family: str, binary: bytes, source_hash: str, *,
+               build_log: str = "", host: str = "", worker: str = "",
+               work_s: float = 0.0) -> Artifact:
         """Build an artifact, computing digest and size from the binary."""
         meta = ArtifactMeta(key=key, family=family, digest=sha256_hex(binary),
-                            size=len(binary), source_hash=source_hash, **extra)
+                            size=len(binary), source_hash=source_hash, build_log=build_log,
+                            host=host, worker=worker, work_s=work_s)
         return cls(meta=meta, binary=binary)
 
     def verify(self) -> bool:

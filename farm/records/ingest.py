@@ -78,9 +78,12 @@ from farm.records.stream import (
     decode_records,
     decode_session,
     encode_record,
+    stream_fields,
 )
 
 if TYPE_CHECKING:
+    import redis
+
     from farm.records.storage import SessionStorage
 
 log = logging.getLogger(__name__)
@@ -176,11 +179,11 @@ def _unstorable(exc: BaseException) -> EntryError:
     return EntryError(f"the records storage cannot hold it: {type(exc).__name__}: {exc}"[:300])
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _is_ours(name: Any) -> bool:
+def _is_ours(name: bytes | str) -> bool:
     """A field the dead stream adds itself (a producer's copy of it is dropped)."""
     text = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
     return text.startswith("dead:")
@@ -202,7 +205,7 @@ class Ingester:
 
     def __init__(
         self,
-        client: Any,
+        client: redis.Redis,
         storage: SessionStorage,
         *,
         consumer: str | None = None,
@@ -331,15 +334,17 @@ class Ingester:
         return list(self._entries(reply))
 
     @staticmethod
-    def _entries(reply: Any) -> Iterable[_Entry]:
+    def _entries(reply: object) -> Iterable[_Entry]:
         """Flatten XREADGROUP's reply: RESP2 ``[[stream, messages], ...]``, or redis-py's
         RESP3 ``{stream: [messages]}``."""
         if not reply:
             return
         if isinstance(reply, dict):
             pairs = [(stream, value[0] if value else []) for stream, value in reply.items()]
-        else:
+        elif isinstance(reply, list | tuple):
             pairs = [(stream, messages) for stream, messages in reply]
+        else:
+            return
         for stream, messages in pairs:
             for entry_id, fields in messages:
                 yield _Entry(_text(stream), _text(entry_id), fields or None)
@@ -440,9 +445,9 @@ class Ingester:
                     fields["dead:newer"] = "1"
                 pipe.xadd(RECORDS_DEAD_STREAM, fields, maxlen=self.maxlen, approximate=True)
             for bad in entry.bad:  # one record of a pack, alone, as a one-record entry
-                pipe.xadd(RECORDS_DEAD_STREAM,
-                          {**bad.fields, "dead:stream": entry.stream, "dead:id": entry.id,
-                           "dead:index": str(bad.index), "dead:error": str(bad.error)},
+                pipe.xadd(RECORDS_DEAD_STREAM, stream_fields(
+                    {**bad.fields, "dead:stream": entry.stream, "dead:id": entry.id,
+                     "dead:index": str(bad.index), "dead:error": str(bad.error)}),
                           maxlen=self.maxlen, approximate=True)
                 bad_records += 1
         for stream, ids in ack.items():

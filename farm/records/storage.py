@@ -47,7 +47,8 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection, Engine, RowMapping, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -538,7 +539,7 @@ class SessionStorage:
 
     # -- plumbing -----------------------------------------------------------------------
 
-    def _insert_ignore(self, table: Table) -> Any:
+    def _insert_ignore(self, table: Table) -> pg_dialect.Insert | sqlite_dialect.Insert:
         """An INSERT that skips rows whose primary key is already there (both dialects)."""
         if self._dialect == "postgresql":
             return pg_dialect.insert(table).on_conflict_do_nothing()
@@ -612,7 +613,7 @@ def _take_over_sqlite_transactions(engine: Engine) -> None:
     """
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    def _on_connect(dbapi_connection: DBAPIConnection, _record: object) -> None:
         dbapi_connection.isolation_level = None
 
     @event.listens_for(engine, "begin")
@@ -685,7 +686,7 @@ def _session_row(session: Session) -> dict[str, Any]:
     return values
 
 
-def _session_from_row(row: Any) -> Session:
+def _session_from_row(row: RowMapping) -> Session:
     """A stored session; SQLite returns datetimes without zone, and we store UTC."""
     values = dict(row)
     started_at = values["started_at"]

@@ -54,12 +54,13 @@ import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
 import certifi
 import urllib3
 from minio import Minio
+from minio.datatypes import Object
 from minio.error import InvalidResponseError, S3Error, ServerError
 from pydantic import ValidationError
 from tenacity import (
@@ -483,7 +484,7 @@ class MinioStore(ArtifactStore):
 
     def _source_hash_of(self, name: str) -> str | None:
         """The source hash of a stored artifact: from its headers (a HEAD), else its frame."""
-        def head() -> Any:
+        def head() -> Object | None:
             try:
                 return self._client.stat_object(self.bucket, name)
             except S3Error as exc:
