@@ -22,7 +22,7 @@ class _Rows(Protocol):
 class _Executes(Protocol):
     """A DB-API sqlite3 cursor or connection (what SQLAlchemy hands out, or sqlite3's)."""
 
-    def execute(self, sql: str, /) -> _Rows: ...
+    def execute(self, statement: str, /) -> _Rows: ...
 
 
 def _locked(exc: BaseException) -> bool:
