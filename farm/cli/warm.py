@@ -48,8 +48,8 @@ def warm(
     from loader.kernel_loader import OnMiss
 
     mode: OnMiss = on_miss  # type: ignore[assignment]
-    with KernelLoader(settings, on_miss=mode, label=f"warm {manifest}",
-                      context=context) as loader, \
+    with KernelLoader(settings, device=context, on_miss=mode,
+                      label=f"warm {manifest}") as loader, \
             Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                      MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
                      TimeElapsedColumn(), console=err, disable=json_out,

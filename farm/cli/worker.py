@@ -34,16 +34,16 @@ def worker(
 ) -> None:
     """Run a compile worker for one device fingerprint (needs FARM_REDIS_URL, FARM_MINIO_*)."""
     from farm.core.settings import load_settings
-    from worker.startup import run_worker
+    from worker.startup import WorkerOptions, run_worker
 
     settings = load_settings()
     if not settings.redis_url or not settings.minio_endpoint:
         raise SettingsError("setting FARM_REDIS_URL / FARM_MINIO_ENDPOINT: a worker needs "
                             "the broker and the artifact store")
-    run_worker(settings, concurrency=concurrency or os.cpu_count() or 1,
-               fingerprint=fingerprint, queues=queues.split(",") if queues else None,
-               loglevel=loglevel, events=events, heartbeat=heartbeat,
-               metrics_port=metrics_port, extra_args=list(celery_args or []))
+    run_worker(settings, WorkerOptions(
+        concurrency=concurrency or os.cpu_count() or 1, fingerprint=fingerprint,
+        queues=queues.split(",") if queues else None, loglevel=loglevel, events=events,
+        heartbeat=heartbeat, metrics_port=metrics_port, extra_args=list(celery_args or [])))
 
 
 def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
