@@ -365,8 +365,8 @@ class KernelLoader:
             return entry
         label = artifact.kernel.label()
         if self.on_miss == "fail":
-            raise ArtifactMissing(f"{label}: no store tier holds key {key} for "
-                                  f"{self.namespace} (on_miss='fail')")
+            raise ArtifactMissing(f"{artifact.describe()}: no store tier holds key {key} "
+                                  f"for {self.namespace} (on_miss='fail')")
         if self.on_miss == "farm":
             report = self.farm_batch([artifact])
         else:
