@@ -361,7 +361,7 @@ class KernelLoader:
         if found is not None:
             entry, tier = found
             self.stats.bump(tier.name)
-            self.record_loaded(entry, time.perf_counter() - start)
+            self.record_loaded(entry, time.perf_counter() - start, artifact.kernel.label())
             return entry
         label = artifact.kernel.label()
         if self.on_miss == "fail":
@@ -380,16 +380,17 @@ class KernelLoader:
                 raise KernelError(f"{label}: the farm reported {res.outcome} but no store "
                                   "tier serves it to this device")
             self.stats.bump("farm")
-            self.record_loaded(got[0], time.perf_counter() - start)
+            self.record_loaded(got[0], time.perf_counter() - start, artifact.kernel.label())
             return got[0]
         assert res.program is not None and res.outcome is not None
         self.stats.bump(source_of(res.outcome))
         return LoadedProgram.of(res.program, artifact.kernel.family, key)
 
-    def record_loaded(self, entry: LoadedProgram, work_s: float) -> None:
+    def record_loaded(self, entry: LoadedProgram, work_s: float, kernel: str = "") -> None:
+        """``kernel``: its readable name, for `farm records` (``KernelId.label()``)."""
         self.recorder.compilation(Trip(family=entry.family, key=entry.key,
                                        outcome=Outcome.LOADED, work_s=work_s,
-                                       native_fallback=entry.native_fallback))
+                                       native_fallback=entry.native_fallback, kernel=kernel))
 
     def compile_batch(self, artifacts: list[ArtifactId], progress: Progress | None = None,
                       label: str = "") -> BatchReport:

@@ -322,7 +322,7 @@ class _Warm:
                 entry, tier = got
                 group = self.groups[key]
                 self.loader.stats.bump(tier.name)
-                self.loader.record_loaded(entry, fetch_s + load_s)
+                self.loader.record_loaded(entry, fetch_s + load_s, group[0].label)
                 for item in group:
                     item.fetch_s, item.load_s = fetch_s, load_s
                     item.native_fallback = entry.native_fallback
@@ -388,7 +388,8 @@ class _Warm:
             return
         self.loader.stats.bump("farm")
         group[0].work_s = res.work_s + timings.get("fetch_s", 0.0) + timings.get("load_s", 0.0)
-        self.loader.record_loaded(got[0], timings.get("fetch_s", 0.0) + timings.get("load_s", 0.0))
+        self.loader.record_loaded(got[0], timings.get("fetch_s", 0.0) + timings.get("load_s", 0.0),
+                                  group[0].label)
         self._settle(key, got[0])
         self._done(group, "farm")
 

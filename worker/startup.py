@@ -22,11 +22,11 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm.cluster.celery_app import make_app
 from farm.cluster.workers import Heartbeat, WorkerInfo
-from farm.core.device import DeviceInfo, discover_devices
+from farm.core.device import DeviceInfo, discover_devices, resolve_fingerprint
 from farm.core.errors import DeviceError
 from farm.core.keys import TASK_STATE_TTL_S, queue_name, task_holder_key
 from farm.core.outage import OutageError, redis_waiter
@@ -36,19 +36,34 @@ from worker.app import register_tasks
 from worker.crashes import crash_request_class
 from worker.state import WorkerState, open_state
 
+if TYPE_CHECKING:
+    from celery.worker import WorkController
+    from celery.worker.request import Request
+
 log = logging.getLogger(__name__)
 
 
 def pick_devices(devices: list[DeviceInfo], fingerprint: str | None) -> list[DeviceInfo]:
-    """The devices of one fingerprint (given, or the first device's)."""
+    """The devices of one fingerprint (given whole or by a unique prefix, or the first
+    device's)."""
     if not devices:
         raise DeviceError("no OpenCL device found: a worker needs one")
-    wanted = fingerprint or devices[0].fingerprint
+    wanted = resolve_fingerprint(fingerprint, (d.fingerprint for d in devices)) \
+        if fingerprint else devices[0].fingerprint
     chosen = [d for d in devices if d.fingerprint == wanted]
     if not chosen:
         known = ", ".join(sorted({d.fingerprint for d in devices}))
         raise DeviceError(f"no device here has fingerprint {wanted}; devices here: {known}")
     return chosen
+
+
+def _pool_pids(controller: WorkController) -> list[int]:
+    """The pids of a Celery worker's pool processes (prefork's ``pool.info``, what
+    `celery inspect stats` reports); none before the pool starts, or for a solo pool."""
+    try:
+        return [int(pid) for pid in controller.pool.info.get("processes", [])]
+    except Exception:  # no pool yet, or one being restarted: the next beat has it
+        return []
 
 
 class _QuietSuccess(logging.Filter):
@@ -126,7 +141,7 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
     def get_state() -> WorkerState:
         return holder["state"]
 
-    def init_process(**_: Any) -> None:
+    def init_process(**_: object) -> None:
         from billiard import current_process
 
         logging.getLogger("celery.app.trace").addFilter(_QuietSuccess())
@@ -134,7 +149,7 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
         holder["state"] = open_state(settings, devices, index)
         log.info("process %s opened %s", os.getpid(), holder["state"].device.fingerprint)
 
-    def close_process(**_: Any) -> None:
+    def close_process(**_: object) -> None:
         state = holder.pop("state", None)
         if state is not None:
             state.close()
@@ -145,17 +160,20 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
                       device_name=devices[0].device_name, processes=options.concurrency,
                       version=__version__, queues=queue_list, device=devices[0])
 
-    def received(request: Any = None, **_: Any) -> None:
+    def received(request: Request, **_: object) -> None:
         try:  # best effort: without it a dead worker's chunk comes back by the timeout
             client.set(task_holder_key(request.id), info.field, ex=TASK_STATE_TTL_S)
         except Exception as exc:
             log.warning("could not note the holder of task %s: %s", request.id, exc)
 
+    controller: dict[str, Any] = {}  # Celery's WorkController, for its pool's pids
+    signals.worker_init.connect(lambda sender=None, **_: controller.update(wc=sender),
+                                weak=False)
     signals.worker_process_init.connect(init_process, weak=False)
     signals.worker_process_shutdown.connect(close_process, weak=False)
     signals.task_received.connect(received, weak=False)
     if health is not None:
-        def on_ready(**_: Any) -> None:
+        def on_ready(**_: object) -> None:
             health.ready()
             health.alive()
 
@@ -191,6 +209,7 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
     beat = Heartbeat(client, info, interval_s=settings.heartbeat_interval,
                      stale_s=settings.dead_worker_grace, waiter=waiter, on_give_up=give_up,
                      on_beat=on_beat)
+    beat.pool_of = lambda: _pool_pids(controller.get("wc"))
     beat.start()  # OutageError (one line, exit 1) when Redis stays away past the limit
     try:
         app.worker_main(argv=celery_argv(

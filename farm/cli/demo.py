@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from farm.cli.build import _run_with_progress, print_failures, print_summary
+from farm.cli.build_report import print_failures, print_summary
 from farm.cli.console import out, print_json
+from farm.cli.progress import progress
 
 if TYPE_CHECKING:
     from farm.core.model import ArtifactId
@@ -27,15 +28,24 @@ if TYPE_CHECKING:
 
 
 def demo(
-    manifest: Annotated[str, typer.Argument(help="manifest file or built-in name")] = "tiny",
-    workers: Annotated[int | None, typer.Option("--workers", "-w", min=0)] = None,
+    manifest: Annotated[str, typer.Argument(
+        metavar="MANIFEST", help="a manifest file, or a built-in one: tiny, medium, "
+        "large")] = "tiny",
+    workers: Annotated[int | None, typer.Option(
+        "--workers", "-w", min=0, metavar="N", help="local compile processes (default: "
+        "FARM_WORKERS, else one per core; 0 compiles in this process)")] = None,
     fresh: Annotated[bool, typer.Option(
-        help="use a new temporary environment, so the build really compiles")] = False,
-    json_out: Annotated[bool, typer.Option("--json")] = False,
+        "--fresh", help="use a new temporary environment, so the build really "
+        "compiles")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="the results as JSON")] = False,
 ) -> None:
-    """Build MANIFEST on the local device, load every kernel back, run one against numpy."""
-    from rich.table import Table
+    """Build, load back and run a manifest on the local device.
 
+    Builds MANIFEST into the store, loads every kernel back onto the device in a fresh
+    context without a compiler, runs one against numpy, and prints what each step
+    cost. Exit status 1 when a kernel failed or differs from numpy.
+    """
+    from farm.cli.tables import Column, print_one_row
     from farm.compilation.local import local_farm
     from farm.core.model import Outcome
     from farm.core.settings import load_settings
@@ -48,8 +58,9 @@ def demo(
         loaded = load_manifest(resolve_manifest(manifest))
         with local_farm(settings, label=f"demo {loaded.label}", workers=workers) as farm:
             artifacts = [e.artifact for e in expand(loaded, farm.registry)]
-            build = _run_with_progress(farm.batch(label=f"build {loaded.label}"), artifacts,
-                                       quiet=json_out)
+            with progress(len(artifacts), quiet=json_out) as shown:
+                build = farm.batch(label=f"build {loaded.label}").run(artifacts,
+                                                                      progress=shown)
             fingerprint = farm.device.fingerprint
         stored = [r.artifact for r in build.results if r.outcome is not None]
         t0 = time.perf_counter()
@@ -74,16 +85,15 @@ def demo(
         else:
             print_summary(build, f"1. build {loaded.label} on {fingerprint}")
             print_failures(build, strict=False)
-            table = Table(title=f"2. load every stored kernel of {loaded.label} onto the "
-                                "device, in a fresh context, without a compiler")
-            for col in ("kernels", "loaded", "native fallbacks", "failed", "wall",
-                        "per kernel"):
-                table.add_column(col, justify="right")
             s = warm.summary()
-            table.add_row(str(s["kernels"]), str(s["local"]), str(s["native_fallbacks"]),
-                          str(s["failed"]), f"{warm.wall_s:.3f} s",
-                          f"{1000 * per_load:.2f} ms")
-            out.print(table)
+            print_one_row([Column(c, "right") for c in ("kernels", "loaded",
+                                                        "native fallbacks", "failed", "wall",
+                                                        "per kernel")],
+                          [str(s["kernels"]), str(s["local"]), str(s["native_fallbacks"]),
+                           str(s["failed"]), f"{warm.wall_s:.3f} s",
+                           f"{1000 * per_load:.2f} ms"],
+                          title=f"2. load every stored kernel of {loaded.label} onto the "
+                                "device, in a fresh context, without a compiler")
             out.print(f"3. {check['kernel']} ran on the device: "
                       + ("matches numpy" if check["ok"] else
                          f"[red]differs from numpy[/red]: {'; '.join(check['problems'])}"))

@@ -13,26 +13,35 @@ from typing import Annotated
 
 import typer
 
-from farm.cli.console import err, out, print_json
+from farm.cli.console import out, print_json
 from farm.core.errors import SettingsError
 
 
 def warm(
-    manifest: Annotated[str, typer.Argument(help="manifest file, or tiny/medium/large")],
+    manifest: Annotated[str, typer.Argument(
+        metavar="MANIFEST", help="a manifest file, or a built-in one: tiny, medium, large")],
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
     on_miss: Annotated[str, typer.Option(
+        metavar="compile|farm|fail",
         help="what no store tier holds: compile (here), farm (the cluster's workers), "
              "fail")] = "compile",
     threads: Annotated[int | None, typer.Option(
+        metavar="N",
         help="fetch threads (default 16, 4 when every kernel is in the local tier)",
         min=1, max=256)] = None,
     strict: Annotated[bool, typer.Option(
+        "--strict",
         help="count kernels the device cannot run as failures")] = False,
-    device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
+    device: Annotated[str | None, typer.Option(
+        metavar="FINGERPRINT|NAME", help="the local device (default: FARM_DEVICE, else the "
+        "first)")] = None,
 ) -> None:
-    """Warm a manifest: fetch, load and (if missing) compile every kernel."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """Load every kernel of a manifest onto this device now.
 
+    Fetches what the store tiers hold, loads each kernel, and compiles or asks the farm
+    for what is missing (--on-miss). Exit status 1 when a kernel failed.
+    """
+    from farm.cli.progress import progress
     from farm.core.settings import load_settings
 
     if on_miss not in ("compile", "farm", "fail"):
@@ -50,20 +59,16 @@ def warm(
     mode: OnMiss = on_miss  # type: ignore[assignment]
     with KernelLoader(settings, device=context, on_miss=mode,
                       label=f"warm {manifest}") as loader, \
-            Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                     MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
-                     TimeElapsedColumn(), console=err, disable=json_out,
-                     transient=True) as bar:
-        task = bar.add_task("warming", total=None, last="")
+            progress(None, quiet=json_out, description="warming") as shown:
 
         def tick(item: WarmItem) -> None:
-            what = item.source or (item.failure.kind if item.failure else "")
-            bar.update(task, advance=1, last=f"{what} {item.label}"[:60])
+            shown.advance(item.source or (item.failure.kind if item.failure else ""),
+                          item.label)
 
         from loader.warm import artifacts_of
 
         artifacts, label = artifacts_of(manifest, loader)
-        bar.update(task, total=len(artifacts))
+        shown.set_total(len(artifacts))
         report = loader.warm(artifacts, progress=tick, threads=threads, label=label)
     summary = report.summary()
     failed = report.failed + (report.unsupported if strict else [])
@@ -75,35 +80,33 @@ def warm(
         _print_summary(summary)
         for item in report.unsupported[:20]:
             out.print(f"[yellow]unsupported[/yellow] {item.label}: ", end="")
-            out.print(item.failure.message if item.failure else "", markup=False)
+            out.print(item.failure.message if item.failure else "", markup=False,
+                      soft_wrap=True)
         for item in report.failed:
             assert item.failure is not None
             out.print(f"[red]FAILED[/red] {item.label} ({item.failure.kind}): ", end="")
-            out.print(item.failure.message, markup=False)
+            out.print(item.failure.message, markup=False, soft_wrap=True)
             for line in item.failure.build_log.splitlines()[:40]:
-                out.print(f"    | {line}", markup=False)
+                out.print(f"    | {line}", markup=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
 
 
 def _print_summary(s: dict[str, object]) -> None:
-    from rich.table import Table
+    from farm.cli.tables import Column, print_one_row, print_table
 
-    table = Table(title=f"farm warm {s['manifest']} on {s['fingerprint']}")
     cols = ("kernels", "memory", "local", "remote", "compiled", "rekeyed", "farm",
             "unsupported", "failed", "wall", "per kernel")
-    for col in cols:
-        table.add_column(col, justify="right")
-    table.add_row(*(str(s[c]) for c in cols[:-2]), f"{s['wall_s']:.3f} s",
-                  f"{s['per_kernel_ms']:.2f} ms")
-    out.print(table)
-    phases = Table(title="phases (wall: first start to last end; work: summed over kernels)")
-    for col in ("phase", "kernels", "wall", "work"):
-        phases.add_column(col, justify="right")
+    print_one_row([Column(c, "right") for c in cols],
+                  [*(str(s[c]) for c in cols[:-2]), f"{s['wall_s']:.3f} s",
+                   f"{s['per_kernel_ms']:.2f} ms"],
+                  title=f"farm warm {s['manifest']} on {s['fingerprint']}")
     assert isinstance(s["phases"], dict)
-    for name, p in s["phases"].items():
-        phases.add_row(name, str(p["kernels"]), f"{p['wall_s']:.3f} s", f"{p['work_s']:.3f} s")
-    out.print(phases)
+    out.print()
+    print_table([Column("phase"), *(Column(c, "right") for c in ("kernels", "wall", "work"))],
+                [[name, str(p["kernels"]), f"{p['wall_s']:.3f} s", f"{p['work_s']:.3f} s"]
+                 for name, p in s["phases"].items()],
+                title="phases (wall: first start to last end; work: summed over kernels)")
 
 
 def _item_json(item: object) -> dict[str, object]:

@@ -200,6 +200,18 @@ class ClusterClient:
             report.batch_seq = rec.stamp.seq if rec is not None else None
         return report
 
+    def send(self, fingerprint: str, chunks: list[tuple[CompileRequest, list[KernelResult]]],
+             *, progress: Progress | None = None, status: Say | None = None,
+             timeout_s: float = 3600.0) -> int:
+        """Send ready-made chunks to ``fingerprint``'s workers and apply their replies to
+        each chunk's results (an application's programs: ``farm.programs.prebuild``);
+        returns the tasks sent, re-sends included."""
+        gather = Gatherer(self, fingerprint, progress or (lambda r: None), status)
+        for payload, results in chunks:
+            gather.send(payload.model_dump(mode="json"), results)
+        gather.run(timeout_s)
+        return gather.tasks_sent
+
     def close(self) -> None:
         """Close the connections (and the store, when the client opened it)."""
         self.renew_app()

@@ -273,8 +273,8 @@ def _apply_reply(meta: dict[str, object], chunk: list[KernelResult], notify: Pro
         return
     reply = CompileReply.model_validate(meta["result"])
     by_id = {r.id_hash: r for r in reply.results}
-    for res in chunk:
-        got = by_id.get(res.artifact.id_hash)
+    for res in chunk:  # a family's key names its artifact id; a program's, its spec
+        got = by_id.get(res.key.id_hash if res.key is not None else res.artifact.id_hash)
         if got is None:
             res.failure = KernelFailure(kind="error", message="missing from the worker's reply")
         else:

@@ -42,10 +42,21 @@ class WorkerInfo(BaseModel):
     heartbeat: float = Field(default=0.0, ge=0.0, le=1e11)
     #: the device's limits, so a client can tell unsupported kernels without asking
     device: DeviceInfo | None = None
+    #: pids of the pool processes that compile (refreshed each beat; empty until the
+    #: pool runs, or when the worker compiles in its main process)
+    pool: list[int] = Field(default_factory=list, max_length=4096)
 
     @property
     def field(self) -> str:
+        """``host:pid`` of the worker's main process: its name in the cluster's
+        bookkeeping (who holds a chunk) and in ``farm workers``."""
         return f"{self.host}:{self.pid}"
+
+    @property
+    def process_names(self) -> list[str]:
+        """``host:pid`` of each process that compiles: what a build's "work by worker"
+        and the records name (the main process itself when it has no pool)."""
+        return [f"{self.host}:{pid}" for pid in sorted(self.pool)] or [self.field]
 
 
 def served(client: redis.Redis, stale_s: float = STALE_S) -> dict[str, list[WorkerInfo]]:
@@ -84,6 +95,9 @@ class Heartbeat:
         self._waiter = waiter
         self._on_give_up = on_give_up
         self._on_beat = on_beat  # called after each beat that reached Redis
+        #: the pids of the worker's pool processes, read at each beat (set once the
+        #: worker knows its pool; ``WorkerInfo.pool``)
+        self.pool_of: Callable[[], list[int]] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="farm-heartbeat")
 
@@ -95,7 +109,10 @@ class Heartbeat:
         self._thread.start()
 
     def _beat(self) -> None:
-        info = self._info.model_copy(update={"heartbeat": time.time()})
+        update: dict[str, object] = {"heartbeat": time.time()}
+        if self.pool_of is not None:
+            update["pool"] = self.pool_of()
+        info = self._info.model_copy(update=update)
         name = workers_key(info.fingerprint)
         self._client.hset(name, info.field, info.model_dump_json())
         self._client.expire(name, int(max(self._stale_s * 4, 60)))

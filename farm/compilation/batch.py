@@ -336,7 +336,8 @@ class Batch:
         if self.recorder is not None and res.key is not None:
             self.recorder.compilation(
                 Trip(family=res.artifact.kernel.family, key=res.key, outcome=outcome,
-                     work_s=res.work_s, worker=res.worker, native_fallback=res.native_fallback),
+                     work_s=res.work_s, worker=res.worker, native_fallback=res.native_fallback,
+                     kernel=res.label),
                 lowered)
         notify(res)
 

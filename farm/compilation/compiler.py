@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -25,6 +26,11 @@ from farm.core.model import Lowered
 
 if TYPE_CHECKING:
     import pyopencl as cl
+
+
+#: a job a pool process runs with its own context: ``fn(ctx, device, native, arg)`` returns
+#: a :class:`FinalizeResult` as JSON (kernels of other kinds than families: farm.programs)
+PoolJob = Callable[[Any, Any, bool, str], str]
 
 
 class Compiler(Protocol):
@@ -81,6 +87,13 @@ def _pool_finalize(lowered_json: str) -> str:
                                  "auto" if native else None).model_dump_json()
 
 
+def _pool_job(job: tuple[PoolJob, str]) -> str:
+    assert _POOL_DEVICE is not None, "pool process was not initialised"
+    ctx, dev, native = _POOL_DEVICE
+    fn, arg = job
+    return fn(ctx, dev, native, arg)
+
+
 class ProcessPoolCompiler:
     """``workers`` spawned processes, one OpenCL context each, made at start."""
 
@@ -95,7 +108,15 @@ class ProcessPoolCompiler:
                                    crash_limit=crash_limit)
 
     def submit(self, lowered: Lowered) -> Future[FinalizeResult]:
-        raw = self._pool.submit(_pool_finalize, lowered.model_dump_json())
+        return self._wrap(self._pool.submit(_pool_finalize, lowered.model_dump_json()))
+
+    def submit_job(self, fn: PoolJob, arg: str) -> Future[FinalizeResult]:
+        """Run ``fn(ctx, device, native, arg)`` in a pool process (a top-level function:
+        it crosses to a spawned process by name)."""
+        return self._wrap(self._pool.submit(_pool_job, (fn, arg)))
+
+    @staticmethod
+    def _wrap(raw: Future[object]) -> Future[FinalizeResult]:
         out: Future[FinalizeResult] = Future()
 
         def _done(f: Future[object]) -> None:

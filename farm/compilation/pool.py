@@ -32,12 +32,14 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing.queues import SimpleQueue
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
-#: a pool job: an importable function of text (JSON), whose result is pickled back
-Job = Callable[[str], object]
+#: a pool job: an importable function of one picklable argument (the compile path's
+#: JSON text, or a tuple of them), whose result is pickled back
+Job = Callable[[Any], object]
+A = TypeVar("A")
 
 #: in a pool process: the queue its jobs report (process id, job id) on as they start
 _STARTED: SimpleQueue[tuple[int, int]] | None = None
@@ -74,7 +76,7 @@ def _init(started: SimpleQueue[tuple[int, int]], initializer: Callable[..., None
         initializer(*initargs)
 
 
-def _run(job_id: int, fn: Job, arg: str) -> object:
+def _run(job_id: int, fn: Job, arg: object) -> object:
     if _STARTED is not None:
         _STARTED.put((os.getpid(), job_id))
     return fn(arg)
@@ -84,7 +86,7 @@ def _run(job_id: int, fn: Job, arg: str) -> object:
 class _Job:
     id: int
     fn: Job
-    arg: str
+    arg: object
     out: Future[object]
     generation: int = -1
     crashes: int = 0
@@ -131,9 +133,8 @@ class CrashSafePool:
             initargs=(started, self._initializer, self._initargs))
         return _Generation(number=number, executor=executor, started=started)
 
-    def submit(self, fn: Job, arg: str) -> Future[object]:
-        """Run ``fn(arg)`` in a pool process (``fn`` importable; ``arg`` is text, the
-        compile path's JSON)."""
+    def submit(self, fn: Callable[[A], object], arg: A) -> Future[object]:
+        """Run ``fn(arg)`` in a pool process (``fn`` importable, ``arg`` picklable)."""
         job = _Job(id=next(self._ids), fn=fn, arg=arg, out=Future())
         with self._lock:
             self._launch(job)

@@ -20,11 +20,12 @@ import re
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from farm.core.errors import DeviceError
+from farm.core.errors import DeviceError, InputError
 from farm.core.hashing import stable_hash
 
 if TYPE_CHECKING:
@@ -186,6 +187,22 @@ def select_device(devices: list[DeviceInfo], selector: str | None = None) -> Dev
         known = ", ".join(d.fingerprint for d in devices)
         raise DeviceError(f"no device matches {selector!r}; devices here: {known}")
     return matches[0]
+
+
+def resolve_fingerprint(text: str, known: Iterable[str]) -> str:
+    """``text`` as a whole fingerprint: itself when it is one of ``known``, else the one
+    fingerprint of ``known`` it is a prefix of (as ``FARM_DEVICE`` takes it), so people
+    can type the first characters of what ``farm devices`` or ``farm workers`` print.
+    Text that starts none of them comes back as it is, for the caller to say what is
+    known; a prefix of several is an error naming them."""
+    known = sorted(set(known))
+    if text in known:
+        return text
+    matches = [fp for fp in known if fp.startswith(text)]
+    if len(matches) > 1:
+        raise InputError(f"fingerprint {text!r} is the start of {len(matches)} "
+                         f"fingerprints ({', '.join(matches)}): give more of it")
+    return matches[0] if matches else text
 
 
 def open_device(info: DeviceInfo) -> tuple[cl.Context, cl.Device]:

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     #: it (NVIDIA: a cubin linked from the PTX by the CUDA driver; farm/compilation/native.py), so a
     #: load is a copy, not a JIT (FARM_NATIVE_BINARIES)
     native_binaries: bool = True
+    #: where an application's program (``farm run``, farm.programs) that no store tier
+    #: holds is compiled: ``compile`` here, on the application's device; ``farm`` on the
+    #: cluster's pool for its fingerprint (FARM_REDIS_URL), here when no worker serves it
+    #: (FARM_PROGRAMS_ON_MISS)
+    programs_on_miss: Literal["compile", "farm"] = "compile"
 
     #: Ed25519 private key (base64) that signs every stored artifact; writers only
     signing_key: SecretStr | None = Field(default=None, max_length=200)

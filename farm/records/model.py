@@ -227,6 +227,8 @@ class Trip:
     host: str = ""
     requested_by: RequestedBy | None = None
     native_fallback: str = ""
+    #: its readable name, family and parameters (``KernelId.label()``)
+    kernel: str = ""
 
 
 @dataclass(frozen=True)
@@ -281,6 +283,9 @@ class CompilationRecord(_Record):
     key: Name
     outcome: Outcome
     work_s: float = Field(ge=0.0, le=1e12, validation_alias=AliasChoices("work_s", "duration"))
+    #: the kernel as people name it, family and parameters (``matmul(k=512,...)``): what
+    #: `farm records` shows instead of the key's hashes. "" in records of before it.
+    kernel: ShortText = ""
     worker: ShortText = ""
     host: ShortText = ""
     source: LogText | None = None

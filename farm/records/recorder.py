@@ -166,6 +166,7 @@ class Recorder:
                 options=list(lowered.options) if keep_code and lowered else None,
                 requested_by=trip.requested_by,
                 native_fallback=trip.native_fallback[:1000],
+                kernel=trip.kernel[:1000],
             )
             self._add(record)
         return record

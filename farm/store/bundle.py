@@ -7,7 +7,12 @@ Format ``kernel-farm-bundle`` version 1 is a plain (uncompressed) POSIX tar arch
   namespace with its fingerprint, count and bytes, and every artifact's namespace, key,
   size, SHA-256 digest and full metadata;
 * then one regular-file member per artifact, named by :func:`farm.core.keys.artifact_object`
-  (``<namespace>/artifacts/<id hash>/<build id>``), holding the binary.
+  (``<namespace>/artifacts/<id hash>/<build id>``), holding the binary;
+* then one member per blob (programs' sources, headers and specs, ``farm.programs``),
+  named by :func:`farm.core.keys.blob_object` (``blobs/<sha256>``): the manifest's
+  ``blobs`` list (absent in bundles without programs). The exporter names the blobs to
+  carry (``export_bundle(blobs=...)``); import puts them before any artifact, each
+  verified against its name.
 
 A bundle is **untrusted input**. It is read as one sequential stream, member by member,
 in memory; nothing is ever extracted to disk, so member names are only labels and can
@@ -52,7 +57,7 @@ import stat
 import tarfile
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Literal
@@ -70,7 +75,7 @@ from pydantic import (
 from farm.core.defaults import BUNDLE_MAX_BYTES
 from farm.core.errors import BundleError, InputError, first_error, one_line
 from farm.core.hashing import sha256_hex
-from farm.core.keys import BACKEND, STORE_FORMAT, Namespace, artifact_object
+from farm.core.keys import BACKEND, STORE_FORMAT, Namespace, artifact_object, blob_object
 from farm.core.model import Artifact, ArtifactMeta, Key
 from farm.store.base import ArtifactStore, PutResult
 from farm.version import __version__
@@ -85,6 +90,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "Bundle",
     "BundleArtifact",
+    "BundleBlob",
     "BundleManifest",
     "BundleNamespace",
     "ExportReport",
@@ -192,6 +198,17 @@ class BundleArtifact(_Model):
         return parse_namespace(self.namespace)
 
 
+class BundleBlob(_Model):
+    """One blob: its digest (its name) and size; the member is ``blobs/<digest>``."""
+
+    digest: str = Field(pattern=_DIGEST)
+    size: int = Field(ge=0, le=MAX_ARTIFACT_BYTES)
+
+    @property
+    def member(self) -> str:
+        return blob_object(self.digest)
+
+
 class BundleManifest(_Model):
     """What a bundle holds; the first member of the archive."""
 
@@ -203,10 +220,11 @@ class BundleManifest(_Model):
     namespaces: list[BundleNamespace]
     artifacts: list[BundleArtifact] = Field(max_length=MAX_ARTIFACTS)
     total_bytes: int = Field(ge=0)
+    blobs: list[BundleBlob] = Field(default_factory=list, max_length=MAX_ARTIFACTS)
 
     @model_validator(mode="after")
     def _consistent(self) -> BundleManifest:
-        members = Counter(a.member for a in self.artifacts)
+        members = Counter([a.member for a in self.artifacts] + [b.member for b in self.blobs])
         dupes = [m for m, n in members.items() if n > 1]
         if dupes:
             raise ValueError(f"artifact {dupes[0]!r} is listed twice")
@@ -246,6 +264,8 @@ class Bundle:
     manifest: BundleManifest
     artifacts: list[tuple[Namespace, Artifact]]
     file_bytes: int
+    #: verified blobs (digest -> bytes)
+    blobs: dict[str, bytes] = field(default_factory=dict)
 
 
 def reason(exc: BaseException) -> str:
@@ -360,11 +380,16 @@ def _read_stream(path: Path, fh: io.BufferedReader, max_bytes: int,
                                 f"the limit of {min(max_bytes, file_bytes)} bytes (the "
                                 "cap, or what the file holds)")
         wanted = {a.member: a for a in manifest.artifacts}
+        blobs = {b.member: b for b in manifest.blobs}
         found: dict[str, Artifact] = {}
+        got_blobs: dict[str, bytes] = {}
         total = 0
         while (member := tar.next()) is not None:
             _check_member(path, member, min(MAX_ARTIFACT_BYTES, file_bytes))
             entry = wanted.get(member.name)
+            if entry is None and member.name in blobs:
+                _read_blob(path, tar, member, blobs[member.name], got_blobs)
+                continue
             if entry is None:
                 if member.name in found or member.name == MANIFEST_MEMBER:
                     raise _refuse(path, f"member {member.name!r} appears twice")
@@ -383,12 +408,24 @@ def _read_stream(path: Path, fh: io.BufferedReader, max_bytes: int,
             if sha256_hex(data) != entry.digest:
                 raise _refuse(path, f"digest mismatch for {entry.key} in {entry.namespace}")
             found[member.name] = Artifact(meta=entry.meta, binary=data)
-    missing = [m for m in wanted if m not in found]
+    missing = [m for m in wanted if m not in found] + \
+        [b.member for b in manifest.blobs if b.digest not in got_blobs]
     if missing:
-        raise _refuse(path, f"truncated: {len(missing)} artifact(s) listed in the manifest "
-                            f"are missing (first: {missing[0]})")
+        raise _refuse(path, f"truncated: {len(missing)} artifact(s) or blob(s) listed in the "
+                            f"manifest are missing (first: {missing[0]})")
     artifacts = [(a.ns, found[a.member]) for a in manifest.artifacts]
-    return Bundle(path=path, manifest=manifest, artifacts=artifacts, file_bytes=file_bytes)
+    return Bundle(path=path, manifest=manifest, artifacts=artifacts, file_bytes=file_bytes,
+                  blobs=got_blobs)
+
+
+def _read_blob(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo, entry: BundleBlob,
+               got: dict[str, bytes]) -> None:
+    if entry.digest in got:
+        raise _refuse(path, f"member {member.name!r} appears twice")
+    data = _read_member(path, tar, member)
+    if len(data) != entry.size or sha256_hex(data) != entry.digest:
+        raise _refuse(path, f"blob {entry.digest} does not hold the bytes its name says")
+    got[entry.digest] = data
 
 
 def _read_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
@@ -446,6 +483,8 @@ def import_bundle(path: Path, store: ArtifactStore, *,
     """
     bundle = read_bundle(path, max_bytes=max_bytes)
     report = ImportReport(bundle=str(path))
+    for data in bundle.blobs.values():  # first: an artifact's sources are never missing
+        store.put_blob(data)
     for ns, artifact in bundle.artifacts:
         meta = artifact.meta.model_copy(update={"origin": "imported"})
         result = store.put(ns, Artifact(meta=meta, binary=artifact.binary))
@@ -478,8 +517,12 @@ class ExportReport:
 
 
 def export_bundle(store: ArtifactStore, namespaces: Iterable[Namespace] | None, out: Path,
-                  *, overwrite: bool = False) -> ExportReport:
-    """Write the artifacts of ``namespaces`` (``None``: every namespace) to ``out``.
+                  *, overwrite: bool = False,
+                  blobs_of: Callable[[Artifact], Iterable[str]] | None = None
+                  ) -> ExportReport:
+    """Write the artifacts of ``namespaces`` (``None``: every namespace) to ``out``, and
+    the blobs ``blobs_of(artifact)`` names for each (a program's sources and spec:
+    ``farm.programs.bundles``).
 
     Every artifact is read through the store's verified ``get``; one that fails its
     digest is left out and named in :attr:`ExportReport.unreadable` (a bundle never
@@ -499,6 +542,7 @@ def export_bundle(store: ArtifactStore, namespaces: Iterable[Namespace] | None, 
         store.namespaces()
     entries: list[tuple[BundleArtifact, int]] = []
     unreadable: list[str] = []
+    blobs: dict[str, None] = {}
     with tempfile.TemporaryFile() as spool:
         for ns in chosen:
             for key in store.keys(ns):
@@ -506,6 +550,8 @@ def export_bundle(store: ArtifactStore, namespaces: Iterable[Namespace] | None, 
                 if artifact is None:
                     unreadable.append(f"{ns}/{key}")
                     continue
+                if blobs_of is not None:
+                    blobs.update(dict.fromkeys(blobs_of(artifact)))
                 offset = spool.tell()
                 spool.write(artifact.binary)
                 entries.append((BundleArtifact(
@@ -515,8 +561,16 @@ def export_bundle(store: ArtifactStore, namespaces: Iterable[Namespace] | None, 
         if not entries:
             what = ", ".join(str(n) for n in chosen) or "the store"
             raise InputError(f"nothing to export: {what} holds no readable artifact")
-        manifest = _manifest_for([e for e, _ in entries])
-        file_bytes = _write_tar(out, manifest, entries, spool)
+        carried: dict[str, bytes] = {}
+        for digest in blobs:
+            data = store.get_blob(digest)
+            if data is None:
+                unreadable.append(blob_object(digest))
+            else:
+                carried[digest] = data
+        manifest = _manifest_for([e for e, _ in entries]).model_copy(update={
+            "blobs": [BundleBlob(digest=d, size=len(b)) for d, b in carried.items()]})
+        file_bytes = _write_tar(out, manifest, entries, spool, carried)
     return ExportReport(path=out, manifest=manifest, file_bytes=file_bytes,
                         unreadable=unreadable)
 
@@ -544,7 +598,8 @@ def _tar_info(name: str, size: int, mtime: float) -> tarfile.TarInfo:
 
 
 def _write_tar(out: Path, manifest: BundleManifest,
-               entries: list[tuple[BundleArtifact, int]], spool: IO[bytes]) -> int:
+               entries: list[tuple[BundleArtifact, int]], spool: IO[bytes],
+               blobs: dict[str, bytes]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     mtime = manifest.created_at.timestamp()
@@ -556,6 +611,9 @@ def _write_tar(out: Path, manifest: BundleManifest,
                 spool.seek(offset)
                 data = spool.read(entry.size)
                 tar.addfile(_tar_info(entry.member, entry.size, mtime), io.BytesIO(data))
+            for digest, blob in blobs.items():
+                tar.addfile(_tar_info(blob_object(digest), len(blob), mtime),
+                            io.BytesIO(blob))
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)

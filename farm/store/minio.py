@@ -85,13 +85,13 @@ from farm.core.model import Artifact, ArtifactMeta, Key, Lowered
 from farm.core.outage import OutageError, Waiter
 from farm.core.settings import Settings
 from farm.store.base import (
-    ArtifactStore,
     PutResult,
     checked,
     decide_put,
     index_hash,
     log_refused,
 )
+from farm.store.minio_blobs import BlobObjects
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class Retry:
     outage_limit_s: float | None = None
 
 
-class MinioStore(ArtifactStore):
+class MinioStore(BlobObjects):
     """Artifacts in one MinIO bucket; safe to share between threads (the SDK client is)."""
 
     def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None,
