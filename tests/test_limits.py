@@ -24,6 +24,13 @@ PACKAGES = ("farm", "worker", "loader")
 MAX_PARAMETERS = 8
 MAX_LINES = 500
 MAX_BARE_ANY = 40
+#: modules another branch is splitting now: tolerated until it lands, then deleted here.
+#: Issue 19's branch (``trust``) splits the bundle's format and the MinIO store's frames
+#: and failures into modules of their own (bundle_format.py, frames.py, s3_failures.py).
+PENDING_SPLITS = {
+    "farm/store/bundle.py": "split on branch trust (issue 19)",
+    "farm/store/minio.py": "split on branch trust (issue 19)",
+}
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,8 @@ def check_source(text: str, name: str) -> tuple[list[Finding], list[Finding], li
     anys: list[Finding] = []
     long_signatures: list[Finding] = []
     lines = len(text.splitlines())
-    long_modules = [Finding(name, f"{lines} lines")] if lines > MAX_LINES else []
+    long_modules = [Finding(name, f"{lines} lines")] if lines > MAX_LINES \
+        and name not in PENDING_SPLITS else []
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             params = _parameters(node)
@@ -127,6 +135,13 @@ def test_no_function_takes_more_than_eight_parameters() -> None:
 def test_no_module_is_over_500_lines() -> None:
     _, _, modules = _check_all()
     assert not modules, "\n".join(map(str, modules))
+
+
+def test_the_pending_splits_are_still_pending() -> None:
+    """An entry of PENDING_SPLITS whose module is back under the limit goes, at once."""
+    done = [name for name in PENDING_SPLITS
+            if len((ROOT / name).read_text().splitlines()) <= MAX_LINES]
+    assert not done, f"under {MAX_LINES} lines now: delete from PENDING_SPLITS: {done}"
 
 
 def test_bare_any_annotations_stay_below_40_and_no_client_is_any() -> None:
