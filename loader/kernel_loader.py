@@ -116,18 +116,18 @@ class KernelLoader:
 
     ``settings`` default to the ``FARM_*`` environment. ``device`` picks the device by
     fingerprint, fingerprint prefix or name substring (default: ``settings.device``, else
-    the first device), or is a :class:`~farm.core.device.DeviceInfo`; ``context`` is a
-    :class:`~farm.core.device.DeviceContext` a caller already started (its device is then the
-    loader's). ``store``, ``registry``, ``recorder`` and ``compiler`` replace what the
-    settings would open (the loader then does not close them). Use it as a context
-    manager, or call :meth:`close`.
+    the first device), or is a :class:`~farm.core.device.DeviceInfo`, or a
+    :class:`~farm.core.device.DeviceContext` a caller already started (its device and
+    context are then the loader's). ``store``, ``registry``, ``recorder`` and
+    ``compiler`` replace what the settings would open (the loader then does not close
+    them). Use it as a context manager, or call :meth:`close`.
     """
 
     def __init__(self, settings: Settings | None = None, *,
-                 device: str | DeviceInfo | None = None, on_miss: OnMiss = "compile",
-                 store: ArtifactStore | None = None, registry: Registry | None = None,
-                 recorder: Recorder | None = None, compiler: Compiler | None = None,
-                 label: str = "loader", context: DeviceContext | None = None) -> None:
+                 device: str | DeviceInfo | DeviceContext | None = None,
+                 on_miss: OnMiss = "compile", store: ArtifactStore | None = None,
+                 registry: Registry | None = None, recorder: Recorder | None = None,
+                 compiler: Compiler | None = None, label: str = "loader") -> None:
 
         if on_miss not in ("compile", "farm", "fail"):
             raise SettingsError(f"on_miss must be 'compile', 'farm' or 'fail', not {on_miss!r}")
@@ -146,14 +146,14 @@ class KernelLoader:
         self._cluster: ClusterClient | None = None
         self._closed = False
         try:
-            if context is not None:  # a caller that started the context earlier still
-                device = context.info
-            self._device = device if isinstance(device, DeviceInfo) else \
-                select_device(probe_devices(), device or self.settings.device)
-            # Created on a thread, first, while the families load, the store opens and
-            # the look-ups run: a context costs up to seconds on a GPU, those none.
-            self._context = context if context is not None else \
-                DeviceContext(self._device).start()
+            if isinstance(device, DeviceContext):  # a caller started the context earlier
+                self._device, self._context = device.info, device
+            else:
+                self._device = device if isinstance(device, DeviceInfo) else \
+                    select_device(probe_devices(), device or self.settings.device)
+                # Created on a thread, first, while the families load, the store opens
+                # and the look-ups run: a context costs up to seconds on a GPU, those none.
+                self._context = DeviceContext(self._device).start()
             self._queue_made: cl.CommandQueue | None = None
             self.registry = registry if registry is not None else \
                 Registry.load(self.settings.family_modules)
@@ -367,8 +367,8 @@ class KernelLoader:
             return entry
         label = artifact.kernel.label()
         if self.on_miss == "fail":
-            raise ArtifactMissing(f"{label}: no store tier holds key {key} for "
-                                  f"{self.namespace} (on_miss='fail')")
+            raise ArtifactMissing(f"{artifact.describe()}: no store tier holds key {key} "
+                                  f"for {self.namespace} (on_miss='fail')")
         if self.on_miss == "farm":
             report = self.farm_batch([artifact])
         else:

@@ -353,8 +353,8 @@ class _Warm:
         if loader.on_miss == "fail":
             for key in misses:
                 self._fail(self.groups[key], KernelFailure(
-                    kind="error", message=f"no store tier holds key {key} for "
-                    f"{loader.namespace} (on_miss='fail')"))
+                    kind="error", message=f"{self.groups[key][0].artifact.describe()}: no "
+                    f"store tier holds key {key} for {loader.namespace} (on_miss='fail')"))
             return
         by_id = {self.groups[k][0].artifact.id_hash: k for k in misses}
         artifacts = [self.groups[k][0].artifact for k in misses]

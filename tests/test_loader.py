@@ -331,6 +331,17 @@ def test_on_miss_fail_raises_and_records_nothing(tmp_path: Path) -> None:
         assert store.namespaces() == []
 
 
+def test_a_missing_kernel_is_named_with_its_launch_settings(seeded: Settings) -> None:
+    """The launch is part of the key: a kernel stored without a local size is not the
+    one asked for with one, and the error says which was asked for."""
+    family, params = SEEDED[0]
+    with KernelLoader(seeded, on_miss="fail", recorder=SpyRecorder()) as loader:
+        loader.kernel(family, params)  # stored, without a launch
+        with pytest.raises(ArtifactMissing) as caught:
+            loader.kernel(family, params, launch=LaunchSettings(local_size=(8,)))
+    assert f"{family}(" in str(caught.value) and "local_size=[8]" in str(caught.value)
+
+
 def test_a_kernel_the_device_cannot_run_raises_unsupported(tmp_path: Path) -> None:
     spy = SpyRecorder()
     with KernelLoader(settings_for(tmp_path / "home"), recorder=spy) as loader, \

@@ -292,7 +292,7 @@ def test_farm_workers_shows_queue_depth_and_chunks_in_flight(ops: Ops,
             assert listed[NOWHERE] == {"workers": [], "depth": 2, "in_flight": 1}
             assert len(listed[built["fingerprint"]]["workers"]) == 1
             table = farm(env, "workers")
-            assert "waiting chunks" in table.stdout and NOWHERE in table.stdout
+            assert "2 chunk(s) waiting, 1 in flight" in table.stdout and NOWHERE in table.stdout
             scraped = ops.metrics()
             assert _value(scraped, "farm_queue_depth", fingerprint=NOWHERE) == 2
             assert _value(scraped, "farm_in_flight_chunks", fingerprint=NOWHERE) == 1

@@ -4,7 +4,15 @@ ahead of time for every device type the capture names or ``--fingerprint`` names
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from farm.cli.progress import Progress
+    from farm.compilation.batch import BatchReport
+    from farm.core.settings import Settings
+    from farm.programs.capture import CaptureFile
+    from farm.records import Recorder
+    from farm.store import ArtifactStore
 
 import typer
 
@@ -45,7 +53,7 @@ def build_capture(name: str, *, workers: int | None, json_out: bool, cluster: bo
     label = f"build {Path(name).name}"
     store = open_store(settings)
     recorder = open_recorder(settings, label)
-    reports: list[tuple[str, Any]] = []
+    reports: list[tuple[str, BatchReport]] = []
     try:
         for fp, specs in plan.items():
             with progress(len(specs), quiet=json_out) as tick:
@@ -72,8 +80,8 @@ def build_capture(name: str, *, workers: int | None, json_out: bool, cluster: bo
         raise typer.Exit(1)
 
 
-def _here(settings: Any, capture: Any, fp: str, store: Any, recorder: Any,
-          workers: int | None, tick: Any) -> Any:
+def _here(settings: Settings, capture: CaptureFile, fp: str, store: ArtifactStore,
+          recorder: Recorder, workers: int | None, tick: Progress) -> BatchReport:
     from farm.core.device import probe_devices
     from farm.core.errors import DeviceError
     from farm.programs.prebuild import build_here
@@ -87,7 +95,8 @@ def _here(settings: Any, capture: Any, fp: str, store: Any, recorder: Any,
                       progress=tick)
 
 
-def _on_cluster(settings: Any, capture: Any, fp: str, store: Any, tick: Any) -> Any:
+def _on_cluster(settings: Settings, capture: CaptureFile, fp: str, store: ArtifactStore,
+                tick: Progress) -> BatchReport:
     from farm.cluster.client import ClusterClient
     from farm.families import Registry
     from farm.programs.prebuild import build_on_cluster

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 from rich.console import Console
 
@@ -19,7 +18,7 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 

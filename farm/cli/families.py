@@ -97,7 +97,7 @@ def check(
     if as_json:
         typer.echo(json.dumps({"device": info.fingerprint, "families": [
             {"name": r.family, "status": r.status, "examples": r.examples,
-             "problems": r.problems} for r in results]}, indent=2))
+             "problems": r.problems, "build_log": r.build_log} for r in results]}, indent=2))
     else:
         width = max((len(r.family) for r in results), default=0)
         for r in results:
@@ -105,11 +105,13 @@ def check(
                 (f"{r.examples} examples match numpy" if r.examples != 1 else
                  "its example matches numpy")
             typer.echo(f"{r.status:<11} {r.family:<{width}}  {detail}")
+            for line in r.build_log.splitlines()[:40]:  # the compiler's whole message
+                typer.echo(f"    | {line}")
     if any(r.failed for r in results):
         raise typer.Exit(1)
 
 
-def _base_example() -> Any:
+def _base_example() -> object:
     from farm.families.base import KernelFamily
 
     return KernelFamily.example

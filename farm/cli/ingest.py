@@ -77,7 +77,7 @@ def ingest(
     """
     from farm.cluster.health import HealthFiles
     from farm.core.settings import load_settings
-    from farm.records.ingest import default_consumer_name
+    from farm.records.ingest import Pacing, default_consumer_name
     from farm.records.stream import connect
 
     settings = load_settings()
@@ -101,8 +101,8 @@ def ingest(
     try:
         with SessionStorage(settings.effective_records_url) as storage:
             ingester = _watched_ingester()(
-                client, storage, consumer=consumer, batch=batch, block_ms=block_ms,
-                claim_idle_ms=claim_idle_ms,
+                client, storage, consumer=consumer,
+                pacing=Pacing(batch=batch, block_ms=block_ms, claim_idle_ms=claim_idle_ms),
                 keep_sessions=keep_sessions if keep_sessions is not None
                 else settings.keep_sessions)
             if settings.health_dir is not None:

@@ -85,7 +85,8 @@ def main() -> None:
         # Without standalone mode click returns the exit code of ``typer.Exit``.
         code = app(standalone_mode=False)
     except FarmError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)  # always one line
+        for line in exc.lines:  # one line per problem (a manifest reports each of its own)
+            print(f"error: {' '.join(line.split())}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

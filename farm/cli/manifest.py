@@ -48,8 +48,9 @@ def show(
         manifest = load_manifest(path)
         entries = expand(manifest, Registry.load(load_settings().family_modules))
     except FarmError as exc:
-        # one line on stderr, no traceback: the message already names file, line, field
-        typer.echo(" ".join(str(exc).split()), err=True)
+        # a line per problem on stderr, no traceback: each names file, line, field
+        for line in exc.lines:
+            typer.echo(" ".join(line.split()), err=True)
         raise typer.Exit(exc.exit_code) from None
     counts = summarize(entries)
     total = sum(counts.values())

@@ -63,8 +63,8 @@ def warm(
     from loader.kernel_loader import OnMiss
 
     mode: OnMiss = on_miss  # type: ignore[assignment]
-    with KernelLoader(settings, on_miss=mode, label=f"warm {manifest}",
-                      context=context) as loader, \
+    with KernelLoader(settings, device=context, on_miss=mode,
+                      label=f"warm {manifest}") as loader, \
             progress(None, quiet=json_out, description="warming") as shown:
 
         def tick(item: WarmItem) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -45,16 +45,16 @@ def worker(
     `farm workers` for who serves what.
     """
     from farm.core.settings import load_settings
-    from worker.startup import run_worker
+    from worker.startup import WorkerOptions, run_worker
 
     settings = load_settings()
     if not settings.redis_url or not settings.minio_endpoint:
         raise SettingsError("setting FARM_REDIS_URL / FARM_MINIO_ENDPOINT: a worker needs "
                             "the broker and the artifact store")
-    run_worker(settings, concurrency=concurrency or os.cpu_count() or 1,
-               fingerprint=fingerprint, queues=queues.split(",") if queues else None,
-               loglevel=loglevel, events=events, heartbeat=heartbeat,
-               metrics_port=metrics_port, extra_args=list(celery_args or []))
+    run_worker(settings, WorkerOptions(
+        concurrency=concurrency or os.cpu_count() or 1, fingerprint=fingerprint,
+        queues=queues.split(",") if queues else None, loglevel=loglevel, events=events,
+        heartbeat=heartbeat, metrics_port=metrics_port, extra_args=list(celery_args or [])))
 
 
 def workers(json_out: Annotated[bool, typer.Option("--json", help="as JSON")] = False,
@@ -78,8 +78,8 @@ def workers(json_out: Annotated[bool, typer.Option("--json", help="as JSON")] = 
     from farm.core.errors import ClusterError
     from farm.core.outage import is_redis_down, redis_location
 
-    client: Any = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
-                                       socket_connect_timeout=5)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
+                                  socket_connect_timeout=5)
     try:
         found = served(client, settings.dead_worker_grace)
     except Exception as exc:

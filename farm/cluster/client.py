@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from farm.cluster.gather import Gatherer, Progress
+from farm.cluster.gather import CHECK_INTERVAL_S, Gatherer, Progress
 from farm.cluster.payloads import CompileRequest, KernelRequest
 from farm.cluster.workers import WorkerInfo, served
 from farm.compilation.batch import BatchReport, KernelResult
@@ -91,6 +91,9 @@ class ClusterClient:
     closed with the client); ``say`` gets the lines worth keeping (an outage waited
     for, a chunk re-sent; default: this module's log).
     """
+
+    #: seconds between looks at who holds the chunks in flight (tests shorten it)
+    check_interval_s: float = CHECK_INTERVAL_S
 
     def __init__(self, settings: Settings, *, registry: Registry | None = None,
                  store: ArtifactStore | None = None, say: Say | None = None) -> None:
@@ -177,7 +180,7 @@ class ClusterClient:
         if recorder is not None:
             requested_by = RequestedBy(session=recorder.session.id,
                                        batch=recorder.reserve_seq())
-        gather = Gatherer(self, fingerprint, notify, status)
+        gather = Gatherer(self, fingerprint, notify, status, self.check_interval_s)
         size = self.settings.chunk_size
         for i in range(0, len(misses), size):
             chunk = misses[i:i + size]

@@ -10,8 +10,6 @@ the worker reads from the store by digest; the worker computes the key itself.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from farm.core.errors import InputError, first_error
@@ -57,7 +55,7 @@ class PayloadError(InputError):
     ``ValidationError`` (which cannot be rebuilt from JSON) arrived as an empty message."""
 
 
-def parse_request(payload: Any) -> CompileRequest:
+def parse_request(payload: object) -> CompileRequest:
     """The validated request of a task, or :class:`PayloadError` in one line."""
     try:
         return CompileRequest.model_validate(payload)

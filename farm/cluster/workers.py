@@ -11,13 +11,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.core.device import DeviceInfo
 from farm.core.keys import WORKERS_PATTERN, workers_key
 from farm.core.outage import OutageError, Waiter
+
+if TYPE_CHECKING:
+    import redis
 
 HEARTBEAT_S = 3.0
 STALE_S = 20.0
@@ -56,7 +59,7 @@ class WorkerInfo(BaseModel):
         return [f"{self.host}:{pid}" for pid in sorted(self.pool)] or [self.field]
 
 
-def served(client: Any, stale_s: float = STALE_S) -> dict[str, list[WorkerInfo]]:
+def served(client: redis.Redis, stale_s: float = STALE_S) -> dict[str, list[WorkerInfo]]:
     """Fingerprint -> live workers serving it."""
     now = time.time()
     out: dict[str, list[WorkerInfo]] = {}
@@ -81,7 +84,7 @@ class Heartbeat:
     limit), and later beats that keep failing past the limit call ``on_give_up`` with
     the one line to report (the worker then stops)."""
 
-    def __init__(self, client: Any, info: WorkerInfo, *, interval_s: float = HEARTBEAT_S,
+    def __init__(self, client: redis.Redis, info: WorkerInfo, *, interval_s: float = HEARTBEAT_S,
                  stale_s: float = STALE_S, waiter: Waiter | None = None,
                  on_give_up: Callable[[str], None] | None = None,
                  on_beat: Callable[[], None] | None = None) -> None:

@@ -119,17 +119,17 @@ class ProcessPoolCompiler:
         return self._wrap(self._pool.submit(_pool_job, (fn, arg)))
 
     @staticmethod
-    def _wrap(raw: Future[str]) -> Future[FinalizeResult]:
+    def _wrap(raw: Future[object]) -> Future[FinalizeResult]:
         out: Future[FinalizeResult] = Future()
 
-        def _done(f: Future[str]) -> None:
+        def _done(f: Future[object]) -> None:
             exc = f.exception()
             if isinstance(exc, JobCrashed):
                 out.set_result(FinalizeResult(error=str(exc), error_kind="crashed"))
             elif exc is not None:
                 out.set_result(FinalizeResult(error=f"compile process failed: {exc}"))
             else:
-                out.set_result(FinalizeResult.model_validate_json(f.result()))
+                out.set_result(FinalizeResult.model_validate_json(str(f.result())))
 
         raw.add_done_callback(_done)
         return out

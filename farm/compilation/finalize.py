@@ -25,11 +25,11 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
-from farm.compilation.load import load
+from farm.compilation.load import BuiltProgram, load
 from farm.compilation.ready import applies, ready_binary
 from farm.core.errors import LoadError
 from farm.core.model import Lowered
@@ -127,18 +127,18 @@ def in_farm_compile() -> bool:
 
 
 def _start_build(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
-                 extra_options: tuple[str, ...]) -> Any:
+                 extra_options: tuple[str, ...]) -> BuiltProgram:
     """The program of ``lowered``, built on ``device``; raises ``pyopencl.Error``."""
     import pyopencl as cl
 
     if isinstance(lowered, RawSource):
-        program: Any = cl._cl._Program(ctx, lowered.source)
+        raw = cl._cl._Program(ctx, lowered.source)
         options = b" ".join([lowered.options, *(o.encode() for o in extra_options)])
         try:
-            program.build(options.strip(), [device])
+            raw.build(options.strip(), [device])
         except cl.Error as exc:
-            raise _Failed(program, exc) from None
-        return program
+            raise _Failed(raw, exc) from None
+        return raw
     program = cl.Program(ctx, lowered.source)
     try:
         program.build(options=[*lowered.options, *extra_options], devices=[device])
@@ -150,7 +150,7 @@ def _start_build(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSourc
 class _Failed(Exception):
     """The platform compiler refused a source: the program (for its log) and why."""
 
-    def __init__(self, program: Any, error: Exception) -> None:
+    def __init__(self, program: BuiltProgram, error: Exception) -> None:
         super().__init__(str(error))
         self.program = program
 
@@ -190,7 +190,7 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
             logger.warning("%s: binary stored without its launch's machine code (%s)",
                            declared.kernel_name, error)
     else:
-        binaries: Any = program.get_info(cl.program_info.BINARIES)
+        binaries = cast("list[bytes]", program.get_info(cl.program_info.BINARIES))
         binary = bytes(binaries[0])
     work = time.perf_counter() - start
     return FinalizeResult(binary=binary, build_log=_build_log(program, device),
@@ -275,7 +275,7 @@ def _spent(built: FinalizeResult, start: float, error: str) -> FinalizeResult:
                                     "work_s": built.work_s + spent})
 
 
-def _build_log(program: Any, device: cl.Device) -> str:
+def _build_log(program: BuiltProgram, device: cl.Device) -> str:
     import pyopencl as cl
 
     try:

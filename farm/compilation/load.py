@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from farm.compilation.native import unpack
 from farm.core.errors import LoadError
@@ -32,6 +32,16 @@ log = logging.getLogger(__name__)
 
 #: which part of a binary the device loaded
 Form = Literal["plain", "native", "portable"]
+
+
+class BuiltProgram(Protocol):
+    """A built OpenCL program as the farm asks it things: pyopencl's ``Program``, or the
+    low-level ``_cl._Program`` an application's program is served as (farm.programs)."""
+
+    def get_info(self, arg: cl.program_info, /) -> object: ...
+
+    def get_build_info(self, device: cl.Device, param: cl.program_build_info, /
+                       ) -> object: ...
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,15 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from farm.compilation.poclbin import GENERIC, PoclBinaryError, rewrite
 from farm.core.model import ReadyLaunch
 
 if TYPE_CHECKING:
     import pyopencl as cl
+
+    from farm.compilation.load import BuiltProgram
 
 #: PoCL's ``grid_width_specialization_limit`` on CPU devices (``USHRT_MAX``)
 GRID_LIMIT = 65535
@@ -127,7 +129,7 @@ def mapped_functions() -> set[str]:
     return found
 
 
-def ready_binary(ctx: cl.Context, device: cl.Device, program: cl.Program,
+def ready_binary(ctx: cl.Context, device: cl.Device, program: BuiltProgram,
                  ready: ReadyLaunch) -> ReadyBinary:
     """``program``'s binary with the work-group function of ``ready`` and no generic one
     for that kernel (see the module doc); the plain binary, with ``error``, otherwise."""
@@ -136,7 +138,8 @@ def ready_binary(ctx: cl.Context, device: cl.Device, program: cl.Program,
     queue = cl.CommandQueue(ctx, device)
     before = mapped_functions()
     try:
-        launch_s = launch(queue, cl.Kernel(program, ready.kernel_name), ready)
+        launch_s = launch(queue, cl.Kernel(cast("cl.Program", program), ready.kernel_name),
+                          ready)
     except (cl.Error, ValueError, TypeError) as exc:
         return ReadyBinary(_binary(program), error=f"warm-up launch failed: {exc}"[:300])
     made = [p for p in sorted(mapped_functions() - before) if _ours(Path(p), ready)]
@@ -191,7 +194,7 @@ def _generic_link(spec: Path) -> Any:
                 folder.rmdir()
 
 
-def _binary(program: cl.Program) -> bytes:
+def _binary(program: BuiltProgram) -> bytes:
     import pyopencl as cl
 
     binaries: Any = program.get_info(cl.program_info.BINARIES)

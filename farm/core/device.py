@@ -33,7 +33,16 @@ if TYPE_CHECKING:
 
 
 class DeviceInfo(BaseModel):
-    """One OpenCL device as the farm sees it: identity and the limits ``lower`` checks."""
+    """One OpenCL device as the farm sees it: identity and the limits ``lower`` checks.
+
+    Identity: ``platform_index``/``device_index`` (its place in OpenCL's lists here),
+    ``platform_name``, ``platform_version``, ``device_name``, ``vendor``,
+    ``device_version``, ``opencl_c_version``, ``driver_version``, and ``native_arch`` (the
+    machine-code architecture where native code is stored, e.g. ``sm_90``; else "").
+    Limits: ``max_work_group_size``, ``max_work_item_sizes`` (per dimension),
+    ``local_mem_size`` and ``global_mem_size`` (bytes), ``max_compute_units``,
+    ``extensions`` (``has_fp16``, ``has_fp64`` read them). docs/PLUGINS.md has the table
+    a family author reads."""
 
     model_config = ConfigDict(frozen=True)
 

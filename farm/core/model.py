@@ -156,6 +156,19 @@ class ArtifactId(Frozen):
         """The ``id`` part of the key: a stable hash of kernel id and variant."""
         return stable_hash(self.model_dump(mode="json"))
 
+    def describe(self) -> str:
+        """The kernel's label with everything else that is part of its key: the launch's
+        ``local_size`` and the variant's options and alignment, where set (two kernels
+        that differ only there have one label)."""
+        parts = [self.kernel.label()]
+        if self.kernel.launch.local_size is not None:
+            parts.append(f"local_size={list(self.kernel.launch.local_size)}")
+        if self.variant.options:
+            parts.append(f"options={' '.join(self.variant.options)!r}")
+        if self.variant.alignment:
+            parts.append(f"alignment={self.variant.alignment}")
+        return " ".join(parts)
+
 
 class Key(Frozen):
     """(id hash, build id): how an artifact is found without expanding the kernel."""
@@ -289,11 +302,13 @@ class Artifact(BaseModel):
     binary: bytes
 
     @classmethod
-    def create(cls, key: Key, family: str, binary: bytes, source_hash: str,
-               **extra: Any) -> Artifact:
+    def create(cls, key: Key, family: str, binary: bytes, source_hash: str, *,
+               build_log: str = "", host: str = "", worker: str = "",
+               work_s: float = 0.0) -> Artifact:
         """Build an artifact, computing digest and size from the binary."""
         meta = ArtifactMeta(key=key, family=family, digest=sha256_hex(binary),
-                            size=len(binary), source_hash=source_hash, **extra)
+                            size=len(binary), source_hash=source_hash, build_log=build_log,
+                            host=host, worker=worker, work_s=work_s)
         return cls(meta=meta, binary=binary)
 
     def verify(self) -> bool:

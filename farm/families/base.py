@@ -33,7 +33,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from farm.core.device import DeviceInfo
-from farm.core.errors import FarmError, KernelError, ParameterError, UnsupportedFeature, first_error
+from farm.core.errors import (
+    FarmError,
+    KernelError,
+    ParameterError,
+    UnsupportedFeature,
+    every_error,
+)
 from farm.core.hashing import sha256_hex
 from farm.core.model import (
     ArtifactId,
@@ -127,11 +133,20 @@ class KernelFamily(ABC, Generic[P]):
         try:
             return self.params_model.model_validate(dict(params))  # type: ignore[return-value]
         except ValidationError as exc:
-            where, why = first_error(exc, "params")
-            raise ParameterError(f"{self.name}: parameter {where}: {why}") from None
+            raise self._parameter_error(exc) from None
         except (TypeError, ArithmeticError, RecursionError) as exc:  # a plugin's validator
             raise ParameterError(f"{self.name}: parameters: {type(exc).__name__}: "
                                  f"{' '.join(str(exc).split())[:200]}") from None
+
+    def _parameter_error(self, exc: ValidationError) -> ParameterError:
+        """Every error of the parameters, an unknown one named with those allowed
+        (``alpha`` for ``a`` is ``parameter alpha: unknown parameter (allowed: a, b)``,
+        not only ``parameter a: Field required``)."""
+        allowed = ", ".join(self.params_model.model_fields) or "none"
+        fields = [(where, f"unknown parameter (allowed: {allowed})" if why == "unknown field"
+                   else why) for where, why in every_error(exc, "params")]
+        text = "; ".join(f"parameter {where}: {why}" for where, why in fields)
+        return ParameterError(f"{self.name}: {text}", fields)
 
     def kernel_id(self, params: Mapping[str, Any],
                   launch: LaunchSettings | None = None) -> KernelId:

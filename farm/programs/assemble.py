@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from farm.compilation.load import BuiltProgram
 from farm.compilation.native import unpack
 from farm.core.errors import LoadError
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 class Assembled:
     """A built program for the application, and why machine code was not used."""
 
-    program: Any  # pyopencl._cl._Program
+    program: BuiltProgram  # pyopencl._cl._Program
     native_fallback: str = ""
 
 
@@ -62,7 +63,7 @@ def assemble(ctx: cl.Context, devices: Sequence[cl.Device], binaries: Sequence[b
 
 
 def _build(ctx: cl.Context, devices: Sequence[cl.Device], binaries: list[bytes],
-           options: bytes) -> Any:
+           options: bytes) -> BuiltProgram:
     """Build the binaries with the application's options; a driver that refuses options
     on a program made from binaries (they were for the source) gets none."""
     import pyopencl as cl
@@ -79,7 +80,7 @@ def _build(ctx: cl.Context, devices: Sequence[cl.Device], binaries: list[bytes],
     raise LoadError(f"the device refused the binary: {first}")
 
 
-def kernel_names(program: Any) -> tuple[str, ...]:
+def kernel_names(program: BuiltProgram) -> tuple[str, ...]:
     """The kernels of a built program, as the driver lists them."""
     import pyopencl as cl
 

@@ -63,7 +63,7 @@ APP_OUTAGE_LIMIT_S = 2.0
 #: what the farm's own machinery raises when it cannot help
 _CANNOT_HELP = (FarmError, OSError, sqlite3.Error)
 
-PlainBuild = Callable[[], Any]
+PlainBuild = Callable[[], "cl.Program"]
 
 
 class _CompileRefused(Exception):
@@ -104,8 +104,8 @@ class ProgramServer:
         self._remote: Remote | None = None
 
     # -- the hook's entry point -------------------------------------------------------------
-    def build(self, program: Any, options: Any, devices: Sequence[cl.Device] | None,
-              plain: PlainBuild) -> Any:
+    def build(self, program: Any, options: Any,
+              devices: Sequence[cl.Device] | None, plain: PlainBuild) -> cl.Program:
         """Serve ``program.build(options, devices)``; ``plain()`` is pyopencl's own."""
         ctx = program._context
         options_bytes, _ = program._process_build_options(ctx, options)
@@ -133,7 +133,7 @@ class ProgramServer:
             self.capture.add(described, [self._info(d).fingerprint for d in devs])
         return result
 
-    def _cannot_help(self, plain: PlainBuild, exc: BaseException) -> Any:
+    def _cannot_help(self, plain: PlainBuild, exc: BaseException) -> cl.Program:
         why = " ".join(str(exc).split())[:300]
         if isinstance(exc, LoadError):  # this program's binary: the next may load
             return self._fallback(plain, f"the farm could not serve a program ({why}); "
@@ -156,7 +156,7 @@ class ProgramServer:
                 self._store = None
 
     # -- outcomes ------------------------------------------------------------------------------
-    def _refused(self, plain: PlainBuild) -> Any:
+    def _refused(self, plain: PlainBuild) -> cl.Program:
         """pyopencl builds it itself: its error (or, if it disagrees, its program)."""
         try:
             with farm_compiling():
@@ -169,7 +169,7 @@ class ProgramServer:
         self.counts.bump("fallbacks")
         return result
 
-    def _fallback(self, plain: PlainBuild, why: str) -> Any:
+    def _fallback(self, plain: PlainBuild, why: str) -> cl.Program:
         """Build the plain way; ``why`` is the warning line ("": said already)."""
         if why:
             self._warn(why)

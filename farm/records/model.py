@@ -297,13 +297,13 @@ class CompilationRecord(_Record):
 
     @field_validator("key", mode="before")
     @classmethod
-    def _key_text(cls, value: Any) -> Any:
+    def _key_text(cls, value: object) -> object:
         """Accept a ``Key`` as well as its text form."""
         return str(value) if isinstance(value, Key) else value
 
     @field_validator("source", "options")
     @classmethod
-    def _loaded_has_no_code(cls, value: Any, info: ValidationInfo) -> Any:
+    def _loaded_has_no_code(cls, value: object, info: ValidationInfo) -> object:
         """Drop code from a Loaded record (``outcome`` is validated before these two).
 
         Field validators, not a model validator that runs before the fields: that one
