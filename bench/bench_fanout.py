@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +52,7 @@ def warm_run(manifest: str, home: Path, device: str | None,
         raise SystemExit(f"farm warm failed ({proc.returncode}): {proc.stderr[-2000:]}")
     summary = json.loads(proc.stdout)["summary"]
     return {k: summary[k] for k in ("kernels", "local", "compiled", "unsupported",
-                                   "wall_s", "work_s") if k in summary}
+                                   "wall_s", "work_s", "readiness") if k in summary}
 
 
 def run(manifest: str, workers: int, home: Path, device: str | None) -> dict[str, object]:
@@ -121,8 +122,9 @@ def main() -> None:
                     loading = peer(args.manifest, n, Path(tmp) / "peer", args.device, True)
                     peers[-1]["with_load"] = {**loading, "ratio": ratios(farm_row, loading)}
         if args.no_loads:
-            print(json.dumps({"manifest": args.manifest, "runs": rows, "peers": peers}))
             _print_pairs(rows, peers)
+            print(json.dumps({"manifest": args.manifest, "runs": rows, "peers": peers,
+                              "medians": _medians(rows, peers)}))
             return
         home = Path(tmp) / f"w{counts[-1]}"
         rebuild = run(args.manifest, counts[-1], home, args.device)
@@ -142,10 +144,26 @@ def main() -> None:
     print(f"rebuild, all in the store: {rebuild['loaded']} in {rebuild['wall_s']:.3f} s")
     for name, w in loads.items():
         n = max(1, int(str(w.get("local", 0))))
+        ready = w.get("readiness") or {}
         print(f"farm warm ({name}): {w.get('local')} loaded in {w['wall_s']} s "
-              f"= {float(str(w['wall_s'])) / n * 1000:.2f} ms a kernel")
+              f"= {float(str(w['wall_s'])) / n * 1000:.2f} ms a kernel; time to first result "
+              f"{ready.get('first_result_ms', '-')} ms a kernel (median, load + first launch)")
     print(json.dumps({"manifest": args.manifest, "runs": rows, "peers": peers,
-                      "rebuild": rebuild, "loads": loads}))
+                      "medians": _medians(rows, peers), "rebuild": rebuild, "loads": loads}))
+
+
+def _medians(rows: list[dict[str, Any]], peers: list[dict[str, Any]]
+             ) -> dict[str, dict[str, float]]:
+    """Per worker count and peer, the median of each ratio over the rounds."""
+    out: dict[str, dict[str, float]] = {}
+    for n in sorted({int(r["workers"]) for r in rows}):
+        mine = [p for f, p in zip(rows, peers, strict=True) if int(f["workers"]) == n]
+        for label, pick in (("pool", lambda p: p), ("pool+load", lambda p: p.get("with_load"))):
+            got = [q["ratio"] for q in map(pick, mine) if q is not None]
+            if got:
+                out[f"{n} {label}"] = {k: round(statistics.median(g[k] for g in got), 3)
+                                       for k in got[0]}
+    return out
 
 
 def _print_pairs(rows: list[dict[str, Any]], peers: list[dict[str, Any]]) -> None:
@@ -161,6 +179,10 @@ def _print_pairs(rows: list[dict[str, Any]], peers: list[dict[str, Any]]) -> Non
                   f"{r['batch']:>6.3f} {f['command_wall_s']:>8.2f}s "
                   f"{q['command_wall_s']:>8.2f}s {r['end_to_end']:>6.3f} "
                   f"{r['work_per_kernel']:>11.3f}x")
+    for name, m in _medians(rows, peers).items():
+        print(f"median over {sum(1 for f in rows if f['workers'] == int(name.split()[0]))} "
+              f"rounds, N={name}: batch {m['batch']:.3f}, end to end {m['end_to_end']:.3f}, "
+              f"work per kernel {m['work_per_kernel']:.3f}x")
 
 
 if __name__ == "__main__":

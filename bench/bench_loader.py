@@ -62,7 +62,7 @@ def child_warm(manifest: str, repeat_memory: bool) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     with KernelLoader(label="bench warm") as loader:
-        report = loader.warm(manifest)
+        report = loader.warm(manifest, launch=True)  # and the readiness figure
         out["warm"] = report.summary()
         if repeat_memory:
             out["memory"] = loader.warm(manifest).summary()
@@ -299,6 +299,12 @@ def report(results: dict[str, Any], args: argparse.Namespace, stamp: str) -> Non
         print(f"    ({key}) phases: " + ", ".join(
             f"{n} {p['wall_s']:.3f} s wall / {p['work_s']:.3f} s work" for n, p in ph.items()
             if p["kernels"]))
+    for key in ("a", "b"):
+        r = results[key].get("readiness") or {}
+        if r.get("kernels"):
+            print(f"    ({key}) time to first result per kernel (median): "
+                  f"{r['first_result_ms']:.2f} ms = load {r['load_ms']:.2f} ms + first launch "
+                  f"{r['first_launch_ms']:.2f} ms")
     line = {
         "manifest": args.manifest, "workers": args.workers, "repeat": args.repeat,
         "date": stamp, "machine": machine(), "loadavg": results["loadavg"],
@@ -310,6 +316,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, stamp: str) -> Non
         "pyopencl_plain_over_local": round(per_ms["e"] / base, 2),
         "local_over_floor": round(base / per_ms["f"], 2),
         "phases": {k: results[k]["phases"] for k in ("a", "b", "c")},
+        "readiness": {k: results[k].get("readiness") for k in ("a", "b", "c")},
         "runs_wall_s": {k: results[k].get("runs_wall_s") for k in per_ms},
         "checks": {"c_compiled": results["c"]["compiled"], "a_remote": results["a"]["remote"],
                    "a_compiled": results["a"]["compiled"], "b_local": results["b"]["local"],

@@ -34,7 +34,17 @@ if TYPE_CHECKING:
         VersionSkewError,
     )
     from farm.core.keys import Namespace
-    from farm.core.model import ArtifactId, KernelId, Key, LaunchSettings, Lowered, Outcome, Variant
+    from farm.core.model import (
+        ArtifactId,
+        KernelId,
+        Key,
+        LaunchArg,
+        LaunchSettings,
+        Lowered,
+        Outcome,
+        ReadyLaunch,
+        Variant,
+    )
     from farm.core.settings import Settings, load_settings
     from farm.families import Example, KernelFamily, LocalMem, Params, Registry
 
@@ -50,8 +60,8 @@ _WHERE = {
     **dict.fromkeys(("Example", "KernelFamily", "LocalMem", "Params", "Registry"),
                     "farm.families"),
     "Namespace": "farm.core.keys",
-    **dict.fromkeys(("ArtifactId", "KernelId", "Key", "LaunchSettings", "Lowered", "Outcome",
-                     "Variant"), "farm.core.model"),
+    **dict.fromkeys(("ArtifactId", "KernelId", "Key", "LaunchArg", "LaunchSettings",
+                     "Lowered", "Outcome", "ReadyLaunch", "Variant"), "farm.core.model"),
     **dict.fromkeys(("Settings", "load_settings"), "farm.core.settings"),
 }
 
@@ -74,6 +84,7 @@ __all__ = [
     "KernelFamily",
     "KernelId",
     "Key",
+    "LaunchArg",
     "LaunchSettings",
     "LoadError",
     "LocalMem",
@@ -83,6 +94,7 @@ __all__ = [
     "Outcome",
     "ParameterError",
     "Params",
+    "ReadyLaunch",
     "Registry",
     "Settings",
     "SettingsError",

@@ -121,18 +121,18 @@ class KernelLoader:
 
     ``settings`` default to the ``FARM_*`` environment. ``device`` picks the device by
     fingerprint, fingerprint prefix or name substring (default: ``settings.device``, else
-    the first device), or is a :class:`~farm.core.device.DeviceInfo`; ``context`` is a
-    :class:`~farm.core.device.DeviceContext` a caller already started (its device is then the
-    loader's). ``store``, ``registry``, ``recorder`` and ``compiler`` replace what the
-    settings would open (the loader then does not close them). Use it as a context
-    manager, or call :meth:`close`.
+    the first device), or is a :class:`~farm.core.device.DeviceInfo`, or a
+    :class:`~farm.core.device.DeviceContext` a caller already started (its device and
+    context are then the loader's). ``store``, ``registry``, ``recorder`` and
+    ``compiler`` replace what the settings would open (the loader then does not close
+    them). Use it as a context manager, or call :meth:`close`.
     """
 
     def __init__(self, settings: Settings | None = None, *,
-                 device: str | DeviceInfo | None = None, on_miss: OnMiss = "compile",
-                 store: ArtifactStore | None = None, registry: Registry | None = None,
-                 recorder: Recorder | None = None, compiler: Compiler | None = None,
-                 label: str = "loader", context: DeviceContext | None = None) -> None:
+                 device: str | DeviceInfo | DeviceContext | None = None,
+                 on_miss: OnMiss = "compile", store: ArtifactStore | None = None,
+                 registry: Registry | None = None, recorder: Recorder | None = None,
+                 compiler: Compiler | None = None, label: str = "loader") -> None:
 
         if on_miss not in ("compile", "farm", "fail"):
             raise SettingsError(f"on_miss must be 'compile', 'farm' or 'fail', not {on_miss!r}")
@@ -152,14 +152,14 @@ class KernelLoader:
         self._validator: IsolatedValidator | None = None
         self._closed = False
         try:
-            if context is not None:  # a caller that started the context earlier still
-                device = context.info
-            self._device = device if isinstance(device, DeviceInfo) else \
-                select_device(probe_devices(), device or self.settings.device)
-            # Created on a thread, first, while the families load, the store opens and
-            # the look-ups run: a context costs up to seconds on a GPU, those none.
-            self._context = context if context is not None else \
-                DeviceContext(self._device).start()
+            if isinstance(device, DeviceContext):  # a caller started the context earlier
+                self._device, self._context = device.info, device
+            else:
+                self._device = device if isinstance(device, DeviceInfo) else \
+                    select_device(probe_devices(), device or self.settings.device)
+                # Created on a thread, first, while the families load, the store opens
+                # and the look-ups run: a context costs up to seconds on a GPU, those none.
+                self._context = DeviceContext(self._device).start()
             self._queue_made: cl.CommandQueue | None = None
             self.registry = registry if registry is not None else \
                 Registry.load(self.settings.family_modules)
@@ -294,11 +294,13 @@ class KernelLoader:
 
     def warm(self, manifest: Manifest | str | Path | Iterable[ArtifactId], *,
              progress: WarmProgress | None = None, threads: int | None = None,
-             label: str | None = None) -> WarmReport:
-        """Obtain every kernel of a manifest now (see :func:`loader.warm`)."""
+             label: str | None = None, launch: bool = False) -> WarmReport:
+        """Obtain every kernel of a manifest now (see :func:`loader.warm`); ``launch``:
+        then launch each once (the readiness figure, loader/readiness.py)."""
         from loader.warm import warm_loader
 
-        return warm_loader(self, manifest, progress=progress, threads=threads, label=label)
+        return warm_loader(self, manifest, progress=progress, threads=threads, label=label,
+                           launch=launch)
 
     def cached(self, artifact: ArtifactId) -> bool:
         """Whether the artifact's program is in memory now (no trip needed)."""
@@ -393,12 +395,12 @@ class KernelLoader:
         if found is not None:
             entry, tier = found
             self.stats.bump(tier.name)
-            self.record_loaded(entry, time.perf_counter() - start)
+            self.record_loaded(entry, time.perf_counter() - start, artifact.kernel.label())
             return entry
         label = artifact.kernel.label()
         if self.on_miss == "fail":
-            raise ArtifactMissing(f"{label}: no store tier holds key {key} for "
-                                  f"{self.namespace} (on_miss='fail')")
+            raise ArtifactMissing(f"{artifact.describe()}: no store tier holds key {key} "
+                                  f"for {self.namespace} (on_miss='fail')")
         if self.on_miss == "farm":
             report = self.farm_batch([artifact])
         else:
@@ -412,23 +414,23 @@ class KernelLoader:
                 raise KernelError(f"{label}: the farm reported {res.outcome} but no store "
                                   "tier serves it to this device")
             self.stats.bump("farm")
-            self.record_loaded(got[0], time.perf_counter() - start)
+            self.record_loaded(got[0], time.perf_counter() - start, artifact.kernel.label())
             return got[0]
         assert res.program is not None and res.outcome is not None
         self.stats.bump(source_of(res.outcome))
         return LoadedProgram.of(res.program, artifact.kernel.family, key)
 
-    def record_loaded(self, entry: LoadedProgram, work_s: float) -> None:
+    def record_loaded(self, entry: LoadedProgram, work_s: float, kernel: str = "") -> None:
+        """``kernel``: its readable name, for `farm records` (``KernelId.label()``)."""
         self.recorder.compilation(Trip(family=entry.family, key=entry.key,
                                        outcome=Outcome.LOADED, work_s=work_s,
-                                       native_fallback=entry.native_fallback))
+                                       native_fallback=entry.native_fallback, kernel=kernel))
 
     def compile_batch(self, artifacts: list[ArtifactId], progress: Progress | None = None,
                       label: str = "") -> BatchReport:
         """Full misses through the farm's batch (lower, rekey or compile, load, store
         after load) on this loader's context, keeping the programs."""
         batch = Batch(registry=self.registry, ctx=self._context, store=self.store,
-                      validator=self.validator,
                       compiler=self._compiler_for(len(artifacts)),
                       recorder=self.recorder, record_batch=False,
                       keep_programs=True, label=label or self.label)
@@ -474,9 +476,10 @@ class KernelLoader:
             with self._lock:
                 if self._compiler is None:
                     pool = ProcessPoolCompiler(self._device, workers,
-                                               self.settings.native_binaries)
+                                               self.settings.native_binaries,
+                                               ready=self.settings.pocl_ready)
                     self._compiler = pool
                     self._owns_compiler = True
                 return self._compiler
         return InlineCompiler(self._context.ctx, self._context.cl_device,
-                              self.settings.native_binaries)
+                              self.settings.native_binaries, ready=self.settings.pocl_ready)

@@ -19,17 +19,16 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from farm.compilation.load import LoadedBinary
 from farm.compilation.load import load_binary as load_artifact
 from farm.core.errors import FarmError, LoadError
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, ArtifactId, Key
-from farm.store import ArtifactStore, MemoryStore, SQLiteStore, TieredStore
+from farm.store import ArtifactStore
 from farm.store.base import mark_validated, set_aside
-from farm.store.signing import SigningStore
+from farm.store.tiers import Tier, TierName, tiers_of
 from loader.programs import LoadedProgram
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TierName = Literal["local", "remote"]
+__all__ = ["Tier", "TierFetcher", "TierName", "load_binary", "tiers_of"]
 
 #: what filling a front tier may raise; the load that was served still stands
 _FILL_FAILURES = (FarmError, OSError, sqlite3.Error)
@@ -60,31 +59,6 @@ def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
 Declared = Callable[[ArtifactId], tuple[str, ...]]
 #: loads a binary in an isolated process: "" when it loads, else why not
 Isolate = Callable[[bytes, tuple[str, ...]], str]
-
-
-@dataclass(frozen=True)
-class Tier:
-    """One store tier as the loader walks it: a name for summaries, and the store."""
-
-    name: TierName
-    store: ArtifactStore
-
-
-def tiers_of(store: ArtifactStore) -> list[Tier]:
-    """The tiers of ``store`` front to back, each named ``local`` or ``remote``.
-
-    In a :class:`~farm.store.TieredStore` the last tier is the shared truth (MinIO in a
-    cluster) and is named remote, the ones in front of it local. A plain store is one
-    tier: local when it lives on this machine (SQLite file, memory), else remote.
-    """
-    if isinstance(store, SigningStore):  # the signing rules apply to every tier
-        return [Tier(t.name, SigningStore(t.store, store.signer, store.verifier))
-                for t in tiers_of(store.inner)]
-    if isinstance(store, TieredStore) and len(store.tiers) > 1:
-        return [Tier("local", s) for s in store.tiers[:-1]] + [Tier("remote", store.tiers[-1])]
-    single = store.tiers[0] if isinstance(store, TieredStore) else store
-    return [Tier("local" if isinstance(single, SQLiteStore | MemoryStore) else "remote",
-                 single)]
 
 
 class TierFetcher:

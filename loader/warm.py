@@ -40,12 +40,14 @@ from farm.manifest import Manifest, expand, load_manifest, resolve_manifest
 from farm.records.model import BatchCounts
 from loader.errors import failure_error
 from loader.programs import SOURCES, InFlight, LoadedProgram, Source, source_of
+from loader.readiness import launch_all
+from loader.readiness import summary as readiness_summary
 
 if TYPE_CHECKING:
     from farm.core.device import DeviceInfo
     from loader.kernel_loader import KernelLoader, OnMiss
 
-PHASES = ("lookup", "fetch", "load", "compile")
+PHASES = ("lookup", "fetch", "load", "compile", "launch")
 #: an artifact read ahead of its load (``None``: the tier did not hold it), and the read's time
 Prefetched = tuple[Artifact | None, float]
 
@@ -71,6 +73,8 @@ class WarmItem:
     work_s: float = 0.0
     #: why the artifact's machine code was refused and its portable binary loaded
     native_fallback: str = ""
+    #: its declared launch, once, after the warm (``launch=True``; loader/readiness.py)
+    first_launch_s: float | None = None
 
     @property
     def label(self) -> str:
@@ -161,6 +165,7 @@ class WarmReport:
             "work_s": round(self.work_s, 4),
             "per_kernel_ms": round(1000 * self.wall_s / n, 3) if n else 0.0,
             "phases": {name: p.summary() for name, p in self.phases.items()},
+            "readiness": readiness_summary(self.items),
         }
 
 
@@ -178,29 +183,35 @@ def warm(manifest: Manifest | str | Path | Iterable[ArtifactId], *,
          loader: KernelLoader | None = None, settings: Settings | None = None,
          device: str | DeviceInfo | None = None, on_miss: OnMiss = "compile",
          progress: WarmProgress | None = None, threads: int | None = None,
-         label: str | None = None) -> WarmReport:
+         label: str | None = None, launch: bool = False) -> WarmReport:
     """Obtain every kernel of ``manifest`` on the device (see the module doc).
 
     With ``loader`` the programs stay in that loader's memory. Without one, a loader is
     opened for the call and closed after it: what remains is the local tier, filled with
     everything that was fetched or compiled, so the application's own loader later
-    loads without network or compiler.
+    loads without network or compiler. ``launch``: then launch each kernel once, for
+    the readiness figure (loader/readiness.py).
     """
     if loader is not None:
-        return warm_loader(loader, manifest, progress=progress, threads=threads, label=label)
+        return warm_loader(loader, manifest, progress=progress, threads=threads, label=label,
+                           launch=launch)
     from loader.kernel_loader import KernelLoader
 
     with KernelLoader(settings, device=device, on_miss=on_miss, label="warm") as own:
-        return warm_loader(own, manifest, progress=progress, threads=threads, label=label)
+        return warm_loader(own, manifest, progress=progress, threads=threads, label=label,
+                           launch=launch)
 
 
 def warm_loader(loader: KernelLoader, manifest: Manifest | str | Path | Iterable[ArtifactId],
                 *, progress: WarmProgress | None = None, threads: int | None = None,
-                label: str | None = None) -> WarmReport:
+                label: str | None = None, launch: bool = False) -> WarmReport:
     """The engine behind :func:`warm` and :meth:`KernelLoader.warm`; ``label`` names the
     warm in its summary and batch record (default: the manifest's name)."""
     artifacts, default_label = artifacts_of(manifest, loader)
-    return _Warm(loader, label or default_label, progress, threads).run(artifacts)
+    report = _Warm(loader, label or default_label, progress, threads).run(artifacts)
+    if launch:
+        launch_all(loader, report.items, report.phases["launch"])
+    return report
 
 
 class _Warm:
@@ -322,7 +333,7 @@ class _Warm:
                 entry, tier = got
                 group = self.groups[key]
                 self.loader.stats.bump(tier.name)
-                self.loader.record_loaded(entry, fetch_s + load_s)
+                self.loader.record_loaded(entry, fetch_s + load_s, group[0].label)
                 for item in group:
                     item.fetch_s, item.load_s = fetch_s, load_s
                     item.native_fallback = entry.native_fallback
@@ -342,8 +353,8 @@ class _Warm:
         if loader.on_miss == "fail":
             for key in misses:
                 self._fail(self.groups[key], KernelFailure(
-                    kind="error", message=f"no store tier holds key {key} for "
-                    f"{loader.namespace} (on_miss='fail')"))
+                    kind="error", message=f"{self.groups[key][0].artifact.describe()}: no "
+                    f"store tier holds key {key} for {loader.namespace} (on_miss='fail')"))
             return
         by_id = {self.groups[k][0].artifact.id_hash: k for k in misses}
         artifacts = [self.groups[k][0].artifact for k in misses]
@@ -388,7 +399,8 @@ class _Warm:
             return
         self.loader.stats.bump("farm")
         group[0].work_s = res.work_s + timings.get("fetch_s", 0.0) + timings.get("load_s", 0.0)
-        self.loader.record_loaded(got[0], timings.get("fetch_s", 0.0) + timings.get("load_s", 0.0))
+        self.loader.record_loaded(got[0], timings.get("fetch_s", 0.0) + timings.get("load_s", 0.0),
+                                  group[0].label)
         self._settle(key, got[0])
         self._done(group, "farm")
 

@@ -246,7 +246,7 @@ def test_bad_setting_is_one_line_naming_it(name: str, value: str, tmp_path: Path
     (("build", "tiny", "--workers", "-3"), "'--workers'"),
     (("records", "prune", "--keep", "-1"), "'--keep'"),
     (("build", "tiny", "--no-such-flag"), "--no-such-flag"),
-    (("build",), "'manifest'"),
+    (("build",), "'MANIFEST'"),
     (("gc", "--namespace", "../v1/x"), "--namespace"),
 ])
 def test_bad_flag_is_one_line(args: tuple[str, ...], says: str, tmp_path: Path) -> None:

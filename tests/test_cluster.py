@@ -25,6 +25,7 @@ from cluster_helpers import (
     write_manifest,
 )
 
+from farm.compilation.poclbin import kernel_files
 from farm.core.model import Key
 from farm.devservices.cluster import LocalCluster, local_cluster
 from farm.families import Registry
@@ -105,7 +106,12 @@ def test_build_spreads_over_both_workers_and_a_fresh_client_loads_all(
     ns = namespace(first["fingerprint"])
     keys = _keys(manifest)
     for key in keys:  # every artifact is in MinIO, and its digest verifies
-        assert store.get(ns, key) is not None
+        art = store.get(ns, key)
+        assert art is not None
+        # made ready by the worker that compiled it (PoCL): its launch's machine code,
+        # no generic work-group function (docs/DESIGN.md, "Ready artifacts on PoCL")
+        (files,) = kernel_files(art.binary).values()
+        assert [f.split("/")[-2] for f in files] == ["64-1-1-goffs0-smallgrid"], files
     assert store.stats.corrupt == 0
 
     second = build_json(cluster.env(tmp_path / "client-b"), str(manifest))
@@ -179,6 +185,42 @@ def test_unserved_fingerprint_fails_fast_and_falls_back_locally(cluster: LocalCl
     proc = farm(lonely, "build", str(manifest), "--cluster", "--fallback-local", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["summary"]["compiled"] == 2
+
+
+def test_a_piped_cluster_build_and_farm_workers_read_at_80_columns(cluster: LocalCluster,
+                                                                  tmp_path: Path) -> None:
+    """What a person reads of the cluster: a build given a fingerprint prefix prints
+    progress lines (count, rate, ETA, chunks in flight) although piped, and its summary
+    fits 80 columns; `farm workers` shows the fingerprint whole and names the pool
+    processes as the build's "work by worker process" does."""
+    import re
+
+    served = json.loads(farm(cluster.env(), "workers", "--json").stdout)
+    fingerprint = next(iter(served))
+    env = {**cluster.env(tmp_path / "client"), "COLUMNS": "80"}
+    manifest = write_manifest(tmp_path / "m.toml", salt=39, count=6)
+    proc = farm(env, "build", str(manifest), "--cluster", "--fingerprint", fingerprint[:9])
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^building: \d+/6 kernels \(\d+%\), [\d.]+/s, ETA \d+:\d\d, elapsed "
+                     r"\d+:\d\d; last: Compiled reduce\(cols=390\d", proc.stderr, re.M), proc.stderr
+    assert "…" not in proc.stdout
+    assert all(len(line.rstrip()) <= 80 for line in proc.stdout.splitlines()), proc.stdout
+    assert f"farm build salted-39 on {fingerprint}" in proc.stdout.splitlines()
+    build_names = set(re.findall(r"^(\S+:\d+)\s+\d+\s+\d+\s+[\d.]+ s$", proc.stdout, re.M))
+    assert build_names, proc.stdout
+
+    listed = farm(env, "workers")
+    assert listed.returncode == 0, listed.stderr
+    assert "…" not in listed.stdout
+    assert all(len(line.rstrip()) <= 80 for line in listed.stdout.splitlines()), listed.stdout
+    assert fingerprint in listed.stdout.splitlines()
+    workers = json.loads(farm(env, "workers", "--json").stdout)[fingerprint]["workers"]
+    pools = {f"{w['host']}:{pid}" for w in workers for pid in w["pool"]}
+    assert len(pools) == 2 and build_names <= pools  # the same names in both
+    for w in workers:
+        assert re.search(rf"^{re.escape(w['host'])}:{w['pid']}\s+\S", listed.stdout, re.M)
+        for pid in w["pool"]:
+            assert f"{w['host']}:{pid}" in listed.stdout
 
 
 def test_corrupted_artifact_in_minio_is_detected_recompiled_and_repaired(

@@ -301,7 +301,7 @@ def test_an_entry_the_storage_cannot_hold_is_set_aside_not_retried_for_ever(
     from farm.core.keys import RECORDS_DEAD_STREAM, records_stream_for
     from farm.core.model import Outcome
     from farm.records import CompilationRecord, SessionStorage, Stamp
-    from farm.records.ingest import Ingester
+    from farm.records.ingest import Ingester, Pacing
     from farm.records.stream import encode_record
 
     class Picky(SessionStorage):
@@ -319,7 +319,7 @@ def test_an_entry_the_storage_cannot_hold_is_set_aside_not_retried_for_ever(
     for record in (good[0], bad, good[1]):
         client.xadd(stream, encode_record(record))
     storage = Picky("sqlite://")
-    ingester = Ingester(client, storage, block_ms=10, claim_idle_ms=0)
+    ingester = Ingester(client, storage, pacing=Pacing(block_ms=10, claim_idle_ms=0))
     stats = ingester.run(drain=True)
     assert storage.records(1) == good
     assert stats.dead == 1 and client.xlen(RECORDS_DEAD_STREAM) == 1
@@ -335,7 +335,7 @@ def test_a_record_of_a_pack_the_storage_cannot_hold_is_set_aside_alone(client: A
     from farm.core.keys import RECORDS_DEAD_STREAM
     from farm.core.model import Outcome
     from farm.records import CompilationRecord, SessionStorage, Stamp
-    from farm.records.ingest import Ingester
+    from farm.records.ingest import Ingester, Pacing
     from farm.records.stream import RedisStreamSink, decode_record
 
     class Picky(SessionStorage):
@@ -349,7 +349,7 @@ def test_a_record_of_a_pack_the_storage_cannot_hold_is_set_aside_alone(client: A
                                  outcome=Outcome.COMPILED, work_s=0.0) for i in (1, 2, 3)]
     RedisStreamSink(client).write_records(records)  # one pack of three
     storage = Picky("sqlite://")
-    stats = Ingester(client, storage, block_ms=10, claim_idle_ms=0).run(drain=True)
+    stats = Ingester(client, storage, pacing=Pacing(block_ms=10, claim_idle_ms=0)).run(drain=True)
     assert storage.records(1) == [records[0], records[2]]
     assert (stats.records, stats.dead) == (2, 1)
     (entry,) = client.xrange(RECORDS_DEAD_STREAM)
@@ -521,7 +521,7 @@ def test_a_sparse_member_header_is_refused_whatever_it_declares(tmp_path: Path) 
     import tarfile
 
     from farm.core.errors import BundleError
-    from farm.store.bundle import _check_member
+    from farm.store.bundle_read import check_member as _check_member
 
     for kind in (tarfile.GNUTYPE_SPARSE,):
         info = tarfile.TarInfo("opencl/v1/x/artifacts/a/b")

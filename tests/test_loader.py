@@ -331,6 +331,17 @@ def test_on_miss_fail_raises_and_records_nothing(tmp_path: Path) -> None:
         assert store.namespaces() == []
 
 
+def test_a_missing_kernel_is_named_with_its_launch_settings(seeded: Settings) -> None:
+    """The launch is part of the key: a kernel stored without a local size is not the
+    one asked for with one, and the error says which was asked for."""
+    family, params = SEEDED[0]
+    with KernelLoader(seeded, on_miss="fail", recorder=SpyRecorder()) as loader:
+        loader.kernel(family, params)  # stored, without a launch
+        with pytest.raises(ArtifactMissing) as caught:
+            loader.kernel(family, params, launch=LaunchSettings(local_size=(8,)))
+    assert f"{family}(" in str(caught.value) and "local_size=[8]" in str(caught.value)
+
+
 def test_a_kernel_the_device_cannot_run_raises_unsupported(tmp_path: Path) -> None:
     spy = SpyRecorder()
     with KernelLoader(settings_for(tmp_path / "home"), recorder=spy) as loader, \
@@ -400,7 +411,8 @@ def test_warm_records_one_batch_and_says_where_each_kernel_came_from(seeded: Set
         s = report.summary()
         assert (s["local"], s["compiled"], s["failed"], s["kernels"]) == (3, 1, 0, 4)
         assert s["compiler_invocations"] == 1 and len(seen) == 4
-        assert set(s["phases"]) == {"lookup", "fetch", "load", "compile"}
+        assert set(s["phases"]) == {"lookup", "fetch", "load", "compile", "launch"}
+        assert s["phases"]["launch"]["kernels"] == 0 and s["readiness"] == {"kernels": 0}
         assert s["phases"]["fetch"]["kernels"] == 3 and s["phases"]["compile"]["kernels"] == 1
         assert spy.outcomes() == {"Loaded": 3, "Compiled": 1}
         assert len(spy.batches) == 1 and spy.batches[0].kernels == 4

@@ -7,7 +7,10 @@ there is one, the line and the field: that line is all a person sees from the CL
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -402,3 +405,49 @@ def test_cli_show_directory_exits_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["show", str(tmp_path), "--json"])
     assert result.exit_code == 2
     assert result.stderr.strip() == f"{tmp_path}: is a directory, not a manifest file"
+
+
+def test_a_misspelt_parameter_is_named_and_every_error_is_reported(
+        tmp_path: Path, registry: Registry) -> None:
+    """``alpha`` for ``a``: the unknown name is reported (with those allowed), beside
+    the missing one; and every kernel's errors come at once, each at its own line."""
+    text = ("format = 1\n\n"
+            "[[kernels]]\nfamily = \"reduce\"\nparams = { op = \"sum\", colz = 10 }\n\n"
+            "[[kernels]]\nfamily = \"softmax\"\nparams = { cols = 64 }\n\n"
+            "[[kernels]]\nfamily = \"softmax\"\nparams = { cols = -3 }\n")
+    path = _write(tmp_path, text)
+    with pytest.raises(ManifestError) as info:
+        expand(load_manifest(path), registry)
+    assert info.value.lines == [
+        f"{path}:5: kernels[0].params.cols: reduce: parameter cols: Field required",
+        f"{path}:5: kernels[0].params.colz: reduce: parameter colz: unknown parameter "
+        "(allowed: op, cols, group_size, dtype)",
+        f"{path}:13: kernels[2].params.cols: softmax: parameter cols: Input should be "
+        "greater than or equal to 1",
+    ]
+    assert str(info.value) == info.value.lines[0] + " (and 2 more errors)"
+
+
+def test_every_error_of_a_manifest_shape_is_reported_in_file_order(
+        tmp_path: Path, registry: Registry) -> None:
+    path = _write(tmp_path, 'format = 1\ncolour = "red"\n' + _KERNEL
+                  + _KERNEL.replace("}\n", "}\nshape = 3\n"))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert [line.split(": ", 2)[:2] for line in info.value.lines] == [
+        [f"{path}:2", "colour"], [f"{path}:10", "kernels[1].shape"]]
+
+
+def test_the_cli_prints_one_error_line_per_problem(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'format = 1\n[[kernels]]\nfamily = "matmul"\n'
+                  'params = { m = 4, k = 4, alpha = 2 }\n')
+    farm = Path(sys.executable).with_name("farm")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    proc = subprocess.run([str(farm), "build", str(path), "--local"], capture_output=True,
+                          text=True, env={**env, "FARM_HOME": str(tmp_path / "h")},
+                          check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert [line.split(": ", 3)[2] for line in lines] == [
+        "kernels[0].params.n", "kernels[0].params.alpha"], proc.stderr
+    assert all(line.startswith(f"error: {path}:4: ") for line in lines)

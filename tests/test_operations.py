@@ -292,7 +292,7 @@ def test_farm_workers_shows_queue_depth_and_chunks_in_flight(ops: Ops,
             assert listed[NOWHERE] == {"workers": [], "depth": 2, "in_flight": 1}
             assert len(listed[built["fingerprint"]]["workers"]) == 1
             table = farm(env, "workers")
-            assert "waiting chunks" in table.stdout and NOWHERE in table.stdout
+            assert "2 chunk(s) waiting, 1 in flight" in table.stdout and NOWHERE in table.stdout
             scraped = ops.metrics()
             assert _value(scraped, "farm_queue_depth", fingerprint=NOWHERE) == 2
             assert _value(scraped, "farm_in_flight_chunks", fingerprint=NOWHERE) == 1
@@ -425,3 +425,41 @@ def test_dashboard_picture_computes_quantiles_like_prometheus() -> None:
     assert picture.rates(counter, "farm_kernels_total", outcome="compiled")[-1] == (2.0, 4.0)
     svg = picture.draw(series)
     assert svg.startswith("<svg") and "Compile seconds" in svg
+
+
+def test_dashboard_picture_draws_every_panel_with_its_title_and_units() -> None:
+    """docs/dashboard.svg (and any drawing of the script) has each of the dashboard's
+    panels under its own title; panel 9 keeps seconds for lease waits and a rate for
+    refused writes, on an axis of its own."""
+    import html
+    import importlib.util
+    import xml.etree.ElementTree as ET
+
+    root = Path(__file__).resolve().parent.parent
+    board = json.loads((root / "helm" / "kernel-farm" / "dashboards" /
+                        "kernel-farm.json").read_text())
+    titles = [p["title"] for p in board["panels"]]
+    assert len(titles) == 14
+    (nine,) = [p for p in board["panels"] if p["id"] == 9]
+    assert nine["fieldConfig"]["defaults"]["unit"] == "s"
+    (override,) = nine["fieldConfig"]["overrides"]
+    refused = [t for t in nine["targets"] if "refused" in t["expr"]]
+    assert override["matcher"] == {"id": "byFrameRefID", "options": refused[0]["refId"]}
+    assert {"id": "unit", "value": "ops"} in override["properties"]
+
+    spec = importlib.util.spec_from_file_location("dashboard_picture",
+                                                  root / "scripts" / "dashboard_picture.py")
+    assert spec is not None and spec.loader is not None
+    picture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(picture)
+    sample = {("farm_store_requests_total", (("result", "refused"), ("tier", "minio"))): 0.0,
+              ("farm_lease_wait_seconds_bucket", (("fingerprint", "f"), ("le", "+Inf"))): 0.0}
+    later = {k: 4.0 for k in sample}
+    drawn = picture.draw([(0.0, sample), (2.0, later)])
+    for svg_text in (drawn, (root / "docs" / "dashboard.svg").read_text()):
+        svg = ET.fromstring(svg_text)
+        texts = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+        for title in titles:
+            assert html.unescape(title) in texts, title
+    assert "refused writes minio (right axis)" in drawn
+    assert "2 ops/s" in drawn and "750 ms" in drawn  # both units, each on its axis

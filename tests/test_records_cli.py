@@ -104,9 +104,10 @@ def fill(url: str) -> Filled:
             (2.0, "k11", "reduce", Outcome.COMPILED, 1.6),  # the straggler
             (2.06, "k12", "matmul", Outcome.REKEYED, 0.05),
         ):
-            clock.at(end)
+            clock.at(end)  # this worker names its kernels (w2's records are older ones)
             w1.compilation(Trip(family=family, key=key, outcome=outcome, work_s=work,
-                                worker="vm:1", host="vm", requested_by=asked))
+                                worker="vm:1", host="vm", requested_by=asked,
+                                kernel=f"{family}(cols=1{key[1:]},dtype=float)"))
         w1.close()
 
         w2, clock = _recorder(storage, "worker vm:2", 20.6, t0)
@@ -244,6 +245,65 @@ def test_timeline_writes_a_picture_with_one_lane_per_worker(
     assert bars["vm:1", "k10"].start_s == pytest.approx(0.5, abs=1e-5)  # 20.5 + 0.4 - 0.3 - 20.1
     assert bars["vm:2", "k13"].start_s == pytest.approx(0.6, abs=1e-5)  # 20.6 + 0.5 - 0.4 - 20.1
     assert bars["vm:1", "k11"].straggler and not bars["vm:2", "k13"].straggler
+
+
+def test_latest_names_the_newest_build_not_a_worker_started_after_it(
+    sqlite_filled: Filled, tmp_path: Path
+) -> None:
+    """The workers' sessions are newer than the client's, but hold no build."""
+    assert run(sqlite_filled, "summary", "--build", "latest")["builds"] == [
+        f"{sqlite_filled.client}:1"]
+    assert run(sqlite_filled, "summary", "--build", "latest:1")["kernels"] == 6
+    told = run(sqlite_filled, "timeline", "latest", "-o", str(tmp_path / "t.svg"))
+    assert told["build"] == str(sqlite_filled.client) and told["bars"] == 6
+
+
+def test_records_name_kernels_by_family_and_parameters_keys_on_demand(
+    sqlite_filled: Filled,
+) -> None:
+    def text(*args: str) -> str:
+        result = CliRunner().invoke(app, list(args), env={
+            "FARM_RECORDS_URL": sqlite_filled.url, "COLUMNS": "80"})
+        assert result.exit_code == 0, (result.output, result.exception)
+        assert "…" not in result.stdout
+        return " ".join(result.stdout.split())
+
+    shown = text("show", str(sqlite_filled.worker1))
+    assert "Compiled reduce(cols=111, dtype=float) on vm:1" in shown
+    assert "k11" not in shown
+    assert "reduce(cols=111, dtype=float) k11" in text("show", str(sqlite_filled.worker1),
+                                                        "--wide")
+    older = text("show", str(sqlite_filled.worker2))  # records without a name: the key
+    assert "Compiled matmul k13 on vm:2" in older
+    summary = text("summary", "--build", "latest")
+    assert "1.600 s Compiled reduce(cols=111," in summary  # wrapped between parameters
+    assert run(sqlite_filled, "summary")["slowest"][0]["kernel"] == "reduce(cols=111,dtype=float)"
+
+
+def test_the_timeline_fits_its_window_and_colours_bars_by_family(
+    sqlite_filled: Filled, tmp_path: Path
+) -> None:
+    target = tmp_path / "build.html"
+    run(sqlite_filled, "timeline", str(sqlite_filled.client), "-o", str(target))
+    page = target.read_text()
+    svg = ET.fromstring(page[page.index("<svg"):page.index("</svg>") + len("</svg>")])
+    assert svg.get("width") == "100%" and svg.get("viewBox", "").startswith("0 0 1000 ")
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    bars = svg.findall(".//s:rect[@class='bar']", ns)
+    fills: dict[str, set[str]] = {}
+    for bar in bars:
+        fills.setdefault(bar.get("data-family", ""), set()).add(bar.get("fill", ""))
+    assert set(fills) == {"matmul", "reduce"}
+    assert all(len(f) == 1 for f in fills.values())  # one colour a family ...
+    assert fills["matmul"] != fills["reduce"]  # ... and its own
+    outcomes = {bar.get("data-outcome"): bar for bar in bars}
+    assert outcomes["Loaded"].get("fill-opacity") == "0.35"  # pale
+    tips = [bar.findtext("s:title", "", ns) for bar in bars]
+    assert any(t.startswith("reduce(cols=111,dtype=float)\n") and t.endswith("key k11")
+               for t in tips), tips
+    assert any(t.startswith("matmul k13\n") for t in tips)  # an older record: its key
+    # the stragglers table: the kernel by name, its key on hover
+    assert '<td class="kernel" title="key k11">reduce(cols=111, dtype=float)</td>' in page
 
 
 def test_prune_keeps_the_newest(filled: Filled) -> None:

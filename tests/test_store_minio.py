@@ -30,7 +30,7 @@ from farm.core.settings import Settings
 from farm.devservices import MinioServer
 from farm.devservices.ports import LOOPBACK, free_port
 from farm.store import PutResult, SQLiteStore, TieredStore, open_store
-from farm.store.minio import MAGIC, MinioStore, encode_artifact
+from farm.store.minio import MAGIC, MinioStore, Retry, encode_artifact
 
 pytestmark = pytest.mark.integration
 
@@ -370,7 +370,7 @@ def test_existing_on_500_keys_is_one_listing(store: MinioStore, pool: CountingPo
 # -- retries and failures ------------------------------------------------------------------
 def test_transient_errors_are_retried(minio_server: MinioServer, bucket: str) -> None:
     flaky = CountingPool(fail_first=["reset", "slowdown"])
-    s = make_store(minio_server, bucket, http_client=flaky, retry_wait_s=0.01)
+    s = make_store(minio_server, bucket, http_client=flaky, retry=Retry(wait_s=0.01))
     assert len(flaky.requests) >= 3  # two failures, then the bucket check went through
     flaky.failures = ["slowdown", "reset"]
     assert s.put(NS, art(key(1), b"x")) is PutResult.STORED
@@ -389,7 +389,7 @@ def test_client_errors_are_not_retried(minio_server: MinioServer, bucket: str,
     counting = CountingPool()
     with caplog.at_level(logging.DEBUG), pytest.raises(StoreError) as info:
         MinioStore(minio_server.endpoint, minio_server.access_key, wrong_secret, bucket,
-                   http_client=counting, retry_wait_s=0.5)
+                   http_client=counting, retry=Retry(wait_s=0.5))
     assert len(counting.requests) == 1  # a 403 is answered at once, never repeated
     assert "SignatureDoesNotMatch" in str(info.value) or "AccessDenied" in str(info.value)
     assert wrong_secret not in str(info.value) and wrong_secret not in caplog.text
@@ -449,7 +449,7 @@ def test_a_server_that_comes_up_within_the_retry_window(minio_server: MinioServe
     try:
         t0 = time.perf_counter()
         s = MinioStore(f"{LOOPBACK}:{late.port}", minio_server.access_key,
-                       minio_server.secret_key, bucket, retry_attempts=8, retry_wait_s=0.1)
+                       minio_server.secret_key, bucket, retry=Retry(attempts=8, wait_s=0.1))
         assert time.perf_counter() - t0 >= 0.4  # it really waited for the server
         assert s.put(NS, art(key(1))) is PutResult.STORED
         s.close()
@@ -460,8 +460,8 @@ def test_a_server_that_comes_up_within_the_retry_window(minio_server: MinioServe
 def test_unreachable_store_fails_with_its_location(bucket: str) -> None:
     port = free_port()  # nothing listens here
     with pytest.raises(StoreError, match=f"minio://{LOOPBACK}:{port}/{bucket}"):
-        MinioStore(f"{LOOPBACK}:{port}", "user", "password", bucket, retry_attempts=2,
-                   retry_wait_s=0.01)
+        MinioStore(f"{LOOPBACK}:{port}", "user", "password", bucket,
+                   retry=Retry(attempts=2, wait_s=0.01))
 
 
 # -- credentials and settings --------------------------------------------------------------

@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from celery import Celery
+from celery import Celery, Task
 
 from farm.cluster.metrics import outcome_label
 from farm.core.keys import TASK_NAME
+
+if TYPE_CHECKING:
+    from celery.worker.request import Request
+
+    from worker.state import WorkerState
 
 log = logging.getLogger(__name__)
 
 
 
-def register_tasks(app: Celery, get_state: Any, request_cls: Any = None) -> None:
+def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
+                   request_cls: type[Request] | None = None) -> None:
     """Register the compile task; ``get_state()`` gives the process's ``WorkerState``;
     ``request_cls`` is the worker's Celery ``Request`` (crash bookkeeping).
 
@@ -38,7 +45,7 @@ def register_tasks(app: Celery, get_state: Any, request_cls: Any = None) -> None
     options = {"Request": request_cls} if request_cls is not None else {}
 
     @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True, **options)
-    def compile_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    def compile_task(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
         request = parse_request(payload)  # a bad payload: one line back to the client
         metrics = worker_metrics()
         try:

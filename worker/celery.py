@@ -6,7 +6,7 @@ and its ``app``, configured from the ``FARM_*`` settings like every farm process
     celery -A worker inspect ping
     celery -A worker inspect active
     celery -A worker events
-    celery -A worker flower        # pip install 'kernel-farm[ops]'
+    celery -A worker flower        # pip install flower (or the 'test' extra)
 
 Everything else gets its app from :func:`farm.cluster.celery_app.make_app` with settings passed
 explicitly; this module exists only for those command lines, and reads the environment

@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery.worker.request import Request
 
@@ -40,6 +40,9 @@ from farm.core.keys import (
     task_lease_key,
 )
 from farm.core.outage import Waiter
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,8 @@ def holder_name() -> str:
 class TaskLedger:
     """One delivery of one task, seen from the pool process that runs it."""
 
-    def __init__(self, client: Any, task_id: str, waiter: Waiter, crash_limit: int) -> None:
+    def __init__(self, client: redis.Redis, task_id: str, waiter: Waiter,
+                 crash_limit: int) -> None:
         self._client = client
         self.task_id = task_id
         self._waiter = waiter
@@ -118,7 +122,7 @@ class TaskLedger:
         self._waiter.call(once)
 
 
-def record_crash(client: Any, task_id: str, status: str) -> str | None:
+def record_crash(client: redis.Redis, task_id: str, status: str) -> str | None:
     """In the main process, once a pool process died on ``task_id``: one crash more for
     the kernel it was working on. Returns that kernel's id hash (``None``: unknown)."""
     kernel = client.get(task_kernel_key(task_id))
@@ -147,7 +151,7 @@ def lost_status(exc: BaseException) -> str | None:
     return found.group(1) if found else str(exc)
 
 
-def crash_request_class(client: Any) -> type[Request]:
+def crash_request_class(client: redis.Redis) -> type[Request]:
     """A Celery ``Request`` that books a crash before Celery re-queues the task."""
 
     class CrashAwareRequest(Request):

@@ -64,9 +64,12 @@ def execute_job(request: CompileRequest, state: WorkerState,
                             state.settings.crash_limit)
         ledger.start(holder_name())
     state.ledger = ledger
+    from worker.programs import obtain_program  # imports this module: not at the top
+
     results = []
     for k in request.kernels:
-        crashed = ledger.crashed(k.artifact.id_hash, len(request.kernels)) if ledger else None
+        crashed = ledger.crashed(k.artifact.id_hash, len(request.kernels)) \
+            if ledger else None
         if crashed is not None:
             log.error("kernel %s: %s", k.artifact.kernel.label(), crashed)
             results.append(_failed(k, None, KernelFailure(kind="crashed", message=crashed),
@@ -75,6 +78,18 @@ def execute_job(request: CompileRequest, state: WorkerState,
         if ledger is not None:
             ledger.working_on(k.artifact.id_hash)
         results.append(obtain_kernel(k, state, request.requested_by))
+    for p in request.programs:
+        id_hash = p.spec.key.id_hash
+        crashed = ledger.crashed(id_hash, len(request.kernels) + len(request.programs)) \
+            if ledger else None
+        if crashed is not None:
+            log.error("program %s: %s", id_hash[:16], crashed)
+            results.append(KernelReply(id_hash=id_hash, failure=KernelFailure(
+                kind="crashed", message=crashed), host=socket.gethostname()))
+            continue
+        if ledger is not None:
+            ledger.working_on(id_hash)
+        results.append(obtain_program(p, state, request.requested_by))
     if ledger is not None:
         ledger.working_on(None)
     state.ledger = None
@@ -135,7 +150,8 @@ class WorkerSteps:
         # Validated on this device before storing: a refused binary is never stored.
         state = self.state
         built = finalize_and_validate(state.ctx, state.cl_device, lowered,
-                                      "auto" if state.settings.native_binaries else None)
+                                      "auto" if state.settings.native_binaries else None,
+                                      state.settings.pocl_ready)
         if not built.ok:
             error = LoadError if built.error_kind == "load" else CompileError
             raise error(built.error, build_log=built.build_log)
@@ -165,12 +181,13 @@ class WorkerSteps:
         state.recorder.compilation(
             Trip(family=self.req.artifact.kernel.family, key=self.key, outcome=outcome,
                  work_s=self.work_s, worker=state.name, host=socket.gethostname(),
-                 requested_by=self.requested_by), lowered)
+                 requested_by=self.requested_by, kernel=self.req.artifact.kernel.label()),
+            lowered)
         if outcome is not Outcome.LOADED:
-            _send_records(state)
+            send_records(state)
 
 
-def _send_records(state: WorkerState) -> None:
+def send_records(state: WorkerState) -> None:
     """Send the records now, waiting out a Redis outage; OutageError past the limit."""
     if state.redis_waiter is None:
         state.recorder.flush()

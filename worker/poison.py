@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery.worker.consumer import Consumer
 from pydantic import ValidationError
@@ -29,6 +29,9 @@ from pydantic import ValidationError
 from farm.cluster.payloads import CompileRequest
 from farm.core.errors import first_error
 from farm.core.keys import DEAD_LETTERS, TASK_NAME
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +128,7 @@ def _cut(value: Any) -> Any:
     return text[:_BODY_CUT]
 
 
-def dead_letter(client: Any, message: Any, reason: str) -> None:
+def dead_letter(client: redis.Redis, message: Any, reason: str) -> None:
     """Keep the refused message where an operator can see it (``farm:dead``)."""
     headers = message.headers if isinstance(message.headers, Mapping) else {}
     body = message.body
@@ -143,9 +146,9 @@ def dead_letter(client: Any, message: Any, reason: str) -> None:
 class GuardedConsumer(Consumer):
     """Celery's consumer, with every task message checked before Celery reads it."""
 
-    _farm_redis: Any = None
+    _farm_redis: redis.Redis | None = None
 
-    def _redis(self) -> Any:
+    def _redis(self) -> redis.Redis:
         if self._farm_redis is None:
             import redis
 

@@ -20,12 +20,13 @@ import shutil
 import signal
 import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm.cluster.celery_app import make_app
 from farm.cluster.workers import Heartbeat, WorkerInfo
-from farm.core.device import DeviceInfo, discover_devices
+from farm.core.device import DeviceInfo, discover_devices, resolve_fingerprint
 from farm.core.errors import DeviceError
 from farm.core.keys import TASK_STATE_TTL_S, queue_name, task_holder_key
 from farm.core.outage import OutageError, redis_waiter
@@ -35,19 +36,36 @@ from worker.app import register_tasks
 from worker.crashes import crash_request_class
 from worker.state import WorkerState, open_state
 
+if TYPE_CHECKING:
+    from celery.worker import WorkController
+    from celery.worker.request import Request
+
+    from farm.cluster.metrics import Served
+
 log = logging.getLogger(__name__)
 
 
 def pick_devices(devices: list[DeviceInfo], fingerprint: str | None) -> list[DeviceInfo]:
-    """The devices of one fingerprint (given, or the first device's)."""
+    """The devices of one fingerprint (given whole or by a unique prefix, or the first
+    device's)."""
     if not devices:
         raise DeviceError("no OpenCL device found: a worker needs one")
-    wanted = fingerprint or devices[0].fingerprint
+    wanted = resolve_fingerprint(fingerprint, (d.fingerprint for d in devices)) \
+        if fingerprint else devices[0].fingerprint
     chosen = [d for d in devices if d.fingerprint == wanted]
     if not chosen:
         known = ", ".join(sorted({d.fingerprint for d in devices}))
         raise DeviceError(f"no device here has fingerprint {wanted}; devices here: {known}")
     return chosen
+
+
+def _pool_pids(controller: WorkController) -> list[int]:
+    """The pids of a Celery worker's pool processes (prefork's ``pool.info``, what
+    `celery inspect stats` reports); none before the pool starts, or for a solo pool."""
+    try:
+        return [int(pid) for pid in controller.pool.info.get("processes", [])]
+    except Exception:  # no pool yet, or one being restarted: the next beat has it
+        return []
 
 
 class _QuietSuccess(logging.Filter):
@@ -77,19 +95,28 @@ def celery_argv(*, concurrency: int, queues: list[str], loglevel: str, hostname:
     return [*argv, *(extra or [])]
 
 
-def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None = None,
-               queues: list[str] | None = None, loglevel: str = "INFO",
-               events: bool | None = None, heartbeat: bool | None = None,
-               metrics_port: int | None = None, extra_args: list[str] | None = None) -> None:
-    """Run a Celery worker for one fingerprint until it is stopped.
+@dataclass(frozen=True)
+class WorkerOptions:
+    """``farm worker``'s options. ``fingerprint`` defaults to the first device's,
+    ``queues`` to the fingerprint's; ``events``, ``heartbeat`` and ``metrics_port`` to the
+    settings (FARM_WORKER_EVENTS, FARM_WORKER_HEARTBEAT, FARM_METRICS_PORT);
+    ``extra_args`` go to ``celery worker`` unchanged."""
 
-    ``events``, ``heartbeat`` and ``metrics_port`` default to the settings
-    (FARM_WORKER_EVENTS, FARM_WORKER_HEARTBEAT, FARM_METRICS_PORT); ``extra_args`` go to
-    ``celery worker`` unchanged.
-    """
+    concurrency: int
+    fingerprint: str | None = None
+    queues: list[str] | None = None
+    loglevel: str = "INFO"
+    events: bool | None = None
+    heartbeat: bool | None = None
+    metrics_port: int | None = None
+    extra_args: list[str] | None = None
+
+
+def run_worker(settings: Settings, options: WorkerOptions) -> None:
+    """Run a Celery worker for one fingerprint until it is stopped."""
     import tempfile
 
-    port = metrics_port if metrics_port is not None else settings.metrics_port
+    port = options.metrics_port if options.metrics_port is not None else settings.metrics_port
     metrics_dir = Path(tempfile.gettempdir()) / f"farm-metrics-{os.getpid()}"
     if port:
         # Before anything imports prometheus-client: the pool's processes inherit it.
@@ -102,11 +129,11 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
 
     from farm.cluster.health import HealthFiles
 
-    events = settings.worker_events if events is None else events
-    heartbeat = settings.worker_heartbeat if heartbeat is None else heartbeat
-    devices = pick_devices(discover_devices(), fingerprint)
+    events = settings.worker_events if options.events is None else options.events
+    heartbeat = settings.worker_heartbeat if options.heartbeat is None else options.heartbeat
+    devices = pick_devices(discover_devices(), options.fingerprint)
     fp = devices[0].fingerprint
-    queue_list = queues or [queue_name(fp)]
+    queue_list = options.queues or [queue_name(fp)]
     app = make_app(settings.model_copy(update={"worker_events": events}))
     holder: dict[str, WorkerState] = {}
     health = HealthFiles(settings.health_dir) if settings.health_dir else None
@@ -116,9 +143,9 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     def get_state() -> WorkerState:
         return holder["state"]
 
-    served: list[Any] = []
+    served: list[Served] = []
 
-    def init_process(**_: Any) -> None:
+    def init_process(**_: object) -> None:
         from billiard import current_process
 
         for listener in served:  # forked with the metrics socket: not this process's
@@ -128,28 +155,31 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
         holder["state"] = open_state(settings, devices, index)
         log.info("process %s opened %s", os.getpid(), holder["state"].device.fingerprint)
 
-    def close_process(**_: Any) -> None:
+    def close_process(**_: object) -> None:
         state = holder.pop("state", None)
         if state is not None:
             state.close()
 
-    client: Any = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
-                                       socket_connect_timeout=5)
+    client = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
+                                  socket_connect_timeout=5)
     info = WorkerInfo(host=socket.gethostname(), pid=os.getpid(), fingerprint=fp,
-                      device_name=devices[0].device_name, processes=concurrency,
+                      device_name=devices[0].device_name, processes=options.concurrency,
                       version=__version__, queues=queue_list, device=devices[0])
 
-    def received(request: Any = None, **_: Any) -> None:
+    def received(request: Request, **_: object) -> None:
         try:  # best effort: without it a dead worker's chunk comes back by the timeout
             client.set(task_holder_key(request.id), info.field, ex=TASK_STATE_TTL_S)
         except Exception as exc:
             log.warning("could not note the holder of task %s: %s", request.id, exc)
 
+    controller: dict[str, Any] = {}  # Celery's WorkController, for its pool's pids
+    signals.worker_init.connect(lambda sender=None, **_: controller.update(wc=sender),
+                                weak=False)
     signals.worker_process_init.connect(init_process, weak=False)
     signals.worker_process_shutdown.connect(close_process, weak=False)
     signals.task_received.connect(received, weak=False)
     if health is not None:
-        def on_ready(**_: Any) -> None:
+        def on_ready(**_: object) -> None:
             health.ready()
             health.alive()
 
@@ -186,12 +216,13 @@ def run_worker(settings: Settings, *, concurrency: int, fingerprint: str | None 
     beat = Heartbeat(client, info, interval_s=settings.heartbeat_interval,
                      stale_s=settings.dead_worker_grace, waiter=waiter, on_give_up=give_up,
                      on_beat=on_beat)
+    beat.pool_of = lambda: _pool_pids(controller.get("wc"))
     beat.start()  # OutageError (one line, exit 1) when Redis stays away past the limit
     try:
         app.worker_main(argv=celery_argv(
-            concurrency=concurrency, queues=queue_list, loglevel=loglevel,
+            concurrency=options.concurrency, queues=queue_list, loglevel=options.loglevel,
             hostname=f"farm-{os.getpid()}@{socket.gethostname()}", events=events,
-            heartbeat=heartbeat, extra=extra_args))
+            heartbeat=heartbeat, extra=options.extra_args))
     finally:
         beat.stop()
         if health is not None:

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from farm.cli.console import err, out, print_json
-from farm.core.errors import printable
+from farm.cli.build_report import (
+    by_worker,
+    failure_json,
+    print_failures,
+    print_summary,
+    print_workers,
+    recorded_line,
+    recorded_session,
+)
+from farm.cli.console import err, print_json
+from farm.cli.progress import progress
 
 if TYPE_CHECKING:
-    from rich.progress import Progress, TaskID
-
-    from farm.compilation.batch import Batch, BatchReport, KernelResult
+    from farm.compilation.batch import BatchReport
     from farm.core.model import ArtifactId
     from farm.core.settings import Settings
     from farm.families import Registry
@@ -24,31 +29,53 @@ if TYPE_CHECKING:
 
 
 def build(
-    manifest: Annotated[str, typer.Argument(help="manifest file, or tiny/medium/large")],
+    manifest: Annotated[str, typer.Argument(
+        metavar="MANIFEST", help="a manifest file, a built-in one (tiny, medium, large), "
+        "or a capture of an application's programs (farm capture)")],
     workers: Annotated[int | None, typer.Option(
-        "--workers", "-w", min=0, help="local compile processes (0: in this process)")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
+        "--workers", "-w", min=0, metavar="N", help="local compile processes (default: "
+        "FARM_WORKERS, else one per core; 0 compiles in this process)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="the summary as JSON")] = False,
     strict: Annotated[bool, typer.Option(
-        help="count kernels the device cannot run as failures")] = False,
-    device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
+        "--strict", help="count kernels the device cannot run as failures")] = False,
+    device: Annotated[str | None, typer.Option(
+        metavar="FINGERPRINT|NAME", help="the local device (default: FARM_DEVICE, else the "
+        "first)")] = None,
     cluster: Annotated[bool | None, typer.Option(
-        "--cluster/--local", help="build on the cluster (default: when FARM_REDIS_URL is "
-        "set) or locally")] = None,
+        "--cluster/--local", help="build on the cluster, or here (default: on the cluster "
+        "when FARM_REDIS_URL is set)")] = None,
     fingerprint: Annotated[str | None, typer.Option(
-        help="cluster: target fingerprint (default: the local device's)")] = None,
+        metavar="FINGERPRINT", help="cluster: the target fingerprint, whole or a unique "
+        "prefix of one served (default: the local device's)")] = None,
     fallback_local: Annotated[bool, typer.Option(
-        help="cluster: compile locally when no worker serves the fingerprint")] = False,
+        "--fallback-local",
+        help="cluster: compile here when no worker serves the fingerprint")] = False,
     verify: Annotated[bool, typer.Option(
-        help="cluster: read and verify every stored artifact's digest")] = False,
+        "--verify", help="cluster: read and verify every stored artifact's digest")] = False,
     wait_for_workers: Annotated[bool, typer.Option(
         "--wait-for-workers", help="cluster: queue the kernels even when no worker serves "
         "the fingerprint now (a pool that scales from zero starts on its queue's "
         "length); needs --fingerprint")] = False,
     metrics_file: Annotated[Path | None, typer.Option(
-        "--metrics-file", help="write the build's summary as Prometheus text here (for "
-        "node-exporter's textfile collector); FARM_METRICS_PUSHGATEWAY pushes it")] = None,
+        "--metrics-file", metavar="FILE", help="write the build's summary there as "
+        "Prometheus text (for node-exporter's textfile collector); "
+        "FARM_METRICS_PUSHGATEWAY pushes it")] = None,
 ) -> None:
-    """Build a model's kernels into the store (locally or on the cluster)."""
+    """Build a model's kernels into the store, here or on the cluster.
+
+    MANIFEST may also be a capture of an application's programs (farm capture).
+    Expands MANIFEST into kernels, skips those the store holds, compiles the rest (on
+    local processes, or on the workers serving the fingerprint), and prints a summary.
+    Progress goes to stderr: a live line on a terminal, a plain line every few seconds
+    otherwise. Exit status 1 when a kernel failed (with --strict, also when the device
+    cannot run one).
+    """
+    from farm.cli.build_capture import build_capture, is_capture
+
+    if is_capture(manifest):
+        build_capture(manifest, workers=workers, json_out=json_out, cluster=cluster,
+                      fingerprint=fingerprint, device=device)
+        return
     from farm.compilation.local import local_farm
     from farm.core.settings import load_settings
     from farm.families import Registry
@@ -63,29 +90,34 @@ def build(
     registry = Registry.load(settings.family_modules)  # one registry, one expansion
     artifacts = [e.artifact for e in expand(loaded, registry)]
     report: BatchReport | None = None
+    recorder: Recorder | None = None
     if use_cluster:
         target = _ClusterTarget(fingerprint=fingerprint, fallback_local=fallback_local,
                                 wait_for_workers=wait_for_workers, verify=verify)
-        report, fp = _cluster_build(settings, registry, artifacts, label, target,
-                                    quiet=json_out)
+        report, fp, recorder = _cluster_build(settings, registry, artifacts, label, target,
+                                              quiet=json_out)
     if report is None:
         with local_farm(settings, label=label, workers=workers, registry=registry) as farm:
-            report = _run_with_progress(farm.batch(label=label), artifacts, quiet=json_out)
+            with progress(len(artifacts), quiet=json_out) as shown:
+                report = farm.batch(label=label).run(artifacts, progress=shown)
             fp = farm.device.fingerprint
+            recorder = farm.recorder
     failed = report.failed + (report.unsupported if strict else [])
     if metrics_file is not None or settings.metrics_pushgateway:
         _publish_metrics(report, settings, manifest=loaded.name or path.stem, fingerprint=fp,
                          cluster=use_cluster, textfile=metrics_file)
     if json_out:
         print_json({"manifest": str(path), "fingerprint": fp, "cluster": use_cluster,
-                    "summary": report.summary(), "workers": _by_worker(report),
-                    "unsupported": [_failure_json(r) for r in report.unsupported],
-                    "failures": [_failure_json(r) for r in report.failed]})
+                    "summary": report.summary(), "workers": by_worker(report),
+                    "session": recorded_session(recorder),
+                    "unsupported": [failure_json(r) for r in report.unsupported],
+                    "failures": [failure_json(r) for r in report.failed]})
     else:
         print_summary(report, title=f"farm build {loaded.label} on {fp}")
         if use_cluster:
             print_workers(report)
         print_failures(report, strict)
+        err.print(recorded_line(recorder), markup=False, highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
 
@@ -107,10 +139,11 @@ def _say(line: str) -> None:
 
 def _cluster_build(settings: Settings, registry: Registry, artifacts: list[ArtifactId],
                    label: str, target: _ClusterTarget, *, quiet: bool
-                   ) -> tuple[BatchReport | None, str]:
+                   ) -> tuple[BatchReport | None, str, Recorder | None]:
     """Build through the workers; ``None`` when falling back to a local build."""
     from farm.cluster.client import BuildOptions, ClusterClient
-    from farm.core.device import probe_devices, select_device
+    from farm.cluster.workers import served
+    from farm.core.device import probe_devices, resolve_fingerprint, select_device
     from farm.core.errors import ClusterError, InputError
     from farm.records.open import open_recorder
 
@@ -122,6 +155,10 @@ def _cluster_build(settings: Settings, registry: Registry, artifacts: list[Artif
         if target.fallback_local or not target.fingerprint else None
     fp = target.fingerprint or local_fp or ""
     with ClusterClient(settings, registry=registry, say=_say) as client:
+        if target.fingerprint:  # whole, or a unique prefix of a fingerprint served
+            grace = settings.dead_worker_grace
+            fp = resolve_fingerprint(target.fingerprint, client.waiter.call(
+                lambda: served(client.redis, grace)))
         try:
             client.served(fp)
         except ClusterError as exc:
@@ -134,19 +171,19 @@ def _cluster_build(settings: Settings, registry: Registry, artifacts: list[Artif
                                    f"compile for {fp}") from None
             else:
                 _say(f"{exc}: compiling locally (--fallback-local)")
-                return None, fp
+                return None, fp, None
         options = BuildOptions(fingerprint=fp, label=label, verify=target.verify,
                                wait_for_workers=target.wait_for_workers)
         recorder = open_recorder(settings, label)
         try:
-            with _progress(len(artifacts), quiet) as tick:
-                report = client.build(artifacts, options, recorder=recorder, progress=tick,
-                                      status=tick.status)
+            with progress(len(artifacts), quiet=quiet) as shown:
+                report = client.build(artifacts, options, recorder=recorder, progress=shown,
+                                      status=shown.status)
         except BaseException:
             _close_quietly(recorder)  # the error on its way out is the one line to show
             raise
         recorder.close()
-    return report, fp
+    return report, fp, recorder
 
 
 def _close_quietly(recorder: Recorder) -> None:
@@ -177,103 +214,3 @@ def _publish_metrics(report: BatchReport, settings: Settings, *, manifest: str,
         except OSError as exc:
             err.print(f"warning: could not push the build's metrics to "
                       f"FARM_METRICS_PUSHGATEWAY: {exc}", markup=False, soft_wrap=True)
-
-
-def _by_worker(report: BatchReport) -> dict[str, dict[str, float]]:
-    from farm.core.model import Outcome
-
-    out_: dict[str, dict[str, float]] = {}
-    for r in report.results:
-        if r.worker and r.outcome is not None:
-            w = out_.setdefault(r.worker, {"kernels": 0, "compiled": 0, "work_s": 0.0})
-            w["kernels"] += 1
-            w["compiled"] += r.outcome is Outcome.COMPILED
-            w["work_s"] = round(w["work_s"] + r.work_s, 4)
-    return out_
-
-
-def print_workers(report: BatchReport) -> None:
-    from rich.table import Table
-
-    table = Table(title="work by worker")
-    for col in ("worker", "kernels", "compiled", "work"):
-        table.add_column(col, justify="right" if col != "worker" else "left")
-    for name, w in sorted(_by_worker(report).items()):
-        table.add_row(name, str(int(w["kernels"])), str(int(w["compiled"])),
-                      f"{w['work_s']:.2f} s")
-    out.print(table)
-
-
-class _Tick:
-    """The per-kernel progress callback, and ``status`` for the cluster's live line
-    (chunks in flight per worker)."""
-
-    def __init__(self, bar: Progress, task: TaskID) -> None:
-        self._bar = bar
-        self._task = task
-
-    def __call__(self, res: KernelResult) -> None:
-        what = res.outcome.value if res.outcome else (res.failure.kind if res.failure
-                                                       else "")
-        self._bar.update(self._task, advance=1, last=f"{what} {res.label}"[:60])
-
-    def status(self, line: str) -> None:
-        self._bar.update(self._task, status=line[:80])
-
-
-@contextlib.contextmanager
-def _progress(total: int, quiet: bool) -> Iterator[_Tick]:
-    """A progress bar on stderr; yields the per-kernel callback."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
-                  TextColumn("{task.fields[status]}"), console=err,
-                  disable=quiet, transient=True) as bar:
-        task = bar.add_task("building", total=total, last="", status="")
-        yield _Tick(bar, task)
-
-
-def _run_with_progress(batch: Batch, artifacts: list[ArtifactId], quiet: bool) -> BatchReport:
-    with _progress(len(artifacts), quiet) as tick:
-        return batch.run(artifacts, progress=tick)
-
-
-def print_summary(report: BatchReport, title: str) -> None:
-    from rich.table import Table
-
-    s = report.summary()
-    table = Table(title=title, show_header=True)
-    for col in ("kernels", "loaded", "rekeyed", "compiled", "unsupported", "failed",
-                "work", "wall", "work/wall"):
-        table.add_column(col, justify="right")
-    table.add_row(str(s["kernels"]), str(s["loaded"]), str(s["rekeyed"]), str(s["compiled"]),
-                  str(s["unsupported"]), str(s["failed"]), f"{s['work_s']:.2f} s",
-                  f"{s['wall_s']:.2f} s", f"{s['speedup']:.2f}x")
-    out.print(table)
-
-
-def print_failures(report: BatchReport, strict: bool) -> None:
-    if report.unsupported:
-        style = "red" if strict else "yellow"
-        out.print(f"[{style}]{len(report.unsupported)} kernel(s) the device cannot run"
-                  f"{' (failures under --strict)' if strict else ''}:[/{style}]")
-        for r in report.unsupported[:20]:
-            out.print(printable(f"  {r.label}: {r.failure.message if r.failure else ''}"),
-                      markup=False)
-        if len(report.unsupported) > 20:
-            out.print(f"  ... and {len(report.unsupported) - 20} more")
-    for r in report.failed:
-        assert r.failure is not None
-        out.print("[red]FAILED[/red] ", end="")  # labels and messages echo input
-        out.print(printable(f"{r.label} ({r.failure.kind}): {r.failure.message}", 2000),
-                  markup=False)
-        if r.failure.build_log:
-            for line in r.failure.build_log.splitlines()[:40]:
-                out.print(f"    | {printable(line, 1000)}", markup=False)
-
-
-def _failure_json(r: KernelResult) -> dict[str, object]:
-    assert r.failure is not None
-    return {"kernel": r.artifact.kernel.model_dump(mode="json"), "label": r.label,
-            "key": str(r.key) if r.key else None, **r.failure.model_dump()}

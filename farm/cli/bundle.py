@@ -12,21 +12,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.text import Text
 
 from farm.cli.console import err, out, print_json
+from farm.cli.help import examples, new_app
+from farm.cli.tables import Column, print_table, print_title
 from farm.core.defaults import BUNDLE_MAX_BYTES
 from farm.core.errors import InputError, printable
 
 if TYPE_CHECKING:
     from farm.core.keys import Namespace
 
-app = typer.Typer(help="Move artifacts between stores as one file (offline machines).",
-                  no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False)
+app = new_app("Move artifacts between stores as one file (offline machines).",
+              epilog=examples("farm bundle export kernels.bundle",
+                              "farm bundle show kernels.bundle",
+                              "farm bundle import kernels.bundle  # on the other machine"))
 
 MaxSize = Annotated[int, typer.Option(
-    "--max-size", help="largest bundle accepted, in bytes (it is held in memory while "
-    "it is verified)", min=1)]
+    "--max-size", metavar="BYTES", min=1, help="largest bundle accepted, in bytes (it is "
+    "held in memory while it is verified)")]
 
 
 def _namespace(text: str) -> Namespace:
@@ -51,22 +55,24 @@ def _this_device_namespace(device: str | None) -> Namespace:
     return Namespace.for_fingerprint(chosen.fingerprint)
 
 
-@app.command("export")
+@app.command("export", epilog=examples(
+    "farm bundle export kernels.bundle", "farm bundle export all.bundle --all",
+    "farm bundle export gpu.bundle --namespace nvidia-h200 --force"))
 def export(
     out_file: Annotated[Path, typer.Argument(metavar="OUT", help="bundle file to write")],
     namespace: Annotated[list[str] | None, typer.Option(
-        "--namespace", "-n", help="namespace or fingerprint to export (repeatable); "
-        "default: this machine's device")] = None,
+        "--namespace", "-n", metavar="NAMESPACE", help="namespace or fingerprint to "
+        "export (repeatable); default: this machine's device")] = None,
     all_namespaces: Annotated[bool, typer.Option("--all", help="every namespace")] = False,
     device: Annotated[str | None, typer.Option(
+        metavar="FINGERPRINT|NAME",
         help="pick this machine's device (when no --namespace/--all)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace OUT if it exists")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
 ) -> None:
-    """Export artifacts of the current environment's store to one bundle file."""
-    from rich.table import Table
-
+    """Export artifacts of this environment's store to one bundle file."""
     from farm.core.settings import load_settings
+    from farm.programs.bundles import blobs_of
     from farm.store import open_store
     from farm.store.bundle import export_bundle
 
@@ -81,24 +87,24 @@ def export(
         chosen = [_this_device_namespace(device)]
     store = open_store(load_settings())
     try:
-        report = export_bundle(store, chosen, out_file, overwrite=force)
+        report = export_bundle(store, chosen, out_file, overwrite=force,
+                               blobs_of=blobs_of(store))
     finally:
         store.close()
     if json_out:
         print_json(report.summary())
         return
-    table = Table(title=f"exported {out_file} ({report.file_bytes} bytes)")
-    for col in ("namespace", "artifacts", "bytes"):
-        table.add_column(col, justify="left" if col == "namespace" else "right")
-    for ns in report.manifest.namespaces:
-        table.add_row(ns.namespace, str(ns.artifacts), str(ns.bytes))
-    out.print(table)
+    print_title(f"exported {out_file} ({report.file_bytes} bytes)")
+    for ns in report.manifest.namespaces:  # a namespace whole on a line of its own
+        out.print(Text(ns.namespace, overflow="fold"))
+        out.print(f"  {ns.artifacts} artifact(s), {ns.bytes} bytes", highlight=False)
     for name in report.unreadable:
         err.print(f"[yellow]left out[/yellow] {name}: fails its digest in the store",
                   highlight=False)
 
 
-@app.command("import")
+@app.command("import", epilog=examples("farm bundle import kernels.bundle",
+                                       "farm bundle import kernels.bundle --json"))
 def import_(
     bundle: Annotated[Path, typer.Argument(metavar="FILE", help="bundle file to import")],
     max_size: MaxSize = BUNDLE_MAX_BYTES,
@@ -108,11 +114,9 @@ def import_(
              "first use)")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
 ) -> None:
-    """Verify a bundle in full, validate what a device here can load (in a child
-    process), then import it into the current environment's store."""
+    """Verify a bundle in full, load what a device here can load (in a child process),
+    then import it into this store."""
     import contextlib
-
-    from rich.table import Table
 
     from farm.compilation.validate import IsolatedValidator
     from farm.core.device import discover_devices
@@ -140,16 +144,15 @@ def import_(
     if json_out:
         print_json(summary)
         return
-    table = Table(title=f"imported {bundle}")
-    for col in ("namespace", "imported", "skipped", "refused"):
-        table.add_column(col, justify="left" if col == "namespace" else "right")
+    print_title(f"imported {bundle}")
     namespaces = summary["namespaces"]
     assert isinstance(namespaces, dict)
-    for ns, counts in namespaces.items():
-        table.add_row(ns, str(counts["imported"]), str(counts["skipped"]),
-                      str(counts["refused"]))
-    table.add_row("total", str(report.imported), str(report.skipped), str(report.refused))
-    out.print(table)
+    for ns, counts in namespaces.items():  # a namespace whole on a line of its own
+        out.print(Text(ns, overflow="fold"))
+        out.print(f"  imported {counts['imported']}, skipped {counts['skipped']}, refused "
+                  f"{counts['refused']}", highlight=False)
+    out.print(f"total: imported {report.imported}, skipped {report.skipped}, refused "
+              f"{report.refused}", highlight=False)
     if report.refused:
         out.print(f"{report.refused} artifact(s) refused: the store holds another value "
                   "under the key (first writer wins; a local artifact is never replaced)")
@@ -162,16 +165,14 @@ def import_(
                   markup=False, highlight=False)
 
 
-@app.command("show")
+@app.command("show", epilog=examples("farm bundle show kernels.bundle"))
 def show(
     bundle: Annotated[Path, typer.Argument(metavar="FILE", help="bundle file")],
     max_size: MaxSize = BUNDLE_MAX_BYTES,
     json_out: Annotated[bool, typer.Option("--json", help="manifest summary as JSON")] = False,
 ) -> None:
-    """List what a bundle holds (verifying it in full) without importing it."""
-    from rich.table import Table
-
-    from farm.store.bundle import parse_namespace, read_bundle
+    """List what a bundle holds (verifying it in full), importing nothing."""
+    from farm.store.bundle import read_bundle
 
     read = read_bundle(bundle, max_bytes=max_size)
     m = read.manifest
@@ -196,10 +197,10 @@ def show(
     sizes: Counter[tuple[str, str]] = Counter()
     for a in m.artifacts:
         sizes[(a.namespace, a.meta.family)] += a.size
-    table = Table(title="namespace opencl/v1/<fingerprint>")
-    for col in ("fingerprint", "family", "artifacts", "bytes"):
-        table.add_column(col, justify="left" if col in ("fingerprint", "family") else "right")
-    for (ns, family), count in sorted(families.items()):
-        table.add_row(parse_namespace(ns).fingerprint, printable(family), str(count),
-                      str(sizes[(ns, family)]))  # a family name is the bundle's text
-    out.print(table)
+    for ns in sorted({ns for ns, _ in families}):  # the namespace whole, then its families
+        out.print()
+        out.print(Text(ns, style="bold", overflow="fold"))
+        # a family name is the bundle's text: printable
+        print_table([Column("family"), Column("artifacts", "right"), Column("bytes", "right")],
+                    [[printable(family), str(count), str(sizes[(n, family)])]
+                     for (n, family), count in sorted(families.items()) if n == ns])

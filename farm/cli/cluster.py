@@ -16,9 +16,10 @@ from typing import Annotated
 import typer
 
 from farm.cli.console import out
+from farm.cli.help import examples, new_app
 
-app = typer.Typer(help="A local cluster for trying the distributed mode on one machine.",
-                  no_args_is_help=True)
+app = new_app("A local cluster for trying the distributed mode on one machine.",
+              epilog=examples("farm cluster up"))
 
 
 @app.callback()
@@ -26,19 +27,25 @@ def _group() -> None:
     """Keep ``up`` a sub-command."""
 
 
-@app.command("up")
+@app.command("up", epilog=examples(
+    "farm cluster up", "farm cluster up --workers 3 --concurrency 2",
+    "farm cluster up --workdir ./cluster  # then: source ./cluster/cluster.env"))
 def up(
-    workers: Annotated[int, typer.Option("--workers", "-n", help="worker processes")] = 2,
-    concurrency: Annotated[int, typer.Option(help="pool processes per worker")] = 1,
+    workers: Annotated[int, typer.Option("--workers", "-n", metavar="N",
+                                         help="worker processes")] = 2,
+    concurrency: Annotated[int, typer.Option(metavar="N",
+                                             help="pool processes per worker")] = 1,
     env_file: Annotated[Path | None, typer.Option(
-        help="write the settings here (mode 0600; default: cluster.env in the work "
+        metavar="FILE", help="write the settings here (mode 0600; default: cluster.env in the work "
         "folder)")] = None,
     workdir: Annotated[Path | None, typer.Option(
-        help="folder for the logs, the records and the settings (default: a new "
+        metavar="DIR", help="folder for the logs, the records and the settings (default: a new "
         "farm-cluster-* folder in the temporary folder); kept after the cluster stops")
     ] = None,
 ) -> None:
-    """Start Redis, MinIO and N workers; print the settings; stop all on Ctrl-C.
+    """Start Redis, MinIO, N workers and an ingester here, until Ctrl-C.
+
+    Prints the settings (FARM_*) to source in another shell.
 
     The logs (worker-N.log, ingester-0.log) and the records stay in the work folder
     after the cluster stops: that is where to look when something went wrong.

@@ -1,21 +1,24 @@
 """Shared console plumbing: stdout for results, stderr for progress and errors.
 
 Why both: ``--json`` output must stay machine-readable while people still see progress.
+
+The width is rich's own choice: ``COLUMNS`` when set, else the terminal's (of stdout,
+stderr or stdin, so ``farm records sessions | less`` still sees the terminal), else 80
+(a CI log). Every listing is made to fit 80 columns (``farm.cli.tables``).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 from rich.console import Console
 
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 

@@ -13,8 +13,10 @@ from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(help="List the registered kernel families and check them against numpy.",
-                  no_args_is_help=True)
+from farm.cli.help import examples, new_app
+
+app = new_app("List the registered kernel families and check them against numpy.",
+              epilog=examples("farm families list", "farm families check matmul"))
 
 
 @app.callback()
@@ -22,13 +24,15 @@ def _group() -> None:
     """Kernel families: ``list`` and ``check``."""
 
 
-@app.command("list")
+@app.command("list", epilog=examples("farm families list", "farm families list --json"))
 def list_families(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines.")
                        ] = False,
 ) -> None:
-    """Every registered family: where it comes from, its build id, whether it has an
-    example; and every entry point that could not be loaded, with the reason."""
+    """List the registered families, their build ids and origins.
+
+    Also every entry point that could not be loaded, with the reason.
+    """
     from farm.core.settings import load_settings
     from farm.families.registry import Registry
 
@@ -44,25 +48,38 @@ def list_families(
     if as_json:
         typer.echo(json.dumps({"families": rows, "broken": registry.broken}, indent=2))
         return
-    width = max((len(r["name"]) for r in rows), default=0)
-    for r in rows:
-        typer.echo(f"{r['name']:<{width}}  {r['build_id']}  {r['source']}"
-                   + ("" if r["example"] else "  (no example)"))
+    from farm.cli.console import out
+    from farm.cli.tables import Column, print_table
+
+    print_table([Column("family"), Column("build id"), Column("from", wrap=True)],
+                [[r["name"], r["build_id"],
+                  r["source"] + ("" if r["example"] else "; no example")] for r in rows])
+    out.print("build id: a hash of the family's code (its whole package) and of the farm "
+              "version. Artifacts are stored under it, so a changed family is compiled anew "
+              "and its old artifacts are never served; the built-in families are one "
+              "package, so they share one. No example: `farm families check` cannot run "
+              "it.", markup=False, highlight=False)
     for name, why in registry.broken.items():
-        typer.echo(f"not loaded: entry point {name}: {why}")
+        out.print(f"not loaded: entry point {name}: {why}", markup=False, highlight=False,
+                  soft_wrap=True)
 
 
-@app.command()
+@app.command(epilog=examples("farm families check", "farm families check matmul softmax",
+                             "farm families check --device pocl --json"))
 def check(
     names: Annotated[list[str] | None, typer.Argument(
-        metavar="[NAME]...", help="Families to check (default: every registered one).")
+        metavar="NAME", help="Families to check (default: every registered one).")
     ] = None,
-    device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
+    device: Annotated[str | None, typer.Option(
+        metavar="FINGERPRINT|NAME", help="the local device (default: FARM_DEVICE, else the "
+        "first)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines.")
                        ] = False,
 ) -> None:
-    """Run each family's example on the local device against numpy: one line per
-    family; exit status 1 when one differs or fails to compile."""
+    """Run each family's example on the local device against numpy.
+
+    One line per family; exit status 1 when one differs or fails to compile.
+    """
     import pyopencl as cl
 
     from farm.core.device import discover_devices, open_device, select_device
@@ -80,7 +97,7 @@ def check(
     if as_json:
         typer.echo(json.dumps({"device": info.fingerprint, "families": [
             {"name": r.family, "status": r.status, "examples": r.examples,
-             "problems": r.problems} for r in results]}, indent=2))
+             "problems": r.problems, "build_log": r.build_log} for r in results]}, indent=2))
     else:
         width = max((len(r.family) for r in results), default=0)
         for r in results:
@@ -88,11 +105,13 @@ def check(
                 (f"{r.examples} examples match numpy" if r.examples != 1 else
                  "its example matches numpy")
             typer.echo(f"{r.status:<11} {r.family:<{width}}  {detail}")
+            for line in r.build_log.splitlines()[:40]:  # the compiler's whole message
+                typer.echo(f"    | {line}")
     if any(r.failed for r in results):
         raise typer.Exit(1)
 
 
-def _base_example() -> Any:
+def _base_example() -> object:
     from farm.families.base import KernelFamily
 
     return KernelFamily.example

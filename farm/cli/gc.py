@@ -11,12 +11,17 @@ from farm.core.errors import InputError, first_error
 
 
 def gc(
-    dry_run: Annotated[bool, typer.Option(help="list what would go, delete nothing")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="list what would go, delete nothing")] = False,
     namespace: Annotated[list[str] | None, typer.Option(
-        help="only this namespace (repeatable); default all")] = None,
-    json_out: Annotated[bool, typer.Option("--json")] = False,
+        metavar="NAMESPACE", help="only this namespace (repeatable); default all")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="as JSON")] = False,
 ) -> None:
-    """Delete stored keys whose family's code has changed since they were built."""
+    """Delete stored artifacts of families whose code has changed.
+
+    An artifact is kept under its family's build id (a hash of the family's code); one
+    of an earlier build id is never served again, so it only takes room.
+    """
     from pydantic import ValidationError
 
     from farm.core.keys import Namespace

@@ -46,32 +46,38 @@ def _watched_ingester() -> type:
 
 def ingest(
     batch: Annotated[int, typer.Option(
-        "--batch", min=1, help="entries read per stream per round (one commit)")] = INGEST_BATCH,
+        "--batch", min=1, metavar="N",
+        help="entries read per stream per round (one commit)")] = INGEST_BATCH,
     block_ms: Annotated[int, typer.Option(
-        "--block-ms", min=1,
+        "--block-ms", min=1, metavar="MS",
         help="longest wait for new entries (and for a stop)")] = INGEST_BLOCK_MS,
     claim_idle_ms: Annotated[int, typer.Option(
-        "--claim-idle-ms", min=0, help="take over entries another ingester left pending "
-        "this long (a dead one's)")] = INGEST_CLAIM_IDLE_MS,
+        "--claim-idle-ms", min=0, metavar="MS", help="take over entries another "
+        "ingester left pending this long (a dead one's)")] = INGEST_CLAIM_IDLE_MS,
     name: Annotated[str | None, typer.Option(
+        metavar="NAME",
         help="consumer name (default host:pid); a restart under the same name re-reads "
         "its own pending entries at once")] = None,
     keep_sessions: Annotated[int | None, typer.Option(
-        "--keep-sessions", min=0, help="prune to N sessions for sessions that carry no "
-        "keep_sessions of their own (default FARM_KEEP_SESSIONS)")] = None,
+        "--keep-sessions", min=0, metavar="N", help="prune to N sessions for sessions "
+        "that carry no keep_sessions of their own (default FARM_KEEP_SESSIONS)")] = None,
     drain: Annotated[bool, typer.Option(
-        help="exit once nothing is left to read, instead of waiting for more")] = False,
+        "--drain", help="exit once nothing is left to read, instead of waiting for more")] = False,
     json_out: Annotated[bool, typer.Option(
         "--json", help="print the final counts as JSON on stdout")] = False,
-    loglevel: Annotated[str, typer.Option(help="log level on stderr")] = "INFO",
+    loglevel: Annotated[str, typer.Option(metavar="LEVEL", help="log level on stderr")] = "INFO",
     metrics_port: Annotated[int | None, typer.Option(
-        "--metrics-port", min=1, max=65535, help="serve Prometheus metrics on this port "
-        "(default FARM_METRICS_PORT; unset: none)")] = None,
+        "--metrics-port", min=1, max=65535, metavar="PORT", help="serve Prometheus "
+        "metrics on this port (default FARM_METRICS_PORT; unset: none)")] = None,
 ) -> None:
-    """Write the records streams into session storage until stopped (SIGTERM/SIGINT)."""
+    """Write the records streams into session storage until stopped.
+
+    Reads the Redis streams (FARM_REDIS_URL) and writes FARM_RECORDS_URL; stops on
+    SIGTERM or SIGINT after the batch in hand, or with --drain when nothing is left.
+    """
     from farm.cluster.health import HealthFiles
     from farm.core.settings import load_settings
-    from farm.records.ingest import default_consumer_name
+    from farm.records.ingest import Pacing, default_consumer_name
     from farm.records.stream import connect
 
     settings = load_settings()
@@ -95,8 +101,8 @@ def ingest(
     try:
         with SessionStorage(settings.effective_records_url) as storage:
             ingester = _watched_ingester()(
-                client, storage, consumer=consumer, batch=batch, block_ms=block_ms,
-                claim_idle_ms=claim_idle_ms,
+                client, storage, consumer=consumer,
+                pacing=Pacing(batch=batch, block_ms=block_ms, claim_idle_ms=claim_idle_ms),
                 keep_sessions=keep_sessions if keep_sessions is not None
                 else settings.keep_sessions)
             if settings.health_dir is not None:

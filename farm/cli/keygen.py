@@ -13,8 +13,9 @@ from farm.core.errors import InputError
 
 
 def keygen(out_file: Annotated[Path, typer.Argument(
+        metavar="OUT_FILE",
         help="where to write the private key (mode 0600); give it to writers only")]) -> None:
-    """Write an Ed25519 signing key to OUT_FILE and print its public key.
+    """Write an Ed25519 signing key and print its public key.
 
     Writers (workers, build clients) get FARM_SIGNING_KEY from that file (through a
     secret); loaders get FARM_VERIFY_KEY=<the printed public key>.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -12,29 +13,67 @@ from farm.cli import devices as devices_cmd
 from farm.cli import gc as gc_cmd
 from farm.cli import ingest as ingest_cmd
 from farm.cli import keygen as keygen_cmd
+from farm.cli import run as run_cmd
 from farm.cli import warm as warm_cmd
 from farm.cli import worker as worker_cmd
 from farm.cli.bundle import app as bundle_app
 from farm.cli.cluster import app as cluster_app
 from farm.cli.families import app as families_app
+from farm.cli.help import EXIT_CODES, examples, new_app
 from farm.cli.manifest import app as manifest_app
 from farm.cli.records import app as records_app
 from farm.core.errors import FarmError, one_line, printable
 
-app = typer.Typer(help="kernel-farm: a compilation farm for OpenCL kernels.",
-                  pretty_exceptions_enable=False, no_args_is_help=True,
-                  add_completion=False)
-app.command("build")(build_cmd.build)
-app.command("devices")(devices_cmd.devices)
-app.command("demo")(demo_cmd.demo)
-app.command("worker")(worker_cmd.worker)
-app.command("workers")(worker_cmd.workers)
+app = new_app("kernel-farm: a compilation farm for OpenCL kernels.\n\nSettings come from "
+              "FARM_* environment variables (see the README); without FARM_REDIS_URL "
+              "everything runs on this machine.",
+              epilog=examples("farm build tiny", "farm records summary --build latest",
+                              "farm cluster up") + f"\n\nExit status: {EXIT_CODES}")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from farm.version import __version__
+
+        typer.echo(f"kernel-farm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _farm(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print the version and exit.")] = False) -> None:
+    """kernel-farm: a compilation farm for OpenCL kernels."""
+
+
+app.command("build", epilog=examples(
+    "farm build tiny", "farm build model.toml --workers 4",
+    "farm build medium --cluster --fingerprint pocl-pthread",
+    "farm build model.toml --json > summary.json"))(build_cmd.build)
+app.command("devices", epilog=examples("farm devices", "farm devices --json"))(
+    devices_cmd.devices)
+app.command("demo", epilog=examples("farm demo", "farm demo medium --fresh"))(demo_cmd.demo)
+app.command("worker", epilog=examples(
+    "farm worker", "farm worker --fingerprint pocl-pthread --concurrency 4",
+    "farm worker --metrics-port 9100 -- --max-tasks-per-child=100"))(worker_cmd.worker)
+app.command("workers", epilog=examples("farm workers", "farm workers --json"))(
+    worker_cmd.workers)
 app.add_typer(manifest_app, name="manifest", help="Inspect model manifests.")
 app.add_typer(cluster_app, name="cluster", help="A local cluster on this machine.")
-app.command("ingest")(ingest_cmd.ingest)
-app.command("warm")(warm_cmd.warm)
-app.command("keygen")(keygen_cmd.keygen)
-app.command("gc")(gc_cmd.gc)
+app.command("ingest", epilog=examples(
+    "farm ingest", "farm ingest --drain --json", "farm ingest --name ingester-0 "
+    "--metrics-port 9102"))(ingest_cmd.ingest)
+app.command("warm", epilog=examples("farm warm medium", "farm warm model.toml --on-miss farm",
+                                    "farm warm model.toml --on-miss fail --json"))(
+    warm_cmd.warm)
+app.command("keygen", epilog=examples("farm keygen signing.key"))(keygen_cmd.keygen)
+app.command("gc", epilog=examples("farm gc --dry-run", "farm gc"))(gc_cmd.gc)
+app.command("run", epilog=examples(
+    "farm run -- python my_app.py", "farm run --json summary.json -- python my_app.py",
+    "farm run --capture app.capture.json -- python my_app.py"))(run_cmd.run)
+app.command("capture", epilog=examples(
+    "farm capture app.capture.json -- python my_app.py",
+    "farm build app.capture.json --cluster"))(run_cmd.capture_cmd)
 app.add_typer(bundle_app, name="bundle", help="Export, import and inspect artifact bundles.")
 app.add_typer(records_app, name="records", help="Read sessions, records, builds and timelines.")
 app.add_typer(families_app, name="families", help="List kernel families; check them against numpy.")
@@ -45,8 +84,10 @@ def main() -> None:
     try:
         # Without standalone mode click returns the exit code of ``typer.Exit``.
         code = app(standalone_mode=False)
-    except FarmError as exc:  # always one line, and nothing from input moves the cursor
-        print(f"error: {printable(' '.join(str(exc).split()), 4000)}", file=sys.stderr)
+    except FarmError as exc:
+        for line in exc.lines:  # one line per problem (a manifest reports each of its own)
+            # nothing from input moves the cursor or forges a line (printable)
+            print(f"error: {printable(' '.join(line.split()), 4000)}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -13,13 +13,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from farm.cli.help import examples, new_app
 from farm.core.errors import FarmError
 from farm.manifests import builtin_manifests
 
-app = typer.Typer(
-    help="Inspect model manifests: the kernel instances a build would ask for.",
-    no_args_is_help=True,
-)
+app = new_app("Inspect model manifests: the kernel instances a build would ask for.",
+              epilog=examples("farm manifest show medium"))
 
 
 @app.callback()
@@ -28,7 +27,7 @@ def _group() -> None:
     make a one-command app that command itself)."""
 
 
-@app.command()
+@app.command(epilog=examples("farm manifest show tiny", "farm manifest show model.toml --json"))
 def show(
     file: Annotated[str, typer.Argument(
         metavar="FILE",
@@ -49,8 +48,9 @@ def show(
         manifest = load_manifest(path)
         entries = expand(manifest, Registry.load(load_settings().family_modules))
     except FarmError as exc:
-        # one line on stderr, no traceback: the message already names file, line, field
-        typer.echo(" ".join(str(exc).split()), err=True)
+        # a line per problem on stderr, no traceback: each names file, line, field
+        for line in exc.lines:
+            typer.echo(" ".join(line.split()), err=True)
         raise typer.Exit(exc.exit_code) from None
     counts = summarize(entries)
     total = sum(counts.values())

@@ -17,18 +17,24 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from farm.cli.console import out, print_json
+from farm.cli.help import examples, new_app
+from farm.cli.tables import Column, print_one_row, print_table
 from farm.core.errors import FarmError, InputError, StoreError
 
 if TYPE_CHECKING:
     from farm.core.settings import Settings
-    from farm.records.model import Record, Session
-    from farm.records.query import Summary
+    from farm.records.model import CompilationRecord, Record, Session
+    from farm.records.query import BuildRef, KernelLine, Summary
     from farm.records.storage import SessionStorage
 
-app = typer.Typer(help="Read what the farm did: sessions, records, builds, timelines.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app = new_app("Read what the farm did: sessions, records, builds, timelines.",
+              epilog=examples("farm records sessions", "farm records show latest",
+                              "farm records summary --build latest",
+                              "farm records timeline latest -o build.html"))
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
+WideOpt = Annotated[bool, typer.Option(
+    "--wide", help="every column (keys, hosts, builds) whatever the terminal's width")]
 
 
 @contextmanager
@@ -58,9 +64,10 @@ def open_storage(settings: Settings | None = None, *,
         yield storage
 
 
-def _when(session: Session) -> str:
-    """A session's start in local time, to the second: what a person reads."""
-    return session.started_at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+def _when(session: Session, seconds: bool = True) -> str:
+    """A session's start in local time, to the second (or minute): what a person reads."""
+    return session.started_at.astimezone().strftime(
+        "%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
 
 
 def _session_id(storage: SessionStorage, text: str) -> int:
@@ -76,14 +83,35 @@ def _session_id(storage: SessionStorage, text: str) -> int:
                      "sessions`) or `latest`")
 
 
-@app.command("sessions")
+def _build_ref(storage: SessionStorage, text: str) -> BuildRef:
+    """``SESSION[:BATCH]``, where SESSION may be ``latest``: the newest session that
+    holds a build (a batch record), not a worker's session started later."""
+    from farm.records.query import BuildRef
+
+    session, colon, batch = text.partition(":")
+    if session != "latest":
+        return BuildRef.parse(text)
+    newest = storage.sessions(limit=50)
+    counts = storage.session_counts(s.id for s in newest)
+    builds = [s.id for s in newest if counts.get(s.id, {}).get("batches", 0)]
+    if not builds and not newest:
+        raise InputError(f"no session in {storage.where}")
+    return BuildRef.parse(f"{(builds or [newest[0].id])[0]}{colon}{batch}")
+
+
+@app.command("sessions", epilog=examples("farm records sessions",
+                                         "farm records sessions -n 5 --wide",
+                                         "farm records sessions --json"))
 def sessions(
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="newest N")] = 50,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, metavar="N",
+                                       help="the newest N")] = 50,
+    wide: WideOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """List sessions, newest first: label, host, and what each changed."""
-    from rich.table import Table
+    """List sessions, newest first: label, host, and what each changed.
 
+    The id is what `farm records show` and `farm records timeline` take.
+    """
     with open_storage() as storage:
         found = storage.sessions(limit=limit)
         counts = storage.session_counts(s.id for s in found)
@@ -100,18 +128,17 @@ def sessions(
     if json_out:
         print_json(rows)
         return
-    table = Table(title=f"sessions (newest first) in {storage.where}")
-    table.add_column("id", no_wrap=True, min_width=19)  # people copy it: never cut
-    table.add_column("started", no_wrap=True)
-    for column in ("label", "host"):
-        table.add_column(column)
-    for column in ("pid", "compiled", "rekeyed", "loaded", "batches", "records"):
-        table.add_column(column, justify="right")
-    for session, row in zip(found, rows, strict=True):
-        table.add_row(str(session.id), _when(session), session.label, session.host,
-                      str(session.pid), str(row["compiled"]), str(row["rekeyed"]),
-                      str(row["loaded"]), str(row["batches"]), str(row["records"]))
-    out.print(table)
+    columns = [Column("id"), Column("started"), Column("label", wrap=True),
+               *(Column(n, "right") for n in ("compiled", "rekeyed", "loaded")),
+               Column("host", optional=True), Column("pid", "right", optional=True),
+               Column("batches", "right", optional=True),
+               Column("records", "right", optional=True)]
+    print_table(columns, [
+        [str(session.id), _when(session, seconds=wide), session.label, str(row["compiled"]),
+         str(row["rekeyed"]), str(row["loaded"]), session.host, str(session.pid),
+         str(row["batches"]), str(row["records"])]
+        for session, row in zip(found, rows, strict=True)],
+        title=f"sessions (newest first) in {storage.where}", wide=wide)
     if not found:
         out.print("no session stored yet (a session is written once it changes something)")
 
@@ -120,28 +147,42 @@ def _record_json(record: Record) -> dict[str, Any]:
     return {"kind": record.KIND, **record.model_dump(mode="json")}
 
 
-def _record_what(record: Record) -> str:
+def kernel_name(record: CompilationRecord | KernelLine, *, key: bool = False) -> str:
+    """Family and parameters, as the build's progress named it; the key only on demand
+    (``--wide``), or where an older record carries no name."""
+    if not record.kernel:
+        return f"{record.family} {record.key}"
+    name = record.kernel.replace(",", ", ")  # a long one wraps between parameters
+    return f"{name} {record.key}" if key else name
+
+
+def _record_what(record: Record, wide: bool = False) -> str:
     from farm.records.model import CompilationBatchRecord, CompilationRecord
 
     if isinstance(record, CompilationRecord):
         asked = (f" for {record.requested_by.session}:{record.requested_by.batch}"
                  if record.requested_by else "")
         where = f" on {record.worker}" if record.worker else ""
-        return f"{record.outcome.value} {record.family} {record.key}{where}{asked}"
+        return f"{record.outcome.value} {kernel_name(record, key=wide)}{where}{asked}"
     assert isinstance(record, CompilationBatchRecord)
     return (f"batch {record.label!r}: {record.kernels} kernels, {record.loaded} loaded, "
             f"{record.rekeyed} rekeyed, {record.compiled} compiled, {record.unsupported} "
             f"unsupported, {record.failed} failed; wall {record.wall_s:.3f} s")
 
 
-@app.command("show")
+@app.command("show", epilog=examples("farm records show latest",
+                                     "farm records show 1796187761603293040 --wide"))
 def show(
-    session: Annotated[str, typer.Argument(help="session id, or `latest`")],
+    session: Annotated[str, typer.Argument(help="session id, or `latest`",
+                                           metavar="SESSION")],
+    wide: Annotated[bool, typer.Option(
+        "--wide", help="also each kernel's key (id hash . build id)")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Show one session and its records, in order."""
-    from rich.table import Table
+    """Show one session and its records, in order.
 
+    Kernels are named by family and parameters; --wide adds their keys.
+    """
     with open_storage() as storage:
         session_id = _session_id(storage, session)
         found = storage.session(session_id)
@@ -159,93 +200,100 @@ def show(
     else:
         out.print(f"session {session_id}: records without a session row (not ingested yet, "
                   "or pruned)", markup=False)
-    table = Table()
-    for column in ("seq", "offset s", "work s", "what"):
-        table.add_column(column, justify="left" if column == "what" else "right")
-    for record in records:
-        table.add_row(str(record.stamp.seq), f"{record.stamp.offset_s:.3f}",
-                      f"{record.work_s:.3f}", _record_what(record))
-    out.print(table)
+    print_table([Column("seq", "right"), Column("offset s", "right"),
+                 Column("work s", "right"), Column("what", wrap=True)],
+                [[str(record.stamp.seq), f"{record.stamp.offset_s:.3f}",
+                  f"{record.work_s:.3f}", _record_what(record, wide)] for record in records])
 
 
-def _print_summary(found: Summary) -> None:
-    from rich.table import Table
-
+def _print_summary(found: Summary, wide: bool = False) -> None:
     o = found.outcomes
 
     def pct(value: float | None) -> str:
         return "-" if value is None else f"{value:.0%}"
 
-    totals = Table(title=f"summary of {found.scope}: {len(found.builds)} build(s), "
-                   f"{found.sessions} session(s)")
-    for column in ("kernels", "loaded", "rekeyed", "compiled", "unsupported", "failed",
-                   "store hits", "reused", "work", "wall", "work/wall"):
-        totals.add_column(column, justify="right")
     ratio = "-" if found.work_over_wall is None else f"{found.work_over_wall:.2f}x"
-    totals.add_row(str(found.kernels), str(o.loaded), str(o.rekeyed), str(o.compiled),
-                   str(o.unsupported), str(o.failed), pct(found.store_hit_rate),
-                   pct(found.compiler_avoided_rate), f"{found.work_s:.2f} s",
-                   f"{found.wall_s:.2f} s", ratio)
-    out.print(totals)
+    print_one_row(
+        [Column(c, "right") for c in ("kernels", "loaded", "rekeyed", "compiled",
+                                      "unsupported", "failed", "store hits", "reused",
+                                      "work", "wall", "work/wall")],
+        [str(found.kernels), str(o.loaded), str(o.rekeyed), str(o.compiled),
+         str(o.unsupported), str(o.failed), pct(found.store_hit_rate),
+         pct(found.compiler_avoided_rate), f"{found.work_s:.2f} s", f"{found.wall_s:.2f} s",
+         ratio],
+        title=f"summary of {found.scope}: {len(found.builds)} build(s), "
+              f"{found.sessions} session(s)")
     out.print(f"missing: {found.missing} (stored kernels whose record never came)",
               markup=False)
     for title, groups in (("by family", found.by_family), ("by worker", found.by_worker)):
-        table = Table(title=title)
-        for column in ("name", "kernels", "loaded", "rekeyed", "compiled", "work", "slowest"):
-            table.add_column(column, justify="left" if column == "name" else "right")
-        for g in groups:
-            table.add_row(g.name, str(g.kernels), str(g.loaded), str(g.rekeyed),
-                          str(g.compiled), f"{g.work_s:.3f} s", f"{g.slowest_s:.3f} s")
-        out.print(table)
-    slow = Table(title="slowest kernels")
-    for column in ("work", "outcome", "family", "key", "worker", "build"):
-        slow.add_column(column, justify="right" if column == "work" else "left")
-    for line in found.slowest:
-        slow.add_row(f"{line.work_s:.3f} s", line.outcome.value, line.family, line.key,
-                     line.worker, line.build)
-    out.print(slow)
+        out.print()
+        print_table([Column("name"), *(Column(c, "right") for c in (
+            "kernels", "loaded", "rekeyed", "compiled", "work", "slowest"))],
+            [[g.name, str(g.kernels), str(g.loaded), str(g.rekeyed), str(g.compiled),
+              f"{g.work_s:.3f} s", f"{g.slowest_s:.3f} s"] for g in groups], title=title)
+    out.print()
+    print_table([Column("work", "right"), Column("outcome"), Column("kernel", wrap=True),
+                 Column("worker"), Column("key", optional=True),
+                 Column("build", optional=True)],
+                [[f"{line.work_s:.3f} s", line.outcome.value, kernel_name(line), line.worker,
+                  line.key, line.build] for line in found.slowest],
+                title="slowest kernels", wide=wide)
     if found.unattributed:
         out.print(f"{found.unattributed} kernel(s) have no compilation record (found in the "
                   "store by the client itself, or failed): counted in the totals only")
 
 
-@app.command("summary")
+@app.command("summary", epilog=examples("farm records summary",
+                                        "farm records summary --build latest --top 20",
+                                        "farm records summary --build 1796187761603293040:21"))
 def summary(
     build: Annotated[str | None, typer.Option(
-        "--build", help="SESSION[:BATCH]: one build, seen across every worker")] = None,
-    top: Annotated[int, typer.Option(min=0, help="slowest kernels to list")] = 10,
+        "--build", metavar="SESSION[:BATCH]",
+        help="one build, seen across every worker; SESSION may be `latest`")] = None,
+    top: Annotated[int, typer.Option(min=0, metavar="N",
+                                     help="the N slowest kernels")] = 10,
+    wide: WideOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Outcomes, store hit rate, work vs wall, slowest kernels, by family and worker.
+    """Totals, hit rates and slowest kernels, by family and worker.
 
-    Every kernel is counted once per build, whichever workers recorded it.
+    Outcomes, store hit rate, work against wall time, the slowest kernels (named by
+    family and parameters; --wide adds their keys), by family and by worker. Every
+    kernel is counted once per build, whichever workers recorded it.
     """
-    from farm.records.query import BuildRef, load_builds, summarize
+    from farm.records.query import load_builds, summarize
 
-    ref = BuildRef.parse(build) if build else None
     with open_storage() as storage:
+        ref = _build_ref(storage, build) if build else None
         builds = load_builds(storage, ref)
     found = summarize(builds, scope=f"build {ref}" if ref else "all builds", top=top)
     if json_out:
         print_json(found.model_dump(mode="json"))
         return
-    _print_summary(found)
+    _print_summary(found, wide)
 
 
-@app.command("timeline")
+@app.command("timeline", epilog=examples("farm records timeline latest -o build.html",
+                                         "farm records timeline 1796187761603293040:21 -o b.svg"))
 def timeline_cmd(
-    build: Annotated[str, typer.Argument(help="SESSION[:BATCH] of the build")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="file to write: .html or .svg",
+    build: Annotated[str, typer.Argument(
+        help="the build: SESSION[:BATCH], SESSION may be `latest`",
+        metavar="SESSION[:BATCH]")],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE",
+                                         help="file to write: .html or .svg",
                                          dir_okay=False)],
     json_out: JsonOpt = False,
 ) -> None:
-    """Draw a build: one lane per worker, a bar per kernel, stragglers outlined."""
-    from farm.records.query import BuildRef, timeline
+    """Draw a build: a lane per worker, a bar per kernel (HTML or SVG).
+
+    Bars are coloured by family; stragglers are outlined. The picture fits the
+    window it is opened in; .html adds a table of the stragglers.
+    """
+    from farm.records.query import timeline
     from farm.records.timeline import write_timeline
 
-    ref = BuildRef.parse(build)
     with open_storage() as storage:
-        data = timeline(storage, ref)
+        data = timeline(storage, _build_ref(storage, build))
     written = write_timeline(data, output)
     stragglers = sum(bar.straggler for bar in data.bars)
     if json_out:
@@ -257,13 +305,13 @@ def timeline_cmd(
               f"{stragglers} straggler(s), wall {data.wall_s:.2f} s", markup=False)
 
 
-@app.command("prune")
+@app.command("prune", epilog=examples("farm records prune --keep 100"))
 def prune(
-    keep: Annotated[int, typer.Option("--keep", min=0, max=2**63 - 1,
+    keep: Annotated[int, typer.Option("--keep", min=0, max=2**63 - 1, metavar="N",
                                       help="sessions to keep (0 acts as 1)")],
     json_out: JsonOpt = False,
 ) -> None:
-    """Delete the oldest sessions beyond KEEP, with all their records."""
+    """Delete the oldest sessions beyond N, with all their records."""
     with open_storage(write=True) as storage:
         deleted = storage.prune(keep)
         left = storage.count_sessions()

@@ -1,8 +1,11 @@
 """``farm warm MANIFEST``: every kernel of a manifest onto this machine's device now.
 
 Fetches what the store tiers hold (local SQLite, then MinIO when configured) on threads,
-loads each on the device, compiles or requests what is missing (``--on-miss``), and
-prints where each kernel came from and what each phase took. What it fetched from MinIO
+loads each on the device, compiles or requests what is missing (``--on-miss``), then
+launches each kernel once (``--launch``, the default), and prints where each kernel came
+from, what each phase took, and the time to first result per kernel (load + first
+launch) beside the load alone: on PoCL an artifact without its launch's machine code
+compiles at that first launch. What it fetched from MinIO
 or compiled stays in the local tier, so the application's own loader later loads
 without network or compiler.
 """
@@ -13,26 +16,39 @@ from typing import Annotated
 
 import typer
 
-from farm.cli.console import err, out, print_json
+from farm.cli.build_report import WHOLE
+from farm.cli.console import out, print_json
 from farm.core.errors import SettingsError, printable
 
 
 def warm(
-    manifest: Annotated[str, typer.Argument(help="manifest file, or tiny/medium/large")],
+    manifest: Annotated[str, typer.Argument(
+        metavar="MANIFEST", help="a manifest file, or a built-in one: tiny, medium, large")],
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
     on_miss: Annotated[str, typer.Option(
+        metavar="compile|farm|fail",
         help="what no store tier holds: compile (here), farm (the cluster's workers), "
              "fail")] = "compile",
     threads: Annotated[int | None, typer.Option(
+        metavar="N",
         help="fetch threads (default 16, 4 when every kernel is in the local tier)",
         min=1, max=256)] = None,
     strict: Annotated[bool, typer.Option(
+        "--strict",
         help="count kernels the device cannot run as failures")] = False,
-    device: Annotated[str | None, typer.Option(help="device fingerprint or name")] = None,
+    device: Annotated[str | None, typer.Option(
+        metavar="FINGERPRINT|NAME", help="the local device (default: FARM_DEVICE, else the "
+        "first)")] = None,
+    launch: Annotated[bool, typer.Option(
+        help="then launch each kernel once, its declared launch: the time to first "
+             "result per kernel (load + first launch) beside the load")] = True,
 ) -> None:
-    """Warm a manifest: fetch, load and (if missing) compile every kernel."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """Load every kernel of a manifest onto this device now.
 
+    Fetches what the store tiers hold, loads each kernel, and compiles or asks the farm
+    for what is missing (--on-miss). Exit status 1 when a kernel failed.
+    """
+    from farm.cli.progress import progress
     from farm.core.settings import load_settings
 
     if on_miss not in ("compile", "farm", "fail"):
@@ -48,23 +64,29 @@ def warm(
     from loader.kernel_loader import OnMiss
 
     mode: OnMiss = on_miss  # type: ignore[assignment]
-    with KernelLoader(settings, on_miss=mode, label=f"warm {manifest}",
-                      context=context) as loader, \
-            Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                     MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
-                     TimeElapsedColumn(), console=err, disable=json_out,
-                     transient=True) as bar:
-        task = bar.add_task("warming", total=None, last="")
+    with KernelLoader(settings, device=context, on_miss=mode,
+                      label=f"warm {manifest}") as loader, \
+            progress(None, quiet=json_out, description="warming") as shown:
 
         def tick(item: WarmItem) -> None:
-            what = item.source or (item.failure.kind if item.failure else "")
-            bar.update(task, advance=1, last=f"{what} {item.label}"[:60])
+            shown.advance(item.source or (item.failure.kind if item.failure else ""),
+                          item.label)
 
         from loader.warm import artifacts_of
 
         artifacts, label = artifacts_of(manifest, loader)
-        bar.update(task, total=len(artifacts))
+        shown.set_total(len(artifacts))
         report = loader.warm(artifacts, progress=tick, threads=threads, label=label)
+        if launch:
+            from loader.readiness import launch_all
+
+            launched = [0]
+
+            def launched_one(item: WarmItem) -> None:
+                launched[0] += 1
+                shown.status(f"first launches: {launched[0]}, last {item.label}")
+
+            launch_all(loader, report.items, report.phases["launch"], notify=launched_one)
     summary = report.summary()
     failed = report.failed + (report.unsupported if strict else [])
     if json_out:
@@ -73,40 +95,44 @@ def warm(
                     "failures": [_item_json(i) for i in report.failed]})
     else:
         _print_summary(summary)
-        for item in report.unsupported[:20]:  # labels and messages echo input
+        for item in report.unsupported[:20]:  # labels and messages echo input: printable
             out.print("[yellow]unsupported[/yellow] ", end="")
             out.print(printable(f"{item.label}: "
-                                f"{item.failure.message if item.failure else ''}"),
-                      markup=False)
+                                f"{item.failure.message if item.failure else ''}", WHOLE),
+                      markup=False, soft_wrap=True)
         for item in report.failed:
             assert item.failure is not None
             out.print("[red]FAILED[/red] ", end="")
             out.print(printable(f"{item.label} ({item.failure.kind}): "
-                                f"{item.failure.message}", 2000), markup=False)
+                                f"{item.failure.message}", WHOLE),
+                      markup=False, soft_wrap=True)
             for line in item.failure.build_log.splitlines()[:40]:
-                out.print(f"    | {printable(line, 1000)}", markup=False)
+                out.print(f"    | {printable(line, WHOLE)}", markup=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
 
 
 def _print_summary(s: dict[str, object]) -> None:
-    from rich.table import Table
+    from farm.cli.tables import Column, print_one_row, print_table
 
-    table = Table(title=f"farm warm {s['manifest']} on {s['fingerprint']}")
     cols = ("kernels", "memory", "local", "remote", "compiled", "rekeyed", "farm",
             "unsupported", "failed", "wall", "per kernel")
-    for col in cols:
-        table.add_column(col, justify="right")
-    table.add_row(*(str(s[c]) for c in cols[:-2]), f"{s['wall_s']:.3f} s",
-                  f"{s['per_kernel_ms']:.2f} ms")
-    out.print(table)
-    phases = Table(title="phases (wall: first start to last end; work: summed over kernels)")
-    for col in ("phase", "kernels", "wall", "work"):
-        phases.add_column(col, justify="right")
+    print_one_row([Column(c, "right") for c in cols],
+                  [*(str(s[c]) for c in cols[:-2]), f"{s['wall_s']:.3f} s",
+                   f"{s['per_kernel_ms']:.2f} ms"],
+                  title=f"farm warm {s['manifest']} on {s['fingerprint']}")
     assert isinstance(s["phases"], dict)
-    for name, p in s["phases"].items():
-        phases.add_row(name, str(p["kernels"]), f"{p['wall_s']:.3f} s", f"{p['work_s']:.3f} s")
-    out.print(phases)
+    out.print()
+    print_table([Column("phase"), *(Column(c, "right") for c in ("kernels", "wall", "work"))],
+                [[name, str(p["kernels"]), f"{p['wall_s']:.3f} s", f"{p['work_s']:.3f} s"]
+                 for name, p in s["phases"].items()],
+                title="phases (wall: first start to last end; work: summed over kernels)")
+    r = s["readiness"]
+    assert isinstance(r, dict)
+    if r.get("kernels"):
+        out.print(f"time to first result per kernel (median of {r['kernels']} loaded from a "
+                  f"store tier): {r['first_result_ms']:.2f} ms = load {r['load_ms']:.2f} ms "
+                  f"+ first launch {r['first_launch_ms']:.2f} ms")
 
 
 def _item_json(item: object) -> dict[str, object]:

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from farm.cli.console import out, print_json
 from farm.core.errors import SettingsError
 
+if TYPE_CHECKING:
+    from farm.cluster.queues import QueueStats
+    from farm.cluster.workers import WorkerInfo
+
 
 def worker(
     concurrency: Annotated[int, typer.Option(
-        "--concurrency", "-c", help="pool processes (default: one per core)")] = 0,
+        "--concurrency", "-c", metavar="N", show_default=False,
+        help="pool processes (default: one per core)")] = 0,
     fingerprint: Annotated[str | None, typer.Option(
-        help="serve this fingerprint (default: the first device's)")] = None,
+        metavar="FINGERPRINT", help="serve this fingerprint, whole or a unique prefix "
+        "(default: the first device's)")] = None,
     queues: Annotated[str | None, typer.Option(
-        help="comma-separated queues instead of the fingerprint's")] = None,
-    loglevel: Annotated[str, typer.Option()] = "INFO",
+        metavar="Q1,Q2", help="comma-separated queues instead of the fingerprint's")] = None,
+    loglevel: Annotated[str, typer.Option(metavar="LEVEL", help="log level")] = "INFO",
     events: Annotated[bool | None, typer.Option(
         "--events/--no-events", help="send Celery task events, for Flower and `celery "
         "events` (default FARM_WORKER_EVENTS, on)")] = None,
@@ -26,31 +32,39 @@ def worker(
         "--heartbeat/--no-heartbeat", help="send Celery worker heartbeats (default "
         "FARM_WORKER_HEARTBEAT, on)")] = None,
     metrics_port: Annotated[int | None, typer.Option(
-        "--metrics-port", min=1, max=65535, help="serve Prometheus metrics on this port "
-        "(default FARM_METRICS_PORT; unset: none)")] = None,
+        "--metrics-port", min=1, max=65535, metavar="PORT", help="serve Prometheus "
+        "metrics on this port (default FARM_METRICS_PORT; unset: none)")] = None,
     celery_args: Annotated[list[str] | None, typer.Argument(
+        metavar="CELERY_OPTION",
         help="after `--`: options passed unchanged to `celery worker`, e.g. "
         "`farm worker -- --max-tasks-per-child=100`", show_default=False)] = None,
 ) -> None:
-    """Run a compile worker for one device fingerprint (needs FARM_REDIS_URL, FARM_MINIO_*)."""
+    """Run a compile worker for one device fingerprint.
+
+    Needs FARM_REDIS_URL and FARM_MINIO_*. Runs until SIGTERM or SIGINT; see
+    `farm workers` for who serves what.
+    """
     from farm.core.settings import load_settings
-    from worker.startup import run_worker
+    from worker.startup import WorkerOptions, run_worker
 
     settings = load_settings()
     if not settings.redis_url or not settings.minio_endpoint:
         raise SettingsError("setting FARM_REDIS_URL / FARM_MINIO_ENDPOINT: a worker needs "
                             "the broker and the artifact store")
-    run_worker(settings, concurrency=concurrency or os.cpu_count() or 1,
-               fingerprint=fingerprint, queues=queues.split(",") if queues else None,
-               loglevel=loglevel, events=events, heartbeat=heartbeat,
-               metrics_port=metrics_port, extra_args=list(celery_args or []))
+    run_worker(settings, WorkerOptions(
+        concurrency=concurrency or os.cpu_count() or 1, fingerprint=fingerprint,
+        queues=queues.split(",") if queues else None, loglevel=loglevel, events=events,
+        heartbeat=heartbeat, metrics_port=metrics_port, extra_args=list(celery_args or [])))
 
 
-def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List which fingerprints are served, by which hosts, with how many processes, and
-    each fingerprint's queue depth and chunks in flight."""
+def workers(json_out: Annotated[bool, typer.Option("--json", help="as JSON")] = False,
+            ) -> None:
+    """List who serves each fingerprint, and each fingerprint's queue.
+
+    A worker is named by its main process (host:pid); its pool processes, which
+    compile, by theirs: the names a build's "work by worker" and the records use.
+    """
     import redis
-    from rich.table import Table
 
     from farm.cluster.queues import queue_stats
     from farm.cluster.workers import served
@@ -58,12 +72,14 @@ def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
 
     settings = load_settings()
     if not settings.redis_url:
-        raise SettingsError("setting FARM_REDIS_URL: needed to list the workers")
+        raise SettingsError("setting FARM_REDIS_URL: needed to list the workers; for a "
+                            "cluster on this machine, run `farm cluster up` and source "
+                            "the settings it prints")
     from farm.core.errors import ClusterError
     from farm.core.outage import redis_failure
 
-    client: Any = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
-                                       socket_connect_timeout=5)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
+                                  socket_connect_timeout=5)
     try:
         found = served(client, settings.dead_worker_grace)
     except redis.exceptions.RedisError as exc:  # down, a wrong password, untrusted TLS
@@ -75,20 +91,30 @@ def workers(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
                          "depth": q.depth, "in_flight": q.in_flight}
                     for fp, q in sorted(queues.items())})
         return
-    table = Table(title="workers")
-    for col in ("fingerprint", "host", "pid", "processes", "device", "version"):
-        table.add_column(col)
-    for fp, ws in sorted(found.items()):
-        for w in sorted(ws, key=lambda w: (w.host, w.pid)):
-            table.add_row(fp, w.host, str(w.pid), str(w.processes), w.device_name, w.version)
-    out.print(table)
+    print_served(found, queues)
+
+
+def print_served(found: dict[str, list[WorkerInfo]], queues: dict[str, QueueStats]) -> None:
+    """One block a fingerprint: the fingerprint whole on a line of its own (the value
+    `--fingerprint` takes), its queue, then its workers."""
+    from rich.text import Text
+
+    from farm.cli.tables import Column, print_table, print_title
+
+    print_title("workers, by the fingerprint they serve")
+    for fp in sorted(set(found) | set(queues)):
+        ws = sorted(found.get(fp, []), key=lambda w: (w.host, w.pid))
+        q = queues.get(fp)
+        out.print()
+        out.print(Text(fp, style="bold", overflow="fold"))
+        if ws:
+            out.print(Text(f"  {ws[0].device_name}"))
+        out.print(Text(f"  {len(ws)} worker(s), {sum(w.processes for w in ws)} process(es); "
+                       f"{q.depth if q else 0} chunk(s) waiting, "
+                       f"{q.in_flight if q else 0} in flight"))
+        if ws:
+            print_table([Column("worker"), Column("pool processes (host:pid)", wrap=True),
+                         Column("version")],
+                        [[w.field, " ".join(w.process_names), w.version] for w in ws])
     if not found:
         out.print("no worker is running")
-    if queues:
-        qtable = Table(title="queues")
-        for col in ("fingerprint", "waiting chunks", "in flight", "workers", "processes"):
-            qtable.add_column(col, justify="left" if col == "fingerprint" else "right")
-        for fp, q in queues.items():
-            qtable.add_row(fp, str(q.depth), str(q.in_flight), str(q.workers),
-                           str(q.processes))
-        out.print(qtable)

@@ -25,11 +25,15 @@ import json
 import os
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from farm.core.keys import Namespace, namespace_prefix
+
+if TYPE_CHECKING:
+    from minio import Minio
+    from minio.minioadmin import MinioAdmin
 
 READ_POLICY = "kernel-farm-read"
 ANY_POOL = "any"
@@ -97,7 +101,7 @@ def policies_for(bucket: str, grants: Iterable[Grant]) -> dict[str, PolicyDocume
     return found
 
 
-def apply(admin: Any, client: Any, bucket: str, grants: list[Grant]) -> list[str]:
+def apply(admin: MinioAdmin, client: Minio, bucket: str, grants: list[Grant]) -> list[str]:
     """Make the bucket, the policies and the users (idempotent: run again, the same
     state). ``admin`` is a ``minio.MinioAdmin``, ``client`` a ``minio.Minio``, both with
     administrator credentials. Returns one line per thing done, for the Job's log
@@ -122,7 +126,7 @@ def apply(admin: Any, client: Any, bucket: str, grants: list[Grant]) -> list[str
     return done
 
 
-def _attach(admin: Any, policy: str, user: str) -> None:
+def _attach(admin: MinioAdmin, policy: str, user: str) -> None:
     """Attach ``policy`` to ``user``; attaching one already attached is not an error."""
     from minio.error import MinioAdminException
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from farm.cluster.gather import Gatherer, Progress
+from farm.cluster.gather import CHECK_INTERVAL_S, Gatherer, Progress
 from farm.cluster.payloads import CompileRequest, KernelRequest
 from farm.cluster.workers import WorkerInfo, served
 from farm.compilation.batch import BatchReport, KernelResult
@@ -92,6 +92,9 @@ class ClusterClient:
     closed with the client); ``say`` gets the lines worth keeping (an outage waited
     for, a chunk re-sent; default: this module's log).
     """
+
+    #: seconds between looks at who holds the chunks in flight (tests shorten it)
+    check_interval_s: float = CHECK_INTERVAL_S
 
     def __init__(self, settings: Settings, *, registry: Registry | None = None,
                  store: ArtifactStore | None = None, say: Say | None = None) -> None:
@@ -178,7 +181,7 @@ class ClusterClient:
         if recorder is not None:
             requested_by = RequestedBy(session=recorder.session.id,
                                        batch=recorder.reserve_seq())
-        gather = Gatherer(self, fingerprint, notify, status)
+        gather = Gatherer(self, fingerprint, notify, status, self.check_interval_s)
         size = self.settings.chunk_size
         for i in range(0, len(misses), size):
             chunk = misses[i:i + size]
@@ -197,6 +200,18 @@ class ClusterClient:
                                  seq=requested_by.batch if requested_by else None)
             report.batch_seq = rec.stamp.seq if rec is not None else None
         return report
+
+    def send(self, fingerprint: str, chunks: list[tuple[CompileRequest, list[KernelResult]]],
+             *, progress: Progress | None = None, status: Say | None = None,
+             timeout_s: float = 3600.0) -> int:
+        """Send ready-made chunks to ``fingerprint``'s workers and apply their replies to
+        each chunk's results (an application's programs: ``farm.programs.prebuild``);
+        returns the tasks sent, re-sends included."""
+        gather = Gatherer(self, fingerprint, progress or (lambda r: None), status)
+        for payload, results in chunks:
+            gather.send(payload.model_dump(mode="json"), results)
+        gather.run(timeout_s)
+        return gather.tasks_sent
 
     def close(self) -> None:
         """Close the connections (and the store, when the client opened it)."""

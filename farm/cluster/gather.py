@@ -120,6 +120,8 @@ class Gatherer:
     def run(self, timeout_s: float) -> None:
         """Gather every pending chunk's reply; fail what has none after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
+        if self.pending:  # the heartbeats as of now: a worker that is already dead
+            self._live()  # is then found one check earlier
         while self.pending:
             if time.monotonic() > deadline:
                 for chunk in self.pending.values():
@@ -236,7 +238,7 @@ class Gatherer:
         self._send(chunk)
         grace = self.line.settings.dead_worker_grace
         self.line.say(f"re-sent a chunk of {kernels} kernel(s): worker {holder} held it and "
-                      f"has not heartbeaten for {grace:.0f} s")
+                      f"has not heartbeaten for {grace:g} s")
 
     def _release_lease_of(self, task_id: str) -> None:
         """Release the compile lease the dead holder noted for the task, so the re-sent
@@ -271,8 +273,8 @@ def _apply_reply(meta: dict[str, object], chunk: list[KernelResult], notify: Pro
         return
     reply = CompileReply.model_validate(meta["result"])
     by_id = {r.id_hash: r for r in reply.results}
-    for res in chunk:
-        got = by_id.get(res.artifact.id_hash)
+    for res in chunk:  # a family's key names its artifact id; a program's, its spec
+        got = by_id.get(res.key.id_hash if res.key is not None else res.artifact.id_hash)
         if got is None:
             res.failure = KernelFailure(kind="error", message="missing from the worker's reply")
         else:

@@ -38,9 +38,11 @@ from farm.core.model import Artifact, Key, Lowered, Outcome
 from farm.store.base import ArtifactStore, PutResult, WrappedStore
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
+    import redis
+    from prometheus_client import CollectorRegistry, Counter, Histogram
 
     from farm.cluster.payloads import CompileReply
+    from farm.records.ingest import Ingester
 
 #: seconds: kernels compile in tens of ms (NVIDIA) to seconds (PoCL on a small CPU)
 COMPILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -64,13 +66,13 @@ def outcome_label(outcome: Outcome | None, failure_kind: str | None) -> str:
 
 @dataclass(frozen=True)
 class WorkerMetrics:
-    tasks: Any
-    kernels: Any
-    compile_seconds: Any
-    load_seconds: Any
-    store_requests: Any
-    store_bytes: Any
-    lease_wait_seconds: Any
+    tasks: Counter
+    kernels: Counter
+    compile_seconds: Histogram
+    load_seconds: Histogram
+    store_requests: Counter
+    store_bytes: Counter
+    lease_wait_seconds: Histogram
 
     def reply(self, fingerprint: str, reply: CompileReply) -> None:
         """Count one chunk's kernels by outcome (and a failure's kind: compile, crashed,
@@ -213,7 +215,7 @@ def serve(port: int, collectors: Iterable[Any] = (), *, multiprocess: bool = Fal
 class ClusterCollector:
     """Queue depth, chunks in flight and live workers per fingerprint, read at scrape."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: redis.Redis) -> None:
         self.client = client
 
     def describe(self) -> list[Any]:
@@ -258,7 +260,7 @@ class IngestCollector:
     COUNTERS = ("batches", "sessions", "records", "claimed", "dead", "deferred", "lost",
                 "pruned", "late", "failures")
 
-    def __init__(self, ingester: Any, client: Any) -> None:
+    def __init__(self, ingester: Ingester, client: redis.Redis) -> None:
         self.ingester = ingester
         self.client = client
 
@@ -279,8 +281,8 @@ class IngestCollector:
         try:
             for stream in self.ingester.streams:
                 for group in self.client.xinfo_groups(stream):
-                    name = group.get("name")
-                    name = name.decode() if isinstance(name, bytes) else name
+                    raw = group.get("name")
+                    name = raw.decode() if isinstance(raw, bytes) else str(raw)
                     if name != RECORDS_GROUP:
                         continue
                     lag.add_metric([stream], float(group.get("lag") or 0))

@@ -3,17 +3,19 @@
 A task carries data, never code: family names and parameters that the worker expands
 with its own registry, plus the build id the client computed for each kernel so that a
 worker running different kernel code refuses instead of storing under a wrong key.
+An application's program (``farm.programs``) travels as its
+:class:`~farm.programs.spec.ProgramSpec`: digests and options, never the source, which
+the worker reads from the store by digest; the worker computes the key itself.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from farm.core.errors import InputError, first_error
 from farm.core.keys import Namespace
 from farm.core.model import ArtifactId, Frozen, KernelFailure, Outcome, ShortText
+from farm.programs.spec import ProgramSpec
 from farm.records.model import RequestedBy
 
 
@@ -22,12 +24,23 @@ class KernelRequest(Frozen):
     build_id: str = Field(pattern=r"^[0-9a-f]{8,64}$")
 
 
+class ProgramRequest(Frozen):
+    spec: ProgramSpec
+
+
 class CompileRequest(Frozen):
-    """One chunk of kernels for one fingerprint."""
+    """One chunk of kernels (or programs) for one fingerprint."""
 
     fingerprint: str
-    kernels: list[KernelRequest] = Field(min_length=1, max_length=1024)
+    kernels: list[KernelRequest] = Field(default_factory=list, max_length=1024)
+    programs: list[ProgramRequest] = Field(default_factory=list, max_length=1024)
     requested_by: RequestedBy | None = None
+
+    @model_validator(mode="after")
+    def _names_something(self) -> CompileRequest:
+        if not self.kernels and not self.programs:
+            raise ValueError("a chunk names no kernel and no program")
+        return self
 
     @field_validator("fingerprint")
     @classmethod
@@ -42,7 +55,7 @@ class PayloadError(InputError):
     ``ValidationError`` (which cannot be rebuilt from JSON) arrived as an empty message."""
 
 
-def parse_request(payload: Any) -> CompileRequest:
+def parse_request(payload: object) -> CompileRequest:
     """The validated request of a task, or :class:`PayloadError` in one line."""
     try:
         return CompileRequest.model_validate(payload)

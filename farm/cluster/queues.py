@@ -10,9 +10,12 @@ as Prometheus gauges (``farm.cluster.metrics``) for dashboards and autoscaling.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    import redis
 
 from farm.cluster.workers import served
 from farm.core.keys import (
@@ -37,11 +40,11 @@ class QueueStats(BaseModel):
     processes: int = 0
 
 
-def _text(value: Any) -> str:
+def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def queue_depth(client: Any, fingerprint: str) -> int:
+def queue_depth(client: redis.Redis, fingerprint: str) -> int:
     """Chunks waiting in ``farm.<fingerprint>`` (every priority)."""
     name = queue_name(fingerprint)
     pipe = client.pipeline(transaction=False)
@@ -51,7 +54,7 @@ def queue_depth(client: Any, fingerprint: str) -> int:
     return sum(int(n) for n in pipe.execute())
 
 
-def in_flight(client: Any) -> dict[str, int]:
+def in_flight(client: redis.Redis) -> dict[str, int]:
     """Fingerprint -> chunks delivered to a worker and not yet acknowledged."""
     counts: dict[str, int] = {}
     for raw in client.hvals(CELERY_UNACKED):
@@ -65,7 +68,7 @@ def in_flight(client: Any) -> dict[str, int]:
     return counts
 
 
-def queue_stats(client: Any) -> dict[str, QueueStats]:
+def queue_stats(client: redis.Redis) -> dict[str, QueueStats]:
     """Every fingerprint that has a queue, a chunk in flight or a live worker."""
     fingerprints: set[str] = set()
     for name in client.scan_iter(match=QUEUE_PATTERN):

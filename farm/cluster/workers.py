@@ -11,13 +11,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.core.device import DeviceInfo
 from farm.core.keys import WORKERS_PATTERN, workers_key
 from farm.core.outage import OutageError, Waiter
+
+if TYPE_CHECKING:
+    import redis
 
 HEARTBEAT_S = 3.0
 STALE_S = 20.0
@@ -39,13 +42,24 @@ class WorkerInfo(BaseModel):
     heartbeat: float = Field(default=0.0, ge=0.0, le=1e11)
     #: the device's limits, so a client can tell unsupported kernels without asking
     device: DeviceInfo | None = None
+    #: pids of the pool processes that compile (refreshed each beat; empty until the
+    #: pool runs, or when the worker compiles in its main process)
+    pool: list[int] = Field(default_factory=list, max_length=4096)
 
     @property
     def field(self) -> str:
+        """``host:pid`` of the worker's main process: its name in the cluster's
+        bookkeeping (who holds a chunk) and in ``farm workers``."""
         return f"{self.host}:{self.pid}"
 
+    @property
+    def process_names(self) -> list[str]:
+        """``host:pid`` of each process that compiles: what a build's "work by worker"
+        and the records name (the main process itself when it has no pool)."""
+        return [f"{self.host}:{pid}" for pid in sorted(self.pool)] or [self.field]
 
-def served(client: Any, stale_s: float = STALE_S) -> dict[str, list[WorkerInfo]]:
+
+def served(client: redis.Redis, stale_s: float = STALE_S) -> dict[str, list[WorkerInfo]]:
     """Fingerprint -> live workers serving it."""
     now = time.time()
     out: dict[str, list[WorkerInfo]] = {}
@@ -70,7 +84,7 @@ class Heartbeat:
     limit), and later beats that keep failing past the limit call ``on_give_up`` with
     the one line to report (the worker then stops)."""
 
-    def __init__(self, client: Any, info: WorkerInfo, *, interval_s: float = HEARTBEAT_S,
+    def __init__(self, client: redis.Redis, info: WorkerInfo, *, interval_s: float = HEARTBEAT_S,
                  stale_s: float = STALE_S, waiter: Waiter | None = None,
                  on_give_up: Callable[[str], None] | None = None,
                  on_beat: Callable[[], None] | None = None) -> None:
@@ -81,6 +95,9 @@ class Heartbeat:
         self._waiter = waiter
         self._on_give_up = on_give_up
         self._on_beat = on_beat  # called after each beat that reached Redis
+        #: the pids of the worker's pool processes, read at each beat (set once the
+        #: worker knows its pool; ``WorkerInfo.pool``)
+        self.pool_of: Callable[[], list[int]] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="farm-heartbeat")
 
@@ -92,7 +109,10 @@ class Heartbeat:
         self._thread.start()
 
     def _beat(self) -> None:
-        info = self._info.model_copy(update={"heartbeat": time.time()})
+        update: dict[str, object] = {"heartbeat": time.time()}
+        if self.pool_of is not None:
+            update["pool"] = self.pool_of()
+        info = self._info.model_copy(update=update)
         name = workers_key(info.fingerprint)
         self._client.hset(name, info.field, info.model_dump_json())
         self._client.expire(name, int(max(self._stale_s * 4, 60)))

@@ -175,8 +175,7 @@ class Batch:
     def __init__(self, *, registry: Registry, ctx: DeviceContext, store: ArtifactStore,
                  compiler: Compiler, recorder: Recorder | None = None,
                  keep_programs: bool = False, label: str = "",
-                 record_batch: bool = True,
-                 validator: IsolatedValidator | None = None) -> None:
+                 record_batch: bool = True) -> None:
         self.registry = registry
         self.device: DeviceInfo = ctx.info
         self._context = ctx
@@ -187,10 +186,9 @@ class Batch:
         self.keep_programs = keep_programs
         self.label = label
         self.record_batch = record_batch
-        #: the child process for unvalidated binaries: the caller's, else one of this
-        #: batch's own, made on first use and closed at the end of each run
-        self._validator = validator
-        self._owns_validator = validator is None
+        #: the child process for unvalidated binaries, made on first use and closed at
+        #: the end of each run
+        self._validator: IsolatedValidator | None = None
         #: the rules; a kernel found in the store is loaded here only to keep its program
         self.rules = Obtainer(store, self.ns, self._load if keep_programs else None,
                               validate=self._validate)
@@ -201,7 +199,7 @@ class Batch:
         try:
             return self._run(artifacts, progress)
         finally:
-            if self._owns_validator and self._validator is not None:
+            if self._validator is not None:
                 self._validator.close()
                 self._validator = None
 
@@ -374,7 +372,8 @@ class Batch:
         if self.recorder is not None and res.key is not None:
             self.recorder.compilation(
                 Trip(family=res.artifact.kernel.family, key=res.key, outcome=outcome,
-                     work_s=res.work_s, worker=res.worker, native_fallback=res.native_fallback),
+                     work_s=res.work_s, worker=res.worker, native_fallback=res.native_fallback,
+                     kernel=res.label),
                 lowered)
         notify(res)
 

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -25,6 +26,11 @@ from farm.core.model import Lowered
 
 if TYPE_CHECKING:
     import pyopencl as cl
+
+
+#: a job a pool process runs with its own context: ``fn(ctx, device, native, arg)`` returns
+#: a :class:`FinalizeResult` as JSON (kernels of other kinds than families: farm.programs)
+PoolJob = Callable[[Any, Any, bool, str], str]
 
 
 class Compiler(Protocol):
@@ -43,16 +49,18 @@ class InlineCompiler:
 
     parallelism = 1
 
-    def __init__(self, ctx: cl.Context, device: cl.Device, native: bool = True) -> None:
+    def __init__(self, ctx: cl.Context, device: cl.Device, native: bool = True, *,
+                 ready: bool = True) -> None:
         self._ctx = ctx
         self._device = device
         self._linker: Literal["auto"] | None = "auto" if native else None
+        self._ready = ready
 
     def submit(self, lowered: Lowered) -> Future[FinalizeResult]:
         fut: Future[FinalizeResult] = Future()
         try:
             fut.set_result(finalize_and_validate(self._ctx, self._device, lowered,
-                                                 self._linker))
+                                                 self._linker, self._ready))
         except Exception as exc:  # pragma: no cover - finalize returns errors as values
             fut.set_exception(exc)
         return fut
@@ -62,50 +70,66 @@ class InlineCompiler:
 
 
 # Per-process state of a pool process: its one context, made once by the initializer,
-# and whether it stores native code.
-_POOL_DEVICE: tuple[Any, Any, bool] | None = None
+# whether it stores native code, and whether it makes PoCL binaries ready.
+_POOL_DEVICE: tuple[Any, Any, bool, bool] | None = None
 
 
-def _pool_init(device_json: str, env: dict[str, str], native: bool = True) -> None:
+def _pool_init(device_json: str, env: dict[str, str], native: bool = True,
+               ready: bool = True) -> None:
     global _POOL_DEVICE
     os.environ.update(env)
     info = DeviceInfo.model_validate_json(device_json)
-    _POOL_DEVICE = (*open_device(info), native)
+    _POOL_DEVICE = (*open_device(info), native, ready)
 
 
 def _pool_finalize(lowered_json: str) -> str:
     assert _POOL_DEVICE is not None, "pool process was not initialised"
-    ctx, dev, native = _POOL_DEVICE
+    ctx, dev, native, ready = _POOL_DEVICE
     lowered = Lowered.model_validate_json(lowered_json)
-    return finalize_and_validate(ctx, dev, lowered,
-                                 "auto" if native else None).model_dump_json()
+    return finalize_and_validate(ctx, dev, lowered, "auto" if native else None,
+                                 ready).model_dump_json()
+
+
+def _pool_job(job: tuple[PoolJob, str]) -> str:
+    assert _POOL_DEVICE is not None, "pool process was not initialised"
+    ctx, dev, native, _ = _POOL_DEVICE
+    fn, arg = job
+    return fn(ctx, dev, native, arg)
 
 
 class ProcessPoolCompiler:
     """``workers`` spawned processes, one OpenCL context each, made at start."""
 
     def __init__(self, device: DeviceInfo, workers: int, native: bool = True,
-                 crash_limit: int = 2) -> None:
+                 crash_limit: int = 2, *, ready: bool = True) -> None:
         self.parallelism = max(1, workers)
         # Driver cache switches must reach the children before their drivers start.
         env = {k: v for k, v in os.environ.items()
                if k.startswith(("POCL_", "PYOPENCL_", "CUDA_"))}
         self._pool = CrashSafePool(self.parallelism, initializer=_pool_init,
-                                   initargs=(device.model_dump_json(), env, native),
+                                   initargs=(device.model_dump_json(), env, native, ready),
                                    crash_limit=crash_limit)
 
     def submit(self, lowered: Lowered) -> Future[FinalizeResult]:
-        raw = self._pool.submit(_pool_finalize, lowered.model_dump_json())
+        return self._wrap(self._pool.submit(_pool_finalize, lowered.model_dump_json()))
+
+    def submit_job(self, fn: PoolJob, arg: str) -> Future[FinalizeResult]:
+        """Run ``fn(ctx, device, native, arg)`` in a pool process (a top-level function:
+        it crosses to a spawned process by name)."""
+        return self._wrap(self._pool.submit(_pool_job, (fn, arg)))
+
+    @staticmethod
+    def _wrap(raw: Future[object]) -> Future[FinalizeResult]:
         out: Future[FinalizeResult] = Future()
 
-        def _done(f: Future[str]) -> None:
+        def _done(f: Future[object]) -> None:
             exc = f.exception()
             if isinstance(exc, JobCrashed):
                 out.set_result(FinalizeResult(error=str(exc), error_kind="crashed"))
             elif exc is not None:
                 out.set_result(FinalizeResult(error=f"compile process failed: {exc}"))
             else:
-                out.set_result(FinalizeResult.model_validate_json(f.result()))
+                out.set_result(FinalizeResult.model_validate_json(str(f.result())))
 
         raw.add_done_callback(_done)
         return out

@@ -11,8 +11,10 @@ millisecond (a copy, no JIT).
 Why ctypes and not ``cuda-bindings`` or ``ptxas``: a GPU host always has the driver,
 and the driver is the one thing guaranteed to produce code its own OpenCL accepts;
 ``ptxas`` (CUDA toolkit) or nvJitLink would be one more package to install and keep in
-step with the driver. Six entry points are all we call, so a thin layer is the smaller
-dependency.
+step with the driver. Ten entry points are all we call (``cuInit``, ``cuDeviceGetCount``,
+``cuDeviceGetAttribute``, ``cuDevicePrimaryCtxRetain``, ``cuCtxSetCurrent``, the linker's
+``cuLinkCreate`` / ``cuLinkAddData`` / ``cuLinkComplete`` / ``cuLinkDestroy``, and
+``cuGetErrorString``), so a thin layer is the smaller dependency.
 
 Nothing here is imported unless a device is NVIDIA's: :func:`open_cuda_linker` returns
 ``None`` wherever ``libcuda.so.1`` is missing or refuses, and the farm then stores PTX

@@ -4,19 +4,33 @@ This is the only place the farm calls the platform compiler (``Program.build`` o
 source). Errors come back as values (:class:`FinalizeResult` with ``error``), not
 exceptions, because results cross process boundaries (a process pool, a Celery task)
 where exception pickling loses the build log.
+
+Two kinds of source reach it: a family's :class:`~farm.core.model.Lowered` (built
+through ``pyopencl.Program``, which adds its own ``-I`` folder and
+``PYOPENCL_BUILD_OPTIONS``), and an application's program, :class:`RawSource`: the bytes
+and the option string that application's pyopencl already processed, handed to the
+driver as they are (``farm.programs``). Every farm compile runs inside
+:func:`farm_compiling`, so a hook on ``pyopencl.Program.build`` in the same process
+(``farm.programs.hook``) lets it through untouched instead of serving it.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import logging
 import os
 import socket
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
-from farm.compilation.load import load
+from farm.compilation.load import BuiltProgram, load
+from farm.compilation.ready import applies, ready_binary
 from farm.core.errors import LoadError
 from farm.core.model import Lowered
 
@@ -24,6 +38,8 @@ if TYPE_CHECKING:
     import pyopencl as cl
 
     from farm.compilation.native import NativeLinker
+
+logger = logging.getLogger(__name__)
 
 
 class FinalizeResult(BaseModel):
@@ -50,6 +66,11 @@ class FinalizeResult(BaseModel):
     validate_s: float = 0.0
     #: why no machine code was stored where a linker exists ("" when it was, or none)
     native_error: str = ""
+    #: the launch specialisation whose machine code the binary carries, ready for a
+    #: load's first launch (:mod:`farm.compilation.ready`; PoCL), "" when none
+    ready_spec: str = ""
+    #: why none is carried where the device needed one ("" when it is, or none needed)
+    ready_error: str = ""
 
     @property
     def ok(self) -> bool:
@@ -72,36 +93,115 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered,
-             extra_options: tuple[str, ...] = ()) -> FinalizeResult:
+@dataclass(frozen=True)
+class RawSource:
+    """An application's program as its pyopencl hands it to the driver.
+
+    ``options`` is the byte string ``pyopencl.Program._process_build_options`` made (its
+    ``-I`` folder included); the driver gets it unchanged. A program may hold no kernel
+    (pyopencl builds an empty source), so its load checks none.
+    """
+
+    source: bytes
+    options: bytes
+    kernel_names: tuple[str, ...] = ()
+
+
+_BUILDING = threading.local()
+
+
+@contextlib.contextmanager
+def farm_compiling() -> Iterator[None]:
+    """Mark this thread as running the farm's own build (see the module docstring)."""
+    outer = getattr(_BUILDING, "active", False)
+    _BUILDING.active = True
+    try:
+        yield
+    finally:
+        _BUILDING.active = outer
+
+
+def in_farm_compile() -> bool:
+    """Whether this thread is inside :func:`farm_compiling`."""
+    return bool(getattr(_BUILDING, "active", False))
+
+
+def _start_build(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
+                 extra_options: tuple[str, ...]) -> BuiltProgram:
+    """The program of ``lowered``, built on ``device``; raises ``pyopencl.Error``."""
+    import pyopencl as cl
+
+    if isinstance(lowered, RawSource):
+        raw = cl._cl._Program(ctx, lowered.source)
+        options = b" ".join([lowered.options, *(o.encode() for o in extra_options)])
+        try:
+            raw.build(options.strip(), [device])
+        except cl.Error as exc:
+            raise _Failed(raw, exc) from None
+        return raw
+    program = cl.Program(ctx, lowered.source)
+    try:
+        program.build(options=[*lowered.options, *extra_options], devices=[device])
+    except cl.Error as exc:
+        raise _Failed(program, exc) from None
+    return program
+
+
+class _Failed(Exception):
+    """The platform compiler refused a source: the program (for its log) and why."""
+
+    def __init__(self, program: BuiltProgram, error: Exception) -> None:
+        super().__init__(str(error))
+        self.program = program
+
+
+def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
+             extra_options: tuple[str, ...] = (), ready: bool = True) -> FinalizeResult:
     """Compile ``lowered`` on ``device``; the binary is what ``load`` takes.
 
     ``extra_options`` are the native linker's
     (:attr:`farm.compilation.native.NativeLinker.build_options`):
     they change how the build spends its time, never the binary, so they are not part
     of the kernel's options or its key.
+
+    With ``ready``, where the device makes machine code at a kernel's first launch
+    (PoCL's CPU drivers) and a family's ``lowered`` declares a launch, the binary is
+    taken after one launch and carries that launch's machine code
+    (:mod:`farm.compilation.ready`). An application's program declares none.
     """
     import pyopencl as cl
 
     start = time.perf_counter()
-    program = cl.Program(ctx, lowered.source)
     try:
-        program.build(options=[*lowered.options, *extra_options], devices=[device])
-    except cl.Error as exc:
-        log = _build_log(program, device) or str(exc)
+        with farm_compiling():
+            program = _start_build(ctx, device, lowered, extra_options)
+    except _Failed as exc:
+        log = _build_log(exc.program, device) or str(exc)
         return FinalizeResult(error=f"the platform compiler refused the source: "
                                     f"{_first_error(log)}", build_log=log,
                               work_s=time.perf_counter() - start, host=socket.gethostname(),
                               worker=worker_name())
-    binaries: Any = program.get_info(cl.program_info.BINARIES)
+    spec = error = ""
+    declared = lowered.ready if isinstance(lowered, Lowered) else None
+    if ready and declared is not None and applies(device):
+        made = ready_binary(ctx, device, program, declared)
+        binary, spec, error = made.binary, made.spec, made.error
+        if error:  # stored all the same: its first launch compiles, as before
+            logger.warning("%s: binary stored without its launch's machine code (%s)",
+                           declared.kernel_name, error)
+    else:
+        binaries = cast("list[bytes]", program.get_info(cl.program_info.BINARIES))
+        binary = bytes(binaries[0])
     work = time.perf_counter() - start
-    return FinalizeResult(binary=bytes(binaries[0]), build_log=_build_log(program, device),
-                          work_s=work, host=socket.gethostname(), worker=worker_name())
+    return FinalizeResult(binary=binary, build_log=_build_log(program, device),
+                          work_s=work, host=socket.gethostname(), worker=worker_name(),
+                          ready_spec=spec, ready_error=error)
 
 
-def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
-                          linker: NativeLinker | Literal["auto"] | None = "auto"
-                          ) -> FinalizeResult:
+def finalize_and_validate(ctx: cl.Context, device: cl.Device,
+                          lowered: Lowered | RawSource,
+                          linker: NativeLinker | Literal["auto"] | None = "auto",
+                          ready: bool = True) -> FinalizeResult:
     """Compile, then load the binary where it was made, so nothing unloadable is stored.
 
     Validating in the compiling process keeps loads parallel: on NVIDIA a load from a
@@ -114,16 +214,18 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
     what the validating load checks: the artifact becomes a native container that every
     later process loads in about a millisecond. A conversion or load that fails leaves
     the plain binary, validated as before (``native_error`` says why).
+
+    ``ready``: see :func:`finalize` (PoCL's CPU drivers; ``Settings.pocl_ready``).
     """
     from farm.compilation.native import linker_for
 
     native = linker_for(device) if linker == "auto" else linker
     extra = native.build_options if native is not None else ()
-    built = finalize(ctx, device, lowered, extra)
+    built = finalize(ctx, device, lowered, extra, ready)
     if not built.ok and extra:
         # A driver that refuses the linker's options must not fail a kernel it compiles:
         # the plain build decides (this costs a second build only for failing kernels).
-        built = finalize(ctx, device, lowered)
+        built = finalize(ctx, device, lowered, ready=ready)
     if not built.ok:
         return built
     if native is not None:
@@ -133,7 +235,8 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
         built = converted
     start = time.perf_counter()
     try:
-        load(ctx, device, built.binary, lowered.kernel_names)
+        load(ctx, device, built.binary, lowered.kernel_names,
+             require_kernel=not isinstance(lowered, RawSource))
     except LoadError as exc:
         return built.model_copy(update={"error": str(exc), "error_kind": "load",
                                         "binary": b""})
@@ -142,7 +245,7 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device, lowered: Lowered,
                                     "work_s": built.work_s + validate})
 
 
-def _with_native(ctx: cl.Context, device: cl.Device, lowered: Lowered,
+def _with_native(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
                  built: FinalizeResult, linker: NativeLinker) -> FinalizeResult:
     """``built`` as a validated native container, or with ``native_error`` set."""
     from farm.compilation.native import pack
@@ -154,7 +257,8 @@ def _with_native(ctx: cl.Context, device: cl.Device, lowered: Lowered,
         return _spent(built, start, f"{type(exc).__name__}: {exc}"[:500])
     linked = time.perf_counter()
     try:
-        load(ctx, device, machine_code, lowered.kernel_names)
+        load(ctx, device, machine_code, lowered.kernel_names,
+             require_kernel=not isinstance(lowered, RawSource))
     except LoadError as exc:
         return _spent(built, start, f"machine code refused: {exc}")
     done = time.perf_counter()
@@ -171,7 +275,7 @@ def _spent(built: FinalizeResult, start: float, error: str) -> FinalizeResult:
                                     "work_s": built.work_s + spent})
 
 
-def _build_log(program: cl.Program, device: cl.Device) -> str:
+def _build_log(program: BuiltProgram, device: cl.Device) -> str:
     import pyopencl as cl
 
     try:

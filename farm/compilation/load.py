@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from farm.compilation.native import unpack
 from farm.compilation.target import check_target
@@ -41,6 +41,16 @@ log = logging.getLogger(__name__)
 Form = Literal["plain", "native", "portable"]
 
 
+class BuiltProgram(Protocol):
+    """A built OpenCL program as the farm asks it things: pyopencl's ``Program``, or the
+    low-level ``_cl._Program`` an application's program is served as (farm.programs)."""
+
+    def get_info(self, arg: cl.program_info, /) -> object: ...
+
+    def get_build_info(self, device: cl.Device, param: cl.program_build_info, /
+                       ) -> object: ...
+
+
 @dataclass(frozen=True)
 class LoadedBinary:
     """A program on the device, its kernels' names, and which part of the binary it is."""
@@ -53,14 +63,18 @@ class LoadedBinary:
 
 
 def load(ctx: cl.Context, device: cl.Device, binary: bytes,
-         kernel_names: tuple[str, ...] = (), *, arch: str = "") -> cl.Program:
-    """Program built from ``binary``; checks it holds a kernel, and exactly
+         kernel_names: tuple[str, ...] = (), *, arch: str = "",
+         require_kernel: bool = True) -> cl.Program:
+    """Program built from ``binary``; checks it holds a kernel (unless not
+    ``require_kernel``: an application's program may hold none), and exactly
     ``kernel_names`` when they are given."""
-    return load_binary(ctx, device, binary, kernel_names, arch=arch).program
+    return load_binary(ctx, device, binary, kernel_names, arch=arch,
+                       require_kernel=require_kernel).program
 
 
 def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
-                kernel_names: tuple[str, ...] = (), *, arch: str = "") -> LoadedBinary:
+                kernel_names: tuple[str, ...] = (), *, arch: str = "",
+                require_kernel: bool = True) -> LoadedBinary:
     """Load ``binary`` (plain or native container) on ``device``.
 
     ``arch`` is the device's native architecture (``DeviceInfo.native_arch``); a
@@ -69,23 +83,25 @@ def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
     """
     parts = unpack(binary)
     if parts is None:
-        program, names = _load_one(ctx, device, binary, kernel_names)
+        program, names = _load_one(ctx, device, binary, kernel_names, require_kernel)
         return LoadedBinary(program, names)
     if arch and parts.arch != arch:
         fallback = f"native code is for {parts.arch}, the device is {arch}"
     else:
         try:
-            program, names = _load_one(ctx, device, parts.native, kernel_names)
+            program, names = _load_one(ctx, device, parts.native, kernel_names,
+                                       require_kernel)
             return LoadedBinary(program, names, "native")
         except LoadError as exc:
             fallback = f"native code refused: {exc}"
-    program, names = _load_one(ctx, device, parts.portable, kernel_names)
+    program, names = _load_one(ctx, device, parts.portable, kernel_names, require_kernel)
     log.warning("loaded the portable binary instead (%s)", fallback)
     return LoadedBinary(program, names, "portable", fallback)
 
 
 def _load_one(ctx: cl.Context, device: cl.Device, binary: bytes,
-              kernel_names: tuple[str, ...]) -> tuple[cl.Program, tuple[str, ...]]:
+              kernel_names: tuple[str, ...], require_kernel: bool = True
+              ) -> tuple[cl.Program, tuple[str, ...]]:
     import pyopencl as cl
 
     check_target(binary, device)
@@ -95,7 +111,7 @@ def _load_one(ctx: cl.Context, device: cl.Device, binary: bytes,
                       .split(";") if n)
     except cl.Error as exc:
         raise LoadError(f"the device refused the binary: {str(exc).splitlines()[0]}") from None
-    if not names:
+    if not names and require_kernel:
         raise LoadError("the binary holds no kernel")
     missing = [n for n in kernel_names if n not in names]
     if missing:

@@ -54,8 +54,10 @@ def local_farm(settings: Settings, *, label: str, workers: int | None = None,
     own: Compiler | None = None
     if compiler is None:
         own = (ProcessPoolCompiler(device, n, settings.native_binaries,
-                                   crash_limit=settings.crash_limit) if n > 0
-               else InlineCompiler(*context.get(), settings.native_binaries))
+                                   crash_limit=settings.crash_limit,
+                                   ready=settings.pocl_ready) if n > 0
+               else InlineCompiler(*context.get(), settings.native_binaries,
+                                   ready=settings.pocl_ready))
         compiler = own
     try:
         yield LocalFarm(settings=settings, registry=registry, device=device, context=context,

@@ -31,11 +31,18 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.queues import SimpleQueue
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
-_STARTED: Any = None  # in a pool process: the queue its jobs report their start on
+#: a pool job: an importable function of one picklable argument (the compile path's
+#: JSON text, or a tuple of them), whose result is pickled back
+Job = Callable[[Any], object]
+A = TypeVar("A")
+
+#: in a pool process: the queue its jobs report (process id, job id) on as they start
+_STARTED: SimpleQueue[tuple[int, int]] | None = None
 
 
 class JobCrashed(Exception):
@@ -61,14 +68,15 @@ def exit_status(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-def _init(started: Any, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+def _init(started: SimpleQueue[tuple[int, int]], initializer: Callable[..., None] | None,
+          initargs: tuple[object, ...]) -> None:
     global _STARTED
     _STARTED = started
     if initializer is not None:
         initializer(*initargs)
 
 
-def _run(job_id: int, fn: Callable[[Any], Any], arg: Any) -> Any:
+def _run(job_id: int, fn: Job, arg: object) -> object:
     if _STARTED is not None:
         _STARTED.put((os.getpid(), job_id))
     return fn(arg)
@@ -77,9 +85,9 @@ def _run(job_id: int, fn: Callable[[Any], Any], arg: Any) -> Any:
 @dataclass
 class _Job:
     id: int
-    fn: Callable[[Any], Any]
-    arg: Any
-    out: Future[Any]
+    fn: Job
+    arg: object
+    out: Future[object]
     generation: int = -1
     crashes: int = 0
 
@@ -88,7 +96,7 @@ class _Job:
 class _Generation:
     number: int
     executor: ProcessPoolExecutor
-    started: Any
+    started: SimpleQueue[tuple[int, int]]
     jobs: dict[int, _Job] = field(default_factory=dict)
     broken: bool = False
 
@@ -98,7 +106,7 @@ class CrashSafePool:
     one dies; see the module docstring for who is blamed."""
 
     def __init__(self, workers: int, *, initializer: Callable[..., None] | None = None,
-                 initargs: tuple[Any, ...] = (), crash_limit: int = 2) -> None:
+                 initargs: tuple[object, ...] = (), crash_limit: int = 2) -> None:
         self.workers = max(1, workers)
         self.crash_limit = max(1, crash_limit)
         self._initializer = initializer
@@ -125,7 +133,7 @@ class CrashSafePool:
             initargs=(started, self._initializer, self._initargs))
         return _Generation(number=number, executor=executor, started=started)
 
-    def submit(self, fn: Callable[[Any], Any], arg: Any) -> Future[Any]:
+    def submit(self, fn: Callable[[A], object], arg: A) -> Future[object]:
         """Run ``fn(arg)`` in a pool process (``fn`` importable, ``arg`` picklable)."""
         job = _Job(id=next(self._ids), fn=fn, arg=arg, out=Future())
         with self._lock:

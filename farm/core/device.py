@@ -20,11 +20,12 @@ import re
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from farm.core.errors import DeviceError
+from farm.core.errors import DeviceError, InputError
 from farm.core.hashing import stable_hash
 
 if TYPE_CHECKING:
@@ -32,7 +33,16 @@ if TYPE_CHECKING:
 
 
 class DeviceInfo(BaseModel):
-    """One OpenCL device as the farm sees it: identity and the limits ``lower`` checks."""
+    """One OpenCL device as the farm sees it: identity and the limits ``lower`` checks.
+
+    Identity: ``platform_index``/``device_index`` (its place in OpenCL's lists here),
+    ``platform_name``, ``platform_version``, ``device_name``, ``vendor``,
+    ``device_version``, ``opencl_c_version``, ``driver_version``, and ``native_arch`` (the
+    machine-code architecture where native code is stored, e.g. ``sm_90``; else "").
+    Limits: ``max_work_group_size``, ``max_work_item_sizes`` (per dimension),
+    ``local_mem_size`` and ``global_mem_size`` (bytes), ``max_compute_units``,
+    ``extensions`` (``has_fp16``, ``has_fp64`` read them). docs/PLUGINS.md has the table
+    a family author reads."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -62,6 +72,14 @@ class DeviceInfo(BaseModel):
     @property
     def has_fp64(self) -> bool:
         return "cl_khr_fp64" in self.extensions
+
+    @property
+    def compiles_at_launch(self) -> bool:
+        """PoCL's CPU drivers (``pthread``/``basic`` in 3.x, ``cpu``/``cpu-minimal`` in 5.x)
+        make a kernel's machine code at its first launch, per local size and grid class:
+        its artifacts are made ready for a declared launch (:mod:`farm.compilation.ready`)."""
+        return (self.platform_name == "Portable Computing Language"
+                and self.device_name.startswith(("pthread-", "basic-", "cpu-")))
 
     def identity(self) -> dict[str, str]:
         """The fields a binary's validity depends on.
@@ -177,6 +195,22 @@ def select_device(devices: list[DeviceInfo], selector: str | None = None) -> Dev
         known = ", ".join(d.fingerprint for d in devices)
         raise DeviceError(f"no device matches {selector!r}; devices here: {known}")
     return matches[0]
+
+
+def resolve_fingerprint(text: str, known: Iterable[str]) -> str:
+    """``text`` as a whole fingerprint: itself when it is one of ``known``, else the one
+    fingerprint of ``known`` it is a prefix of (as ``FARM_DEVICE`` takes it), so people
+    can type the first characters of what ``farm devices`` or ``farm workers`` print.
+    Text that starts none of them comes back as it is, for the caller to say what is
+    known; a prefix of several is an error naming them."""
+    known = sorted(set(known))
+    if text in known:
+        return text
+    matches = [fp for fp in known if fp.startswith(text)]
+    if len(matches) > 1:
+        raise InputError(f"fingerprint {text!r} is the start of {len(matches)} "
+                         f"fingerprints ({', '.join(matches)}): give more of it")
+    return matches[0] if matches else text
 
 
 def open_device(info: DeviceInfo) -> tuple[cl.Context, cl.Device]:

@@ -33,7 +33,9 @@ line, control characters escaped, bounded in length.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
+
+from pydantic import ValidationError
 
 #: C0 and C1 control characters and DEL: what moves a terminal's cursor, clears its
 #: screen (ESC [2J) or starts a new line, when echoed from input
@@ -56,6 +58,11 @@ class FarmError(Exception):
 
     exit_code = 1
 
+    @property
+    def lines(self) -> list[str]:
+        """What to show a person, one line per problem (the CLI prints each)."""
+        return [str(self)]
+
 
 class InputError(FarmError):
     """Bad input: a file, a flag or a parameter a person gave us."""
@@ -64,7 +71,18 @@ class InputError(FarmError):
 
 
 class ManifestError(InputError):
-    """A manifest is malformed; the message names file, line or field."""
+    """A manifest is malformed; the message names file, line or field.
+
+    ``problems`` holds every error found in the manifest, one line each (the message is
+    the first), so a person fixes them all in one go rather than one per run."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems) or [message]
+
+    @property
+    def lines(self) -> list[str]:
+        return self.problems
 
 
 class UnknownFamilyError(InputError):
@@ -72,7 +90,12 @@ class UnknownFamilyError(InputError):
 
 
 class ParameterError(InputError):
-    """Parameters of a kernel family do not validate."""
+    """Parameters of a kernel family do not validate. ``fields``: (parameter, why) of
+    each error, so that a manifest can point at each parameter's line."""
+
+    def __init__(self, message: str, fields: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.fields = list(fields)
 
 
 class SettingsError(InputError):
@@ -146,7 +169,7 @@ class ClusterError(FarmError):
     """The cluster cannot serve a request (no worker for a fingerprint, ...)."""
 
 
-def first_error(exc: Any, default_where: str = "") -> tuple[str, str]:
+def first_error(exc: ValidationError, default_where: str = "") -> tuple[str, str]:
     """(where, why) of a pydantic ``ValidationError``'s first error, for one line.
 
     ``where`` is the dotted field path (``default_where`` when the error is about the
@@ -154,19 +177,29 @@ def first_error(exc: Any, default_where: str = "") -> tuple[str, str]:
     reads as noise to a person. The one place that turns a validation error into words:
     every boundary (settings, manifests, bundles, payloads, records) says it this way.
     """
+    return every_error(exc, default_where)[0]
+
+
+def every_error(exc: ValidationError, default_where: str = "") -> list[tuple[str, str]]:
+    """(where, why) of each of a ``ValidationError``'s errors, as :func:`first_error`
+    says one; a field nobody declared is an ``unknown field`` (pydantic: "Extra inputs
+    are not permitted")."""
     errors = exc.errors()
     if not errors:
-        return default_where, one_line(exc)
-    err = errors[0]
-    where = ".".join(str(p) for p in err["loc"]) or default_where
-    return printable(where, 200), printable(str(err["msg"]).removeprefix("Value error, "))
+        return [(default_where, one_line(exc))]
+    out = []
+    for err in errors:
+        where = ".".join(str(p) for p in err["loc"]) or default_where
+        why = ("unknown field" if err["type"] == "extra_forbidden"
+               else str(err["msg"]).removeprefix("Value error, "))
+        out.append((printable(where, 200), printable(why)))
+    return out
 
 
 def one_line(exc: BaseException) -> str:
     """Any exception as one line: ``where: why`` for a validation error, else its first
     line of text (or its type's name when it has none)."""
-    if hasattr(exc, "errors") and callable(exc.errors) and type(exc).__name__ == \
-            "ValidationError":
+    if isinstance(exc, ValidationError):
         where, why = first_error(exc)
         return f"{where}: {why}" if where else why
     text = str(exc).strip()

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: object) -> str:
     """Serialize ``value`` to JSON with sorted keys and no insignificant whitespace."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False)
@@ -24,6 +23,6 @@ def sha256_hex(data: bytes | str) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def stable_hash(value: Any, length: int = 32) -> str:
+def stable_hash(value: object, length: int = 32) -> str:
     """Hash of the canonical JSON of ``value``, truncated to ``length`` hex digits."""
     return sha256_hex(canonical_json(value))[:length]

@@ -15,6 +15,12 @@ Object store (MinIO), one bucket (``FARM_MINIO_BUCKET``)::
                                                   an artifact proven bad on its own device,
                                                   moved aside: why and when (JSON), then
                                                   the artifact's frame (evidence)
+    blobs/<sha256>                                 content-addressed bytes: an OpenCL
+                                                  program's source or a header it
+                                                  includes (farm.programs), shared by
+                                                  every namespace (sources are not
+                                                  device-specific); the name is the
+                                                  SHA-256 of the body, checked on read
 
 A namespace is ``NAMESPACE_LEVELS`` names deep, so the namespaces of a bucket are found
 by listing that many levels of common prefixes (:func:`namespace_from_prefix`).
@@ -23,8 +29,17 @@ Embedded files, per environment (``<FARM_HOME>/envs/<name>/``): ``store.sqlite``
 artifact store), ``records.sqlite`` (the records storage).
 
 SQLite store: table ``artifacts`` with columns (namespace, id_hash, build_id, ...),
-``sources`` (namespace, source_hash, id_hash, build_id) and ``quarantine`` (namespace,
-id_hash, build_id, digest, reason, at, meta, binary): the namespace is a column.
+``sources`` (namespace, source_hash, id_hash, build_id), ``quarantine`` (namespace,
+id_hash, build_id, digest, reason, at, meta, binary): the namespace is a column; and
+``blobs`` (digest, size, data): the content-addressed sources and headers of programs.
+
+Programs (``farm.programs``: OpenCL programs an application builds from its own source)
+are artifacts like any other, under ``<namespace>/artifacts/<program key>/<program build
+id>`` with family :data:`PROGRAM_FAMILY`. The program key is a SHA-256 over the source's
+digest, the normalised build options and the digests of every header the source can
+include (``farm.programs.spec``); the fingerprint is in the namespace. ``blobs/`` sits
+one level above the namespaces, so a namespace listing (three levels of prefixes)
+never mistakes it for one.
 
 Redis (broker and farm state)::
 
@@ -86,6 +101,7 @@ STORE_FORMAT = "v1"
 
 #: ``fullmatch``: ``$`` with ``re.match`` would let a trailing newline through
 _FINGERPRINT = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class Namespace(BaseModel):
@@ -178,6 +194,25 @@ def key_from_artifact_object(ns: Namespace, name: str) -> Key | None:
         return Key(id_hash=parts[0], build_id=parts[1])
     except ValueError:
         return None
+
+
+BLOBS_PREFIX = "blobs/"
+
+#: the family name program artifacts are stored under (never a registered family's)
+PROGRAM_FAMILY = "program"
+
+
+def blob_object(digest: str) -> str:
+    """The object holding the bytes whose SHA-256 is ``digest`` (64 hex digits)."""
+    if not _SHA256.fullmatch(digest):
+        raise ValueError(f"not a SHA-256 digest: {digest!r:.80}")
+    return f"{BLOBS_PREFIX}{digest}"
+
+
+def digest_from_blob_object(name: str) -> str | None:
+    """Inverse of :func:`blob_object`; ``None`` for a name of another layout."""
+    digest = name.removeprefix(BLOBS_PREFIX)
+    return digest if name.startswith(BLOBS_PREFIX) and _SHA256.fullmatch(digest) else None
 
 
 # -- redis ---------------------------------------------------------------------------------

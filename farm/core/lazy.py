@@ -10,15 +10,14 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
 
 
-def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
+def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], object]:
     """The module ``__getattr__`` of ``package``: a name of ``where`` (name -> the module
     that defines it) is imported when first asked for, and kept in the package."""
     namespace = sys.modules[package].__dict__
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> object:
         module = where.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
 )
 
@@ -155,6 +156,19 @@ class ArtifactId(Frozen):
         """The ``id`` part of the key: a stable hash of kernel id and variant."""
         return stable_hash(self.model_dump(mode="json"))
 
+    def describe(self) -> str:
+        """The kernel's label with everything else that is part of its key: the launch's
+        ``local_size`` and the variant's options and alignment, where set (two kernels
+        that differ only there have one label)."""
+        parts = [self.kernel.label()]
+        if self.kernel.launch.local_size is not None:
+            parts.append(f"local_size={list(self.kernel.launch.local_size)}")
+        if self.variant.options:
+            parts.append(f"options={' '.join(self.variant.options)!r}")
+        if self.variant.alignment:
+            parts.append(f"alignment={self.variant.alignment}")
+        return " ".join(parts)
+
 
 class Key(Frozen):
     """(id hash, build id): how an artifact is found without expanding the kernel."""
@@ -172,19 +186,63 @@ class Key(Frozen):
         return cls(id_hash=id_hash, build_id=build_id)
 
 
-#: an OpenCL C kernel name (a C identifier)
-KernelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
+#: a kernel name as OpenCL C spells one (an identifier)
+KernelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")]
+#: an NDRange dimension: 1 to 3 sizes
+Sizes = Annotated[tuple[Annotated[int, Field(ge=1, le=2**32)], ...],
+                  Field(min_length=1, max_length=3)]
+
+
+class LaunchArg(Frozen):
+    """One argument of a :class:`ReadyLaunch`: a buffer of ``nbytes`` (zero-filled), local
+    memory of ``nbytes``, or a scalar ``value`` of numpy type ``dtype`` (e.g. ``<u4``)."""
+
+    kind: Literal["buffer", "local", "scalar"]
+    nbytes: int = Field(default=0, ge=0, le=2**40)
+    dtype: str = Field(default="", pattern=r"^([<>|=]?[biuf][1248])?$")
+    value: int | float = 0
+
+
+class ReadyLaunch(Frozen):
+    """The launch a compiled artifact is made ready for: a kernel, its global and local
+    size (``None``: left to the driver), and its arguments' sizes and scalars, never data.
+
+    Where a driver makes a kernel's machine code at its first launch, specialised to the
+    launch (PoCL's CPU drivers: by local size, zero offset and grid width), the process
+    that compiles launches this once before taking the binary, so the binary carries that
+    code and a load's first launch compiles nothing (:mod:`farm.compilation.ready`). It
+    travels with :class:`Lowered` but is no part of its source hash: it decides what
+    else an artifact carries, not what the compiler sees.
+    """
+
+    kernel_name: KernelName
+    global_size: Sizes
+    local_size: Sizes | None = None
+    args: tuple[LaunchArg, ...] = Field(default=(), max_length=256)
+
+    @field_validator("local_size")
+    @classmethod
+    def _same_rank(cls, value: tuple[int, ...] | None,
+                   info: ValidationInfo) -> tuple[int, ...] | None:
+        glob = info.data.get("global_size")
+        if value is not None and glob is not None and len(value) != len(glob):
+            raise ValueError("local_size must have as many dimensions as global_size")
+        return value
 
 
 class Lowered(Frozen):
     """A kernel expanded to OpenCL C for one device: the reusable *source*.
 
     ``kernel_names`` are the kernels the family declares: a binary served for this
-    kernel must hold exactly these (:mod:`farm.compilation.load`)."""
+    kernel must hold exactly these (:mod:`farm.compilation.load`). A family declares at
+    least one (:mod:`farm.families.boundary`); an opaque program's record has none (its
+    names come from the built program)."""
 
     source: str
     options: tuple[str, ...] = ()
-    kernel_names: tuple[KernelName, ...] = Field(min_length=1, max_length=256)
+    kernel_names: tuple[KernelName, ...] = Field(max_length=256)
+    #: the launch its artifact is made ready for, where the device needs one (not hashed)
+    ready: ReadyLaunch | None = None
 
     @property
     def source_hash(self) -> str:
@@ -263,11 +321,13 @@ class Artifact(BaseModel):
     binary: bytes
 
     @classmethod
-    def create(cls, key: Key, family: str, binary: bytes, source_hash: str,
-               **extra: Any) -> Artifact:
+    def create(cls, key: Key, family: str, binary: bytes, source_hash: str, *,
+               build_log: str = "", host: str = "", worker: str = "",
+               work_s: float = 0.0) -> Artifact:
         """Build an artifact, computing digest and size from the binary."""
         meta = ArtifactMeta(key=key, family=family, digest=sha256_hex(binary),
-                            size=len(binary), source_hash=source_hash, **extra)
+                            size=len(binary), source_hash=source_hash, build_log=build_log,
+                            host=host, worker=worker, work_s=work_s)
         return cls(meta=meta, binary=binary)
 
     def verify(self) -> bool:

@@ -65,6 +65,15 @@ class Settings(BaseSettings):
     #: it (NVIDIA: a cubin linked from the PTX by the CUDA driver; farm/compilation/native.py), so a
     #: load is a copy, not a JIT (FARM_NATIVE_BINARIES)
     native_binaries: bool = True
+    #: where an application's program (``farm run``, farm.programs) that no store tier
+    #: holds is compiled: ``compile`` here, on the application's device; ``farm`` on the
+    #: cluster's pool for its fingerprint (FARM_REDIS_URL), here when no worker serves it
+    #: (FARM_PROGRAMS_ON_MISS)
+    programs_on_miss: Literal["compile", "farm"] = "compile"
+    #: on PoCL's CPU drivers, take each kernel's binary after one launch of its declared
+    #: geometry, so it carries that launch's machine code and a load's first launch
+    #: compiles nothing (farm/compilation/ready.py; FARM_POCL_READY)
+    pocl_ready: bool = True
 
     #: Ed25519 private key (base64) that signs every stored artifact; writers only
     signing_key: SecretStr | None = Field(default=None, max_length=200)

@@ -14,14 +14,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from farm.core.keys import DEFAULT_BUCKET
 from farm.devservices.minio import MinioServer
 from farm.devservices.ports import ServiceError, log_tail, stop_process
 from farm.devservices.redis import RedisServer
+from farm.devservices.server import LocalServer
 
 
 @dataclass
@@ -140,13 +141,14 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def local_cluster(workdir: Path, *, redis: Any = None, minio: Any = None,
-                  bucket: str = DEFAULT_BUCKET, redis_db: int = 0, **extra_env: str) -> Any:
+def local_cluster(workdir: Path, *, redis: RedisServer | None = None,
+                  minio: MinioServer | None = None, bucket: str = DEFAULT_BUCKET,
+                  redis_db: int = 0, **extra_env: str) -> Iterator[LocalCluster]:
     """Start (or reuse the given) Redis and MinIO; yield a LocalCluster; stop it all.
 
     Clusters sharing one Redis stay apart through ``redis_db`` (queues, leases and the
     worker registry live in the database) and through their MinIO ``bucket``."""
-    own: list[Any] = []
+    own: list[LocalServer] = []
     try:
         if redis is None:
             redis = RedisServer().start()
@@ -168,7 +170,7 @@ def local_cluster(workdir: Path, *, redis: Any = None, minio: Any = None,
             stop_process_safe(service)
 
 
-def stop_process_safe(service: Any) -> None:
+def stop_process_safe(service: LocalServer) -> None:
     with contextlib.suppress(Exception):
         service.stop()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import logging
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -37,12 +38,23 @@ from farm.core.errors import (
     ParameterError,
     PluginError,
     UnsupportedFeature,
+    every_error,
     first_error,
 )
 from farm.core.hashing import sha256_hex
-from farm.core.model import ArtifactId, KernelId, LaunchSettings, Lowered, Variant
+from farm.core.model import (
+    ArtifactId,
+    KernelId,
+    LaunchArg,
+    LaunchSettings,
+    Lowered,
+    ReadyLaunch,
+    Variant,
+)
 from farm.families import boundary
 from farm.version import __version__
+
+log = logging.getLogger(__name__)
 
 
 class Params(BaseModel):
@@ -78,6 +90,20 @@ class Example:
     rtol: float = 1e-4
     atol: float = 1e-5
     notes: dict[str, Any] = field(default_factory=dict)
+
+    def ready_launch(self) -> ReadyLaunch:
+        """This launch without its data: sizes, scalars and local memory only."""
+        args = []
+        for arg in self.args:
+            if isinstance(arg, LocalMem):
+                args.append(LaunchArg(kind="local", nbytes=arg.nbytes))
+            elif isinstance(arg, np.ndarray):
+                args.append(LaunchArg(kind="buffer", nbytes=arg.nbytes))
+            else:
+                args.append(LaunchArg(kind="scalar", dtype=np.asarray(arg).dtype.str,
+                                      value=arg.item()))
+        return ReadyLaunch(kernel_name=self.kernel_name, global_size=self.global_size,
+                           local_size=self.local_size, args=tuple(args))
 
 
 #: a device that refuses nothing, for :meth:`KernelFamily.check_launch`
@@ -118,8 +144,17 @@ class KernelFamily(ABC, Generic[P]):
             return boundary.call(self, "parameter validation",  # type: ignore[return-value]
                                  lambda: self.params_model.model_validate(dict(params)))
         except ValidationError as exc:
-            where, why = first_error(exc, "params")
-            raise ParameterError(f"{self.name}: parameter {where}: {why}") from None
+            raise self._parameter_error(exc) from None
+
+    def _parameter_error(self, exc: ValidationError) -> ParameterError:
+        """Every error of the parameters, an unknown one named with those allowed
+        (``alpha`` for ``a`` is ``parameter alpha: unknown parameter (allowed: a, b)``,
+        not only ``parameter a: Field required``)."""
+        allowed = ", ".join(self.params_model.model_fields) or "none"
+        fields = [(where, f"unknown parameter (allowed: {allowed})" if why == "unknown field"
+                   else why) for where, why in every_error(exc, "params")]
+        text = "; ".join(f"parameter {where}: {why}" for where, why in fields)
+        return ParameterError(f"{self.name}: {text}", fields)
 
     def kernel_id(self, params: Mapping[str, Any],
                   launch: LaunchSettings | None = None) -> KernelId:
@@ -149,7 +184,27 @@ class KernelFamily(ABC, Generic[P]):
                               f"that does not validate: {where}: {why}") from None
         lowered = boundary.checked_lowered(self, returned)
         options = tuple(self.base_options) + lowered.options + artifact.variant.options
-        return lowered.model_copy(update={"options": options})
+        ready = (self._ready(params, artifact.kernel.launch, lowered.kernel_names)
+                 if device.compiles_at_launch else None)
+        return lowered.model_copy(update={"options": options, "ready": ready})
+
+    def _ready(self, params: P, launch: LaunchSettings,
+               names: tuple[str, ...]) -> ReadyLaunch | None:
+        """:meth:`ready_launch`, or ``None`` where it fails or names another kernel: an
+        artifact without one is stored as before (its first launch compiles), never
+        refused."""
+        try:  # a plugin's example: through the boundary (caught, bounded, trimmed)
+            ready = boundary.call(self, "ready_launch()",
+                                  lambda: self.ready_launch(params, launch))
+        except (FarmError, ValidationError) as exc:  # no ready launch, not a failed kernel
+            log.warning("family %s: no ready launch (%s: %s)", boundary.say(self.name),
+                        type(exc).__name__, boundary.say(exc)[:200])
+            return None
+        if ready is not None and not isinstance(ready, ReadyLaunch):
+            log.warning("family %s: ready_launch() returned %s, not ReadyLaunch", self.name,
+                        type(ready).__name__)
+            return None
+        return ready if ready is not None and ready.kernel_name in names else None
 
     @abstractmethod
     def lower(self, params: P, launch: LaunchSettings, device: DeviceInfo) -> Lowered:
@@ -164,6 +219,18 @@ class KernelFamily(ABC, Generic[P]):
         ``farm families check`` runs it on the local device against numpy, the one
         test a family author gets for free (see docs/PLUGINS.md)."""
         return None
+
+    def ready_launch(self, params: P, launch: LaunchSettings) -> ReadyLaunch | None:
+        """The launch a compiled artifact is made ready for, or ``None``.
+
+        On a device that makes a kernel's machine code at its first launch (PoCL's CPU
+        drivers), the compiling process launches this once, with zero-filled buffers of
+        these sizes, and stores the code it made, so a load's first launch with the same
+        local size (and grid class) compiles nothing (docs/LOADER.md). The default is
+        :meth:`example`'s launch without its data; a family whose example is costly to make
+        (large arrays, a reference computation) overrides this with the sizes alone."""
+        example = self.example(params, launch, np.random.default_rng(0))
+        return None if example is None else example.ready_launch()
 
     def check_launch(self, params: Mapping[str, Any], launch: LaunchSettings) -> None:
         """Raise :class:`ParameterError` when ``launch`` cannot go with ``params`` on

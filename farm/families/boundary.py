@@ -108,8 +108,12 @@ def checked_lowered(family: Any, value: object) -> Lowered:
                           f"{type(value).__name__}, not Lowered")
     fields = {name: value.__dict__.get(name) for name in Lowered.model_fields}
     try:
-        return Lowered.model_validate(fields, strict=True)
+        lowered = Lowered.model_validate(fields, strict=True)
     except ValidationError as exc:
         where, why = first_error(exc)
         raise PluginError(f"family {say(family.name)}: lower() returned a Lowered that "
                           f"does not validate: {where}: {why}") from None
+    if not lowered.kernel_names:
+        raise PluginError(f"family {say(family.name)}: lower() returned a Lowered that "
+                          "does not validate: kernel_names: declares no kernel")
+    return lowered

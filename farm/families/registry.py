@@ -14,6 +14,12 @@ that provides something other than ``KernelFamily`` subclasses is *skipped* with
 warning line (kept in :attr:`Registry.broken`), never a traceback from every command:
 a manifest that does not use it must still build. Asking for a family such a plugin
 would have provided says which entry point failed and why.
+
+A plugin that names a family after one already registered (a built-in's, or another
+plugin's) is skipped the same way, its clash named: the built-in families are
+registered first and always win, so an installed package can neither break every
+command nor replace a built-in family's code. The taken names are listed in
+docs/PLUGINS.md.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from farm.core.errors import SettingsError, UnknownFamilyError
 from farm.families.base import KernelFamily
 
 ENTRY_POINT_GROUP = "kernel_farm.families"
+#: the farm's own entry point (pyproject.toml): registered first, from the module itself
+BUILTIN_ENTRY_POINT = "farm.families.builtin:FAMILIES"
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +56,16 @@ class Registry:
             raise SettingsError(f"two kernel families named {family.name!r}: "
                                 f"{type(have).__module__} and {type(family).__module__}")
         self._families[family.name] = family
+
+    def _check_free(self, families: list[KernelFamily[Any]]) -> None:
+        """A SettingsError naming the first family whose name is taken already."""
+        for family in families:
+            have = self._families.get(family.name)
+            if have is not None and type(have) is not type(family):
+                origin = ("a built-in family" if type(have).__module__.startswith(
+                    "farm.families.builtin") else f"the family of {type(have).__module__}")
+                raise SettingsError(f"family {family.name!r} of {type(family).__module__} "
+                                    f"clashes with {origin} of that name: rename it")
 
     def get(self, name: str) -> KernelFamily[Any]:
         try:
@@ -77,10 +95,17 @@ class Registry:
     def load(cls, extra_modules: Iterable[str] = ()) -> Registry:
         """Built-in families, every entry point, and ``extra_modules``."""
         registry = cls()
+        from farm.families.builtin import FAMILIES  # first: a plugin never replaces one
+
+        for family_cls in FAMILIES:
+            registry.add(family_cls())
         for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.value == BUILTIN_ENTRY_POINT:
+                continue
             try:
                 provided = _family_classes(ep.load(), f"entry point {ep.name}")
                 instances = [family_cls() for family_cls in provided]
+                registry._check_free(instances)
             except (Exception, SystemExit) as exc:  # plugin code: anything it raises
                 why = _why(exc)                       # (sys.exit too) is its own fault
                 registry.broken[ep.name] = why
@@ -88,11 +113,6 @@ class Registry:
                 continue
             for family in instances:
                 registry.add(family)
-        if "builtin" not in {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}:
-            from farm.families.builtin import FAMILIES  # not installed as a distribution
-
-            for family_cls in FAMILIES:
-                registry.add(family_cls())
         for name in extra_modules:
             try:
                 module = importlib.import_module(name)

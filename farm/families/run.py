@@ -79,6 +79,9 @@ class FamilyCheck:
     status: str
     examples: int = 0
     problems: list[str] = field(default_factory=list)
+    #: the platform compiler's whole log when it refused the source (as ``farm build``
+    #: shows it), "" otherwise
+    build_log: str = ""
 
     @property
     def failed(self) -> bool:
@@ -88,9 +91,13 @@ class FamilyCheck:
 def check_family(family: KernelFamily[Any], queue: cl.CommandQueue,
                  device: DeviceInfo, seed: int = 0) -> FamilyCheck:
     """Run ``family``'s example for each of its ``example_params`` (or its defaults) on
-    ``queue``'s device, compiled straight from the lowered source (no store is
-    touched), against the outputs numpy expects."""
+    ``queue``'s device, compiled from the lowered source by the farm's own compile step
+    (no store is touched; a refused source comes back with the compiler's whole log),
+    against the outputs numpy expects."""
     import pyopencl as cl
+
+    from farm.compilation.finalize import finalize
+    from farm.compilation.load import load
 
     result = FamilyCheck(family=family.name, status="ok")
     for raw in family.example_params or ({},):
@@ -109,9 +116,12 @@ def check_family(family: KernelFamily[Any], queue: cl.CommandQueue,
             if example is None:
                 return FamilyCheck(family.name, "no-example", problems=["no example()"])
             lowered = family.lower_id(family.artifact_id(raw, launch), device)
-            program = cl.Program(queue.context, lowered.source).build(
-                options=list(lowered.options))
-            kernel = getattr(program, example.kernel_name)
+            built = finalize(queue.context, queue.device, lowered)  # as farm build does
+            if not built.ok:
+                return FamilyCheck(family.name, "failed", result.examples,
+                                   [f"{label}: {built.error}"], build_log=built.build_log)
+            program = load(queue.context, queue.device, built.binary)
+            kernel = cl.Kernel(program, example.kernel_name)
             outputs = run_example(queue, kernel, example)
         except UnsupportedFeature as exc:
             return FamilyCheck(family.name, "unsupported", result.examples,

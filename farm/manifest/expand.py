@@ -50,16 +50,27 @@ def expand(manifest: Manifest, registry: Registry) -> list[Entry]:
     Order is stable: the model's kernels (per element type, per token bucket, in the
     order a forward pass runs them), then the explicit ``[[kernels]]``; a duplicate keeps
     its first origin. Unknown families and bad parameters are :class:`ManifestError`
-    naming the line and field (the family's message is kept).
+    naming the line and field (the family's message is kept); every kernel is looked at,
+    so the error carries each problem of the manifest, not only the first.
     """
     seen: set[str] = set()
     entries: list[Entry] = []
+    problems: list[str] = []
     for planned in _plan(manifest):
-        artifact = _artifact(manifest, registry, planned)
+        try:
+            artifact = _artifact(manifest, registry, planned)
+        except ManifestError as exc:
+            problems += [p for p in exc.problems if p not in problems]
+            continue
         id_hash = artifact.id_hash
         if id_hash not in seen:
             seen.add(id_hash)
             entries.append(Entry(artifact=artifact, origin=planned.origin))
+    if problems:
+        more = len(problems) - 1
+        raise ManifestError(problems[0] + (f" (and {more} more error"
+                                           f"{'s' if more > 1 else ''})" if more else ""),
+                            problems)
     return entries
 
 
@@ -91,14 +102,14 @@ def _artifact(manifest: Manifest, registry: Registry, planned: _Planned) -> Arti
         known = ", ".join(registry.names())
         raise _located(manifest, loc, planned, f"{exc} (known: {known})") from None
     except ParameterError as exc:
-        match = re.match(r"^[^:]*: parameter ([^:]+): ", str(exc))
-        name = match[1].split(".")[0] if match else ""
-        if planned.explicit:
-            loc = (*planned.loc, "params", name) if name and name != "params" else \
-                (*planned.loc, "params")
-        else:
-            loc = planned.param_locs.get(name, planned.loc)
-        raise _located(manifest, loc, planned, str(exc)) from None
+        problems = []
+        for name, text in _parameter_problems(planned.family, exc):
+            if planned.explicit:
+                loc = (*planned.loc, "params", name) if name else (*planned.loc, "params")
+            else:
+                loc = planned.param_locs.get(name, planned.loc)
+            problems.append(str(_located(manifest, loc, planned, text)))
+        raise ManifestError(problems[0], problems) from None
     if planned.launch.local_size is not None:  # a shape the parameters rule out: bad input
         try:
             family.check_launch(planned.params, planned.launch)
@@ -106,6 +117,17 @@ def _artifact(manifest: Manifest, registry: Registry, planned: _Planned) -> Arti
             raise _located(manifest, (*planned.loc, "local_size"), planned, str(exc)) \
                 from None
     return artifact
+
+
+def _parameter_problems(family: str, exc: ParameterError) -> list[tuple[str, str]]:
+    """(top-level parameter, message) of each error: from the family's validation, or
+    from a message ``family: parameter X: why`` a family raised itself."""
+    if exc.fields:
+        return [("" if where == "params" else where.split(".")[0],
+                 f"{family}: parameter {where}: {why}") for where, why in exc.fields]
+    match = re.match(r"^[^:]*: parameter ([^:]+): ", str(exc))
+    name = match[1].split(".")[0] if match else ""
+    return [("" if name == "params" else name, str(exc))]
 
 
 def _located(manifest: Manifest, loc: Loc, planned: _Planned, what: str) -> ManifestError:

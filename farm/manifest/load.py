@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from farm.core.errors import ManifestError, first_error
+from farm.core.errors import ManifestError, every_error
 from farm.manifest.expand import _plan
 from farm.manifest.lines import _LineIndex
 from farm.manifest.messages import _allowed_keys, _clean_loc, _error, _format_loc, _one_line
@@ -113,16 +113,23 @@ def _toml_position(message: str, text: str) -> tuple[int | None, str]:
 
 
 def _validation_error(exc: ValidationError, shown: str, lines: _LineIndex) -> ManifestError:
-    errors = exc.errors(include_url=False)
-    err = errors[0]
-    loc = _clean_loc(err["loc"])
-    what = first_error(exc)[1]
-    if err["type"] == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
-        what = "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
-    if len(errors) > 1:
-        what += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
-    return _error(shown, lines.line_of(loc), _format_loc(loc), what)
+    """Every error of the manifest's shape, each at its own line and field."""
+    problems: list[tuple[int, str]] = []
+    for err, (_, why) in zip(exc.errors(include_url=False), every_error(exc), strict=True):
+        loc = _clean_loc(err["loc"])
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(loc[:-1])
+            why = "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+        problems.append((lines.line_of(loc) or 0,
+                         str(_error(shown, lines.line_of(loc), _format_loc(loc), why))))
+    ordered = [text for _, text in sorted(problems, key=lambda p: p[0])]  # as the file reads
+    return ManifestError(_summary(ordered), ordered)
+
+
+def _summary(problems: list[str]) -> str:
+    """The first problem, and how many more there are (the message of one exception)."""
+    more = len(problems) - 1
+    return problems[0] + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
 
 
 # ----------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Sequence
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -49,7 +49,7 @@ def _format_loc(loc: Loc) -> str:
 
 def _allowed_keys(loc: Loc) -> list[str]:
     """The keys of the table at ``loc`` (for 'unknown key' messages), if it is a model."""
-    tp: Any = Manifest
+    tp: object = Manifest
     for part in loc:
         tp = _unwrap(tp)
         if isinstance(tp, type) and issubclass(tp, BaseModel):
@@ -70,7 +70,7 @@ def _allowed_keys(loc: Loc) -> list[str]:
     return []
 
 
-def _unwrap(tp: Any) -> Any:
+def _unwrap(tp: object) -> object:
     """``X | None`` -> ``X``; ``Annotated[X, ...]`` -> ``X``."""
     while True:
         origin = get_origin(tp)

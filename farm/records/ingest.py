@@ -33,16 +33,8 @@ Guarantees, and what gives each one:
 
 Record entries are packs (many records of one kind, ``farm.records.stream``) or, from
 producers before packs, one record each; a stream may hold both, and both are read.
-Entries that do not validate (not UTF-8, out-of-range integers, non-finite floats, an
-unknown kind, a pack that is not a JSON array of records) go to ``farm:records:dead``
-(with the reason) and are acknowledged, so one bad entry neither blocks the stream nor
-is retried for ever. A bad record inside a pack goes there alone, as a one-record
-entry (``dead:index`` names its place): the pack's other records are written. Entries
-that a newer farm may have written (a record kind or envelope version this version
-does not know) go there too, flagged ``dead:newer``: left pending they would be
-claimed and re-read by every ingester for ever. Upgrade the ingesters before the
-producers; entries set aside meanwhile can be sent again from the dead stream
-(docs/RECORDS.md).
+What does not validate, or what a newer farm may have written, is set aside in
+``farm:records:dead`` and acknowledged (:mod:`farm.records.entries`, docs/RECORDS.md).
 """
 
 from __future__ import annotations
@@ -53,10 +45,10 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -69,11 +61,12 @@ from farm.core.keys import (
     records_stream_for,
 )
 from farm.core.outage import describe_refusal
+from farm.records.entries import Entry, flatten_reply, places, set_aside, unstorable
+from farm.records.group import check_group, ensure_groups, stream_id, text
 from farm.records.model import RECORD_KINDS, Record
 from farm.records.stream import (
     STREAM_MAXLEN,
     BadRecord,
-    DecodedRecords,
     EntryError,
     SessionEntry,
     decode_records,
@@ -82,6 +75,8 @@ from farm.records.stream import (
 )
 
 if TYPE_CHECKING:
+    import redis
+
     from farm.records.storage import SessionStorage
 
 log = logging.getLogger(__name__)
@@ -103,12 +98,18 @@ one's records are late by a minute, not lost."""
 CHECK_INTERVAL_S = 30.0
 """How often the ingester looks at how far behind it is, and forgets dead consumers."""
 
-DEAD_CONSUMER_IDLE_MS = 3_600_000
-"""A consumer with nothing pending and idle this long is an ingester that is gone; it
-is removed from the group so that the group's listing stays readable."""
-
 RETRY_MAX_S = 5.0
 """Longest pause between attempts when storage or Redis fails."""
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """How much an ingester reads at once and how long it waits (see the constants)."""
+
+    batch: int = BATCH
+    block_ms: int = BLOCK_MS
+    claim_idle_ms: int = CLAIM_IDLE_MS
+    check_interval_s: float = CHECK_INTERVAL_S
 
 
 def default_consumer_name() -> str:
@@ -137,23 +138,6 @@ class IngestStats(BaseModel):
     failures: int = 0
 
 
-@dataclass
-class _Entry:
-    stream: str
-    id: str
-    fields: dict[Any, Any] | None  # None: trimmed away while pending
-    decoded: SessionEntry | DecodedRecords | None = None
-    error: EntryError | None = None  # the entry as a whole is set aside
-    bad: list[BadRecord] = field(default_factory=list)  # records of a pack set aside
-
-
-def _places(decoded: DecodedRecords) -> list[int]:
-    """Each valid record's index in its pack (the bad ones' indices skipped)."""
-    skipped = {bad.index for bad in decoded.bad}
-    total = len(decoded.records) + len(skipped)
-    return [i for i in range(total) if i not in skipped]
-
-
 @contextmanager
 def _cyclic_gc_paused() -> Iterator[None]:
     """Keep Python's cyclic garbage collector off for one round.
@@ -173,26 +157,6 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _unstorable(exc: BaseException) -> EntryError:
-    return EntryError(f"the records storage cannot hold it: {type(exc).__name__}: {exc}"[:300])
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _is_ours(name: Any) -> bool:
-    """A field the dead stream adds itself (a producer's copy of it is dropped)."""
-    text = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
-    return text.startswith("dead:")
-
-
-def _id_tuple(entry_id: str) -> tuple[int, int]:
-    """A stream id ``ms-seq`` as a comparable pair."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
 class Ingester:
     """One consumer of the records group, writing into one ``SessionStorage``.
 
@@ -201,29 +165,20 @@ class Ingester:
     loops until ``stop`` is set.
     """
 
-    def __init__(
-        self,
-        client: Any,
-        storage: SessionStorage,
-        *,
-        consumer: str | None = None,
-        batch: int = BATCH,
-        block_ms: int = BLOCK_MS,
-        claim_idle_ms: int = CLAIM_IDLE_MS,
-        keep_sessions: int | None = None,
-        check_interval_s: float = CHECK_INTERVAL_S,
-        maxlen: int = STREAM_MAXLEN,
-    ) -> None:
-        if batch < 1 or block_ms < 0 or claim_idle_ms < 0:
+    def __init__(self, client: redis.Redis, storage: SessionStorage, *,
+                 consumer: str | None = None, pacing: Pacing | None = None,
+                 keep_sessions: int | None = None, maxlen: int = STREAM_MAXLEN) -> None:
+        pacing = pacing or Pacing()
+        if pacing.batch < 1 or pacing.block_ms < 0 or pacing.claim_idle_ms < 0:
             raise ValueError("batch must be >= 1, block_ms and claim_idle_ms >= 0")
         self.client = client
         self.storage = storage
         self.consumer = consumer or default_consumer_name()
-        self.batch = batch
-        self.block_ms = block_ms
-        self.claim_idle_ms = claim_idle_ms
+        self.batch = pacing.batch
+        self.block_ms = pacing.block_ms
+        self.claim_idle_ms = pacing.claim_idle_ms
         self.keep_sessions = keep_sessions
-        self.check_interval_s = check_interval_s
+        self.check_interval_s = pacing.check_interval_s
         self.maxlen = maxlen
         self.streams = record_streams()
         self.stats = IngestStats()
@@ -237,16 +192,8 @@ class Ingester:
     # -- set-up ---------------------------------------------------------------------------
 
     def ensure_groups(self) -> None:
-        """Create the consumer group on every stream (and the streams), from the start:
-        entries sent before the first ingester ever ran are read too."""
-        import redis
-
-        for stream in self.streams:
-            try:
-                self.client.xgroup_create(stream, RECORDS_GROUP, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+        """Create the consumer group on every stream (:func:`farm.records.group.ensure_groups`)."""
+        ensure_groups(self.client, self.streams)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -319,38 +266,24 @@ class Ingester:
         if self._backlog_cursor is not None:
             entries = self._read(self._backlog_cursor, block=False)
             if entries:
-                self._backlog_cursor = max((e.id for e in entries), key=_id_tuple)
+                self._backlog_cursor = max((e.id for e in entries), key=stream_id)
                 return self._handle(entries)
             self._backlog_cursor = None
         return self._handle(self._read(">", block=True))
 
     # -- reading --------------------------------------------------------------------------
 
-    def _read(self, after: str, *, block: bool) -> list[_Entry]:
+    def _read(self, after: str, *, block: bool) -> list[Entry]:
         """Entries of every stream: ``>`` new ones, or own pending ones after an id."""
         reply = self.client.xreadgroup(
             RECORDS_GROUP, self.consumer, dict.fromkeys(self.streams, after),
             count=self.batch, block=self.block_ms if block else None)
-        return list(self._entries(reply))
+        return list(flatten_reply(reply))
 
-    @staticmethod
-    def _entries(reply: Any) -> Iterable[_Entry]:
-        """Flatten XREADGROUP's reply: RESP2 ``[[stream, messages], ...]``, or redis-py's
-        RESP3 ``{stream: [messages]}``."""
-        if not reply:
-            return
-        if isinstance(reply, dict):
-            pairs = [(stream, value[0] if value else []) for stream, value in reply.items()]
-        else:
-            pairs = [(stream, messages) for stream, messages in reply]
-        for stream, messages in pairs:
-            for entry_id, fields in messages:
-                yield _Entry(_text(stream), _text(entry_id), fields or None)
-
-    def _claim(self) -> tuple[list[_Entry], bool]:
+    def _claim(self) -> tuple[list[Entry], bool]:
         """Take over entries idle longer than ``claim_idle_ms`` under any consumer (a dead
         ingester's). Returns them, and whether there may be more to claim."""
-        claimed: list[_Entry] = []
+        claimed: list[Entry] = []
         more = False
         for stream in self.streams:
             start = "0-0"
@@ -358,7 +291,7 @@ class Ingester:
                 reply = self.client.xautoclaim(stream, RECORDS_GROUP, self.consumer,
                                                self.claim_idle_ms, start_id=start,
                                                count=self.batch - len(claimed))
-                cursor, messages = _text(reply[0]), reply[1]
+                cursor, messages = text(reply[0]), reply[1]
                 deleted = reply[2] if len(reply) > 2 else []
                 if deleted:
                     self.stats.lost += len(deleted)
@@ -367,7 +300,7 @@ class Ingester:
                         "were written (the ingesters fell more than the cap behind): lost",
                         self.consumer, len(deleted), stream)
                 for entry_id, fields in messages:
-                    claimed.append(_Entry(stream, _text(entry_id), fields or None))
+                    claimed.append(Entry(stream, text(entry_id), fields or None))
                 if cursor == "0-0":
                     break
                 start = cursor
@@ -381,18 +314,18 @@ class Ingester:
 
     # -- writing --------------------------------------------------------------------------
 
-    def _handle(self, entries: list[_Entry]) -> int:
+    def _handle(self, entries: list[Entry]) -> int:
         """Decode, write in one transaction, prune, then acknowledge."""
         if not entries:
             return 0
         with _cyclic_gc_paused():
             return self._handle_round(entries)
 
-    def _handle_round(self, entries: list[_Entry]) -> int:
+    def _handle_round(self, entries: list[Entry]) -> int:
         sessions: list[SessionEntry] = []
         records: list[Record] = []
         ack: dict[str, list[str]] = {}
-        dead: list[_Entry] = []
+        dead: list[Entry] = []
         for entry in entries:
             if entry.fields is None:  # trimmed while pending: nothing left to write
                 self.stats.lost += 1
@@ -430,24 +363,7 @@ class Ingester:
             sessions, records = self._write_singly(entries, sessions, records, dead)
         self._prune(sessions)
         pipe = self.client.pipeline(transaction=False)
-        bad_records = 0
-        whole = {id(entry) for entry in dead}
-        for entry in entries:  # in the order read: the dead stream reads like the streams
-            if id(entry) in whole:
-                # the fields as they came (bytes that are not UTF-8 included), then ours
-                fields: dict[Any, Any] = {k: v for k, v in (entry.fields or {}).items()
-                                          if not _is_ours(k)}
-                fields.update({"dead:stream": entry.stream, "dead:id": entry.id,
-                               "dead:error": str(entry.error)})
-                if entry.error is not None and entry.error.retry_later:
-                    fields["dead:newer"] = "1"
-                pipe.xadd(RECORDS_DEAD_STREAM, fields, maxlen=self.maxlen, approximate=True)
-            for bad in entry.bad:  # one record of a pack, alone, as a one-record entry
-                pipe.xadd(RECORDS_DEAD_STREAM,
-                          {**bad.fields, "dead:stream": entry.stream, "dead:id": entry.id,
-                           "dead:index": str(bad.index), "dead:error": str(bad.error)},
-                          maxlen=self.maxlen, approximate=True)
-                bad_records += 1
+        bad_records = set_aside(pipe, entries, dead, self.maxlen)
         for stream, ids in ack.items():
             pipe.xack(stream, RECORDS_GROUP, *ids)
         pipe.execute()
@@ -470,8 +386,8 @@ class Ingester:
         self.stats.deferred += len(newer)
         return len(entries)
 
-    def _write_singly(self, entries: list[_Entry], sessions: list[SessionEntry],
-                      records: list[Record], dead: list[_Entry]
+    def _write_singly(self, entries: list[Entry], sessions: list[SessionEntry],
+                      records: list[Record], dead: list[Entry]
                       ) -> tuple[list[SessionEntry], list[Record]]:
         """Write the batch item by item; set aside those the storage refuses for their
         data: a session or one-record entry whole (in ``dead``), a record of a pack
@@ -488,13 +404,13 @@ class Ingester:
                     self.storage.write_batch([item.session], [])
                     kept_sessions.append(item)
                 except (ValueError, TypeError, OverflowError) as exc:
-                    entry.error = _unstorable(exc)
+                    entry.error = unstorable(exc)
                     dead.append(entry)
                 continue
             if item is None:
                 continue
-            places = _places(item)
-            for place, record in zip(places, item.records, strict=True):
+            where = places(item)
+            for place, record in zip(where, item.records, strict=True):
                 if id(record) not in wanted:
                     continue
                 try:
@@ -502,11 +418,11 @@ class Ingester:
                     kept_records.append(record)
                 except (ValueError, TypeError, OverflowError) as exc:
                     if not item.packed:  # the entry is this one record: set it aside whole
-                        entry.error = _unstorable(exc)
+                        entry.error = unstorable(exc)
                         dead.append(entry)
                     else:
                         entry.bad.append(BadRecord(place, encode_record(record),
-                                                   _unstorable(exc)))
+                                                   unstorable(exc)))
         return kept_sessions, kept_records
 
     def _prune(self, sessions: list[SessionEntry]) -> None:
@@ -524,7 +440,7 @@ class Ingester:
                             self.consumer, keep, exc)
             return
 
-    def _defer(self, entry: _Entry) -> None:
+    def _defer(self, entry: Entry) -> None:
         """Log (once per reason) an entry of a newer format set aside for a newer
         ingester: in the dead stream flagged ``dead:newer``, never left pending, where
         every claim would hand it out again for ever."""
@@ -538,47 +454,9 @@ class Ingester:
     # -- looking after the group ----------------------------------------------------------
 
     def check(self) -> None:
-        """Warn when the group is far behind or past the cap; forget dead consumers.
-
-        Advisory: a Redis error here is logged and the round goes on (the read that
-        follows reports Redis being down properly)."""
-        import redis
-
-        for stream in self.streams:
-            try:
-                groups = self.client.xinfo_groups(stream)
-                info = self.client.xinfo_stream(stream)
-            except redis.RedisError as exc:
-                log.debug("ingester %s: cannot inspect %s: %s", self.consumer, stream, exc)
-                continue
-            group = next((g for g in groups if _text(g.get("name")) == RECORDS_GROUP), None)
-            if group is None:
-                continue
-            lag = group.get("lag")
-            if isinstance(lag, int) and lag > self.maxlen // 2:
-                log.warning("ingester %s: %s is %d entries behind (cap %d): add ingesters "
-                            "before the cap trims unread records", self.consumer, stream,
-                            lag, self.maxlen)
-            first = info.get("first-entry")
-            last_delivered = _text(group.get("last-delivered-id", "0-0"))
-            if first and last_delivered != "0-0" and \
-                    _id_tuple(_text(first[0])) > _id_tuple(last_delivered):
-                log.error("ingester %s: %s was trimmed past the last entry the ingesters "
-                          "read (%s): unread records are being lost", self.consumer, stream,
-                          last_delivered)
-            try:
-                self._forget_dead_consumers(stream)
-            except redis.RedisError as exc:
-                log.debug("ingester %s: cannot tidy consumers of %s: %s", self.consumer,
-                          stream, exc)
-
-    def _forget_dead_consumers(self, stream: str) -> None:
-        for consumer in self.client.xinfo_consumers(stream, RECORDS_GROUP):
-            name = _text(consumer.get("name"))
-            if name == self.consumer or consumer.get("pending", 0):
-                continue
-            if int(consumer.get("idle", 0)) > DEAD_CONSUMER_IDLE_MS:
-                self.client.xgroup_delconsumer(stream, RECORDS_GROUP, name)
+        """Warn when the group is far behind or past the cap; forget dead consumers
+        (:func:`farm.records.group.check_group`)."""
+        check_group(self.client, self.streams, self.consumer, self.maxlen)
 
 
 __all__ = [
@@ -587,6 +465,7 @@ __all__ = [
     "CLAIM_IDLE_MS",
     "IngestStats",
     "Ingester",
+    "Pacing",
     "default_consumer_name",
     "record_streams",
 ]

@@ -229,6 +229,8 @@ class Trip:
     host: str = ""
     requested_by: RequestedBy | None = None
     native_fallback: str = ""
+    #: its readable name, family and parameters (``KernelId.label()``)
+    kernel: str = ""
 
 
 @dataclass(frozen=True)
@@ -283,6 +285,9 @@ class CompilationRecord(_Record):
     key: Name
     outcome: Outcome
     work_s: float = Field(ge=0.0, le=1e12, validation_alias=AliasChoices("work_s", "duration"))
+    #: the kernel as people name it, family and parameters (``matmul(k=512,...)``): what
+    #: `farm records` shows instead of the key's hashes. "" in records of before it.
+    kernel: ShortText = ""
     worker: ShortText = ""
     host: ShortText = ""
     source: LogText | None = None
@@ -294,13 +299,13 @@ class CompilationRecord(_Record):
 
     @field_validator("key", mode="before")
     @classmethod
-    def _key_text(cls, value: Any) -> Any:
+    def _key_text(cls, value: object) -> object:
         """Accept a ``Key`` as well as its text form."""
         return str(value) if isinstance(value, Key) else value
 
     @field_validator("source", "options")
     @classmethod
-    def _loaded_has_no_code(cls, value: Any, info: ValidationInfo) -> Any:
+    def _loaded_has_no_code(cls, value: object, info: ValidationInfo) -> object:
         """Drop code from a Loaded record (``outcome`` is validated before these two).
 
         Field validators, not a model validator that runs before the fields: that one

@@ -116,6 +116,8 @@ class KernelLine(BaseModel):
 
     build: str
     family: str
+    #: family and parameters (``matmul(k=512,...)``); "" for records of before it
+    kernel: str = ""
     key: str
     outcome: Outcome
     work_s: float
@@ -289,8 +291,9 @@ def summarize(builds: Sequence[Build], *, scope: str = "all", top: int = 10) -> 
                 row.work_s += run.work_s
                 row.slowest_s = max(row.slowest_s, run.work_s)
             work += run.work_s
-            lines.append(KernelLine(build=str(build.ref), family=run.family, key=run.key,
-                                    outcome=run.outcome, work_s=run.work_s, worker=worker))
+            lines.append(KernelLine(build=str(build.ref), family=run.family,
+                                    kernel=run.kernel, key=run.key, outcome=run.outcome,
+                                    work_s=run.work_s, worker=worker))
         wall += build.batch.wall_s if build.batch is not None else _span(build.runs)
     obtained = outcomes.loaded + outcomes.rekeyed + outcomes.compiled
     lines.sort(key=lambda line: line.work_s, reverse=True)
@@ -341,6 +344,8 @@ class Bar(BaseModel):
     start_s: float
     end_s: float
     family: str
+    #: family and parameters (``matmul(k=512,...)``); "" for records of before it
+    kernel: str = ""
     key: str
     outcome: Outcome
     work_s: float
@@ -401,7 +406,7 @@ def place(ref: BuildRef, runs: Sequence[CompilationRecord],
     bars = [
         Bar(lane=r.worker or r.host or f"session {r.stamp.session}",
             start_s=round(start - origin, 6), end_s=round(end - origin, 6), family=r.family,
-            key=r.key, outcome=r.outcome, work_s=r.work_s,
+            kernel=r.kernel, key=r.key, outcome=r.outcome, work_s=r.work_s,
             straggler=median is not None and median > 0
             and r.work_s >= STRAGGLER_FACTOR * median)
         for r, (start, end) in zip(placed, spans, strict=True)

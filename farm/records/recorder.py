@@ -170,6 +170,7 @@ class Recorder:
                 options=options,
                 requested_by=trip.requested_by,
                 native_fallback=trip.native_fallback[:1000],
+                kernel=trip.kernel[:1000],
             )
             self._add(record)
         return record

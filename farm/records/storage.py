@@ -9,38 +9,26 @@ inserting one that is already there does nothing. That is what lets a recorder r
 failed write and an ingester re-deliver a message it could not acknowledge, without
 duplicates and without reading first.
 
-The schema is versioned (``SCHEMA_VERSION``, table ``schema_version``) and ``migrate()``
-brings an older store up to date; a store of a newer version, or a database that is not
-ours, is refused with ``ForeignStoreError`` before anything is written to it.
+The tables, their versions and the rows are :mod:`farm.records.schema`'s; ``migrate()``
+brings an older store up to date, and a store of a newer version or a database that is
+not ours is refused with ``ForeignStoreError`` before anything is written to it.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-import operator
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pydantic
 from sqlalchemy import (
-    BigInteger,
-    Column,
-    DateTime,
-    Float,
-    Index,
-    Integer,
-    MetaData,
-    String,
     Table,
-    Text,
     create_engine,
     delete,
     event,
     func,
-    inspect,
     select,
     true,
 )
@@ -48,101 +36,32 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 
 from farm.core.errors import ForeignStoreError, SettingsError, StoreError, one_line
 from farm.core.sqlite_wal import enable_wal
-from farm.records.model import (
-    RECORD_KINDS,
-    STORAGE_COMPONENT,
-    CompilationBatchRecord,
-    CompilationRecord,
-    Record,
-    Session,
-    parse_record,
+from farm.records.model import RECORD_KINDS, CompilationBatchRecord, Record, Session, parse_record
+from farm.records.schema import (
+    MIGRATIONS,
+    PG_INSERT_RECORDS,
+    RECORD_COLUMNS,
+    RECORDS_TABLE,
+    SCHEMA_VERSION,
+    SESSIONS_TABLE,
+    SQLITE_INSERT_RECORDS,
+    migrate_in,
+    session_from_row,
+    session_row,
+    sorted_rows,
+    version_of,
 )
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-"""Version of the tables below. Bump it with a new entry in ``MIGRATIONS``."""
-
-COMPONENT = STORAGE_COMPONENT
-"""Our row in ``schema_version``: what tells our database from someone else's."""
-
 BUSY_TIMEOUT_S = 30.0
 """How long SQLite waits for another process's write lock before giving up."""
-
-_PG_MIGRATION_LOCK = 0x6B66_7265_636F_7264  # "kfrecord": serializes concurrent migrate()
-
-
-def _v1_metadata() -> MetaData:
-    """The tables of schema version 1.
-
-    Kept as a function of its own because the migration that creates version 1 must
-    keep creating exactly these tables after later versions change them.
-    """
-    metadata = MetaData()
-    Table(
-        "schema_version",
-        metadata,
-        Column("component", String(64), primary_key=True),
-        Column("version", Integer, nullable=False),
-    )
-    Table(
-        "sessions",
-        metadata,
-        Column("id", BigInteger, primary_key=True, autoincrement=False),
-        Column("started_at", DateTime(timezone=True), nullable=False),
-        Column("farm_version", String(64), nullable=False),
-        Column("label", Text, nullable=False),
-        Column("pid", Integer, nullable=False),
-        Column("os", String(64), nullable=False),
-        Column("arch", String(64), nullable=False),
-        Column("host", Text, nullable=False),
-    )
-    Table(
-        "records",
-        metadata,
-        Column("session_id", BigInteger, primary_key=True, autoincrement=False),
-        Column("seq", BigInteger, primary_key=True, autoincrement=False),
-        Column("kind", String(64), nullable=False),
-        Column("family", Text, nullable=True),
-        Column("key", Text, nullable=True),
-        Column("outcome", String(16), nullable=True),
-        Column("work_s", Float, nullable=True),
-        Column("worker", Text, nullable=True),
-        Column("host", Text, nullable=True),
-        Column("requested_session", BigInteger, nullable=True),
-        Column("requested_batch", BigInteger, nullable=True),
-        Column("payload", Text, nullable=False),
-        Index("records_by_kind", "kind", "session_id", "seq"),
-        Index("records_by_requester", "requested_session", "requested_batch"),
-    )
-    return metadata
-
-
-# The tables of the current version, used by every query. When version 2 changes them,
-# give them a definition of their own here and leave ``_v1_metadata`` as it is.
-_METADATA = _v1_metadata()
-_VERSION_T = _METADATA.tables["schema_version"]
-_SESSIONS_T = _METADATA.tables["sessions"]
-_RECORDS_T = _METADATA.tables["records"]
-_OUR_TABLES = frozenset(_METADATA.tables)
-
-
-def _create_v1(conn: Connection) -> None:
-    """Migration 0 -> 1: create the tables."""
-    _v1_metadata().create_all(conn)
-
-
-Migration = Callable[[Connection], None]
-
-MIGRATIONS: list[Migration] = [_create_v1]
-"""``MIGRATIONS[v]`` upgrades a store of version ``v`` to ``v + 1``, in one transaction."""
-
-assert len(MIGRATIONS) == SCHEMA_VERSION, "one migration per schema version"
 
 
 def _one_line(error: BaseException) -> str:
@@ -177,21 +96,16 @@ class SessionStorage:
             database = parsed.database or ""
             if database in ("", ":memory:"):
                 self.where = "in-memory SQLite"
-                engine = create_engine(
-                    "sqlite://",
-                    poolclass=StaticPool,
-                    connect_args={"check_same_thread": False},
-                )
+                engine = create_engine("sqlite://", poolclass=StaticPool,
+                                       connect_args={"check_same_thread": False})
             else:
                 self._path = Path(database)
                 self.where = str(self._path)
                 if self._path.is_dir():
                     raise ForeignStoreError(f"{self._path} is a folder, not a records database")
                 self._path.parent.mkdir(parents=True, exist_ok=True)
-                engine = create_engine(
-                    parsed,
-                    connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
-                )
+                engine = create_engine(parsed, connect_args={"check_same_thread": False,
+                                                             "timeout": BUSY_TIMEOUT_S})
             _take_over_sqlite_transactions(engine)
         elif self._dialect == "postgresql":
             self.where = parsed.render_as_string(hide_password=True)
@@ -235,7 +149,7 @@ class SessionStorage:
     def schema_version(self) -> int:
         """The version the store is at (0: empty, none of our tables yet)."""
         with self._transaction(write=False, doing="reading the schema version") as conn:
-            return self._check_ours(conn)
+            return version_of(conn, self._dialect, self.where)
 
     def migrate(self) -> int:
         """Create the tables or upgrade them to ``SCHEMA_VERSION``; return the old version.
@@ -246,59 +160,12 @@ class SessionStorage:
         current. Nothing is written to a store that is refused.
         """
         with self._transaction(write=True, doing="migrating the schema") as conn:
-            if self._dialect == "postgresql":
-                conn.execute(select(func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
-            found = self._check_ours(conn)
-            for version in range(found, SCHEMA_VERSION):
-                MIGRATIONS[version](conn)
-                if version == 0:
-                    conn.execute(
-                        _VERSION_T.insert().values(component=COMPONENT, version=version + 1)
-                    )
-                else:
-                    conn.execute(
-                        _VERSION_T.update()
-                        .where(_VERSION_T.c.component == COMPONENT)
-                        .values(version=version + 1)
-                    )
+            found = migrate_in(conn, self._dialect, self.where)
             if found < SCHEMA_VERSION:
                 log.info("records storage %s: schema %d -> %d", self.where, found,
                          SCHEMA_VERSION)
         self._use_wal()
         return found
-
-    def _check_ours(self, conn: Connection) -> int:
-        """Our schema version in this database, or ForeignStoreError when it is not ours."""
-        tables = set(inspect(conn).get_table_names())
-        if "schema_version" not in tables:
-            clash = tables & _OUR_TABLES if self._dialect == "postgresql" else tables
-            if clash:
-                raise ForeignStoreError(
-                    f"{self.where} is not a kernel-farm records database "
-                    f"(it holds other tables: {', '.join(sorted(clash)[:5])})"
-                )
-            return 0
-        columns = {column["name"] for column in inspect(conn).get_columns("schema_version")}
-        if not {"component", "version"} <= columns:
-            raise ForeignStoreError(
-                f"{self.where} is not a kernel-farm records database "
-                "(its schema_version table is not ours)"
-            )
-        row = conn.execute(
-            select(_VERSION_T.c.version).where(_VERSION_T.c.component == COMPONENT)
-        ).first()
-        if row is None:
-            raise ForeignStoreError(
-                f"{self.where} is not a kernel-farm records database "
-                "(its schema_version table has no records row)"
-            )
-        version = int(row[0])
-        if version > SCHEMA_VERSION:
-            raise ForeignStoreError(
-                f"{self.where} is a records database of schema version {version}; this "
-                f"kernel-farm reads up to version {SCHEMA_VERSION}: upgrade kernel-farm"
-            )
-        return version
 
     def _use_wal(self) -> None:
         """Switch a SQLite file to WAL once it is known to be ours.
@@ -323,9 +190,9 @@ class SessionStorage:
 
     def write_session(self, session: Session) -> None:
         """Insert a session; one already there (same id) is left as it is."""
-        values = _session_row(session)
+        values = session_row(session)
         with self._transaction(write=True, doing="writing a session") as conn:
-            conn.execute(self._insert_ignore(_SESSIONS_T).values(**values))
+            conn.execute(self._insert_ignore(SESSIONS_TABLE).values(**values))
 
     def write_records(self, records: Iterable[Record]) -> int:
         """Insert records; those already there (same session and seq) are left as they are.
@@ -333,7 +200,7 @@ class SessionStorage:
         Returns how many were given (not how many were new: drivers do not all report
         that for a batch). One transaction, so a batch is durable entirely or not at all.
         """
-        rows = _sorted_rows(records)
+        rows = sorted_rows(records)
         if not rows:
             return 0
         with self._transaction(write=True, doing="writing records") as conn:
@@ -349,13 +216,13 @@ class SessionStorage:
         PostgreSQL take their row locks in the same order and cannot deadlock. Existing
         rows are left as they are; returns how many records were given.
         """
-        session_rows = sorted((_session_row(s) for s in sessions), key=lambda r: r["id"])
-        rows = _sorted_rows(records)
+        session_rows = sorted((session_row(s) for s in sessions), key=lambda r: r["id"])
+        rows = sorted_rows(records)
         if not rows and not session_rows:
             return 0
         with self._transaction(write=True, doing="writing a batch of records") as conn:
             if session_rows:
-                conn.execute(self._insert_ignore(_SESSIONS_T), session_rows)
+                conn.execute(self._insert_ignore(SESSIONS_TABLE), session_rows)
             if rows:
                 self._insert_records(conn, rows)
         return len(rows)
@@ -379,7 +246,7 @@ class SessionStorage:
         they go too, so late records never outlive their session for long.
         """
         keep = max(keep, 1)
-        ids = _SESSIONS_T.c.id
+        ids = SESSIONS_TABLE.c.id
         deleted = 0
         with self._transaction(write=True, doing="pruning sessions") as conn:
             others_kept = keep
@@ -397,14 +264,14 @@ class SessionStorage:
                 if protect is not None:
                     doomed = doomed & (ids < protect)
                 conn.execute(
-                    delete(_RECORDS_T).where(
-                        _RECORDS_T.c.session_id.in_(select(ids).where(doomed).scalar_subquery())
+                    delete(RECORDS_TABLE).where(
+                        RECORDS_TABLE.c.session_id.in_(select(ids).where(doomed).scalar_subquery())
                     )
                 )
-                deleted = conn.execute(delete(_SESSIONS_T).where(doomed)).rowcount
+                deleted = conn.execute(delete(SESSIONS_TABLE).where(doomed)).rowcount
             oldest_kept = conn.execute(select(func.min(ids))).scalar()
             if oldest_kept is not None:
-                conn.execute(delete(_RECORDS_T).where(_RECORDS_T.c.session_id < oldest_kept))
+                conn.execute(delete(RECORDS_TABLE).where(RECORDS_TABLE.c.session_id < oldest_kept))
         if deleted:
             log.info("records storage %s: pruned %d session(s)", self.where, deleted)
         return int(deleted)
@@ -412,30 +279,30 @@ class SessionStorage:
     def oldest_session_id(self) -> int | None:
         """The id of the oldest stored session (None when there is none)."""
         with self._transaction(write=False, doing="reading sessions") as conn:
-            found = conn.execute(select(func.min(_SESSIONS_T.c.id))).scalar()
+            found = conn.execute(select(func.min(SESSIONS_TABLE.c.id))).scalar()
         return None if found is None else int(found)
 
     # -- reads --------------------------------------------------------------------------
 
     def sessions(self, limit: int | None = None) -> list[Session]:
         """Stored sessions, newest first."""
-        query = select(_SESSIONS_T).order_by(_SESSIONS_T.c.id.desc())
+        query = select(SESSIONS_TABLE).order_by(SESSIONS_TABLE.c.id.desc())
         if limit is not None:
             query = query.limit(limit)
         with self._transaction(write=False, doing="reading sessions") as conn:
             rows = conn.execute(query).mappings().all()
-        return [_session_from_row(row) for row in rows]
+        return [session_from_row(row) for row in rows]
 
     def session(self, session_id: int) -> Session | None:
         """One stored session, or None."""
-        query = select(_SESSIONS_T).where(_SESSIONS_T.c.id == session_id)
+        query = select(SESSIONS_TABLE).where(SESSIONS_TABLE.c.id == session_id)
         with self._transaction(write=False, doing="reading a session") as conn:
             row = conn.execute(query).mappings().first()
-        return None if row is None else _session_from_row(row)
+        return None if row is None else session_from_row(row)
 
     def records(self, session_id: int) -> list[Record]:
         """The records of one session, in sequence order."""
-        return self._read_records(_RECORDS_T.c.session_id == session_id)
+        return self._read_records(RECORDS_TABLE.c.session_id == session_id)
 
     def all_records(
         self, kind: str | None = None, requested_by_session: int | None = None
@@ -444,9 +311,9 @@ class SessionStorage:
         asked for by one session (a worker's records that a client's build caused)."""
         condition: ColumnElement[bool] = true()
         if kind is not None:
-            condition = condition & (_RECORDS_T.c.kind == kind)
+            condition = condition & (RECORDS_TABLE.c.kind == kind)
         if requested_by_session is not None:
-            condition = condition & (_RECORDS_T.c.requested_session == requested_by_session)
+            condition = condition & (RECORDS_TABLE.c.requested_session == requested_by_session)
         return self._read_records(condition)
 
     def sessions_by_id(self, session_ids: Iterable[int]) -> dict[int, Session]:
@@ -454,10 +321,10 @@ class SessionStorage:
         wanted = sorted(set(session_ids))
         if not wanted:
             return {}
-        query = select(_SESSIONS_T).where(_SESSIONS_T.c.id.in_(wanted))
+        query = select(SESSIONS_TABLE).where(SESSIONS_TABLE.c.id.in_(wanted))
         with self._transaction(write=False, doing="reading sessions") as conn:
             rows = conn.execute(query).mappings().all()
-        return {session.id: session for session in map(_session_from_row, rows)}
+        return {session.id: session for session in map(session_from_row, rows)}
 
     def build_records(self, session_id: int, batch: int | None = None) -> list[Record]:
         """One build seen whole: the records of the session that asked for it, and every
@@ -466,10 +333,10 @@ class SessionStorage:
         ``batch`` narrows the others' records to those that name that batch; the asking
         session's own records all come (the caller picks its batch record among them).
         """
-        asked: ColumnElement[bool] = _RECORDS_T.c.requested_session == session_id
+        asked: ColumnElement[bool] = RECORDS_TABLE.c.requested_session == session_id
         if batch is not None:
-            asked = asked & (_RECORDS_T.c.requested_batch == batch)
-        return self._read_records((_RECORDS_T.c.session_id == session_id) | asked)
+            asked = asked & (RECORDS_TABLE.c.requested_batch == batch)
+        return self._read_records((RECORDS_TABLE.c.session_id == session_id) | asked)
 
     def session_counts(self, session_ids: Iterable[int]) -> dict[int, dict[str, int]]:
         """Per session, counted in the database (``farm records sessions``): ``records``,
@@ -481,10 +348,10 @@ class SessionStorage:
         wanted = sorted(set(session_ids))
         if not wanted:
             return {}
-        sid = _RECORDS_T.c.session_id
-        what = func.coalesce(_RECORDS_T.c.outcome, _RECORDS_T.c.kind)
+        sid = RECORDS_TABLE.c.session_id
+        what = func.coalesce(RECORDS_TABLE.c.outcome, RECORDS_TABLE.c.kind)
         by_what = select(sid, what, func.count()).where(sid.in_(wanted)).group_by(sid, what)
-        totals = (select(sid, func.count(), func.max(_RECORDS_T.c.seq))
+        totals = (select(sid, func.count(), func.max(RECORDS_TABLE.c.seq))
                   .where(sid.in_(wanted)).group_by(sid))
         with self._transaction(write=False, doing="counting records") as conn:
             rows = conn.execute(by_what).all()
@@ -500,23 +367,23 @@ class SessionStorage:
 
     def count_records(self, session_id: int | None = None) -> int:
         """How many records are stored (of one session, or in all)."""
-        query = select(func.count()).select_from(_RECORDS_T)
+        query = select(func.count()).select_from(RECORDS_TABLE)
         if session_id is not None:
-            query = query.where(_RECORDS_T.c.session_id == session_id)
+            query = query.where(RECORDS_TABLE.c.session_id == session_id)
         with self._transaction(write=False, doing="counting records") as conn:
             return int(conn.execute(query).scalar_one())
 
     def count_sessions(self) -> int:
         """How many sessions are stored."""
         with self._transaction(write=False, doing="counting sessions") as conn:
-            return int(conn.execute(select(func.count()).select_from(_SESSIONS_T)).scalar_one())
+            return int(conn.execute(select(func.count()).select_from(SESSIONS_TABLE)).scalar_one())
 
     def _read_records(self, condition: ColumnElement[bool]) -> list[Record]:
         query = (
-            select(_RECORDS_T.c.session_id, _RECORDS_T.c.seq, _RECORDS_T.c.kind,
-                   _RECORDS_T.c.payload)
+            select(RECORDS_TABLE.c.session_id, RECORDS_TABLE.c.seq, RECORDS_TABLE.c.kind,
+                   RECORDS_TABLE.c.payload)
             .where(condition)
-            .order_by(_RECORDS_T.c.session_id, _RECORDS_T.c.seq)
+            .order_by(RECORDS_TABLE.c.session_id, RECORDS_TABLE.c.seq)
         )
         with self._transaction(write=False, doing="reading records") as conn:
             rows = conn.execute(query).all()
@@ -538,14 +405,14 @@ class SessionStorage:
 
     # -- plumbing -----------------------------------------------------------------------
 
-    def _insert_ignore(self, table: Table) -> Any:
+    def _insert_ignore(self, table: Table) -> pg_dialect.Insert | sqlite_dialect.Insert:
         """An INSERT that skips rows whose primary key is already there (both dialects)."""
         if self._dialect == "postgresql":
             return pg_dialect.insert(table).on_conflict_do_nothing()
         return sqlite_dialect.insert(table).on_conflict_do_nothing()
 
     def _insert_records(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
-        """Insert record rows (tuples in ``_RECORD_COLUMNS`` order), skipping those there.
+        """Insert record rows (tuples in ``RECORD_COLUMNS`` order), skipping those there.
 
         The statement is rendered once, and the rows go to the driver as they are: an
         ingester inserts tens of thousands of rows a second, and SQLAlchemy's own
@@ -558,12 +425,12 @@ class SessionStorage:
         in Python, 30 us a row). Another PostgreSQL driver gets SQLAlchemy's executemany.
         """
         if self._dialect != "postgresql":
-            conn.exec_driver_sql(_SQLITE_INSERT_RECORDS, rows)
+            conn.exec_driver_sql(SQLITE_INSERT_RECORDS, rows)
         elif self._engine.dialect.driver == "psycopg":
-            conn.exec_driver_sql(_PG_INSERT_RECORDS, tuple(map(list, zip(*rows, strict=True))))
+            conn.exec_driver_sql(PG_INSERT_RECORDS, tuple(map(list, zip(*rows, strict=True))))
         else:
-            conn.execute(self._insert_ignore(_RECORDS_T),
-                         [dict(zip(_RECORD_COLUMNS, row, strict=True)) for row in rows])
+            conn.execute(self._insert_ignore(RECORDS_TABLE),
+                         [dict(zip(RECORD_COLUMNS, row, strict=True)) for row in rows])
 
     @contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
@@ -612,86 +479,13 @@ def _take_over_sqlite_transactions(engine: Engine) -> None:
     """
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    def _on_connect(dbapi_connection: DBAPIConnection, _record: object) -> None:
         dbapi_connection.isolation_level = None
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         write = conn.get_execution_options().get("farm_write", False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
-
-
-_RECORD_COLUMNS = ("session_id", "seq", "kind", "family", "key", "outcome", "work_s",
-                   "worker", "host", "requested_session", "requested_batch", "payload")
-"""The columns of a record row, in the order ``_record_row`` gives them."""
-
-assert set(_RECORD_COLUMNS) == set(_RECORDS_T.columns.keys()), "a record row names every column"
-
-
-def _insert_records_sql() -> tuple[str, str]:
-    """The two dialects' INSERTs of record rows, rendered from the table definition once:
-    SQLite's for ``executemany`` (one ``?`` per column), psycopg's from one array per
-    column, each a binary parameter (``unnest(%b::bigint[], ...)``). Both skip rows
-    whose key is there. Text goes as ``text[]``, never ``varchar(n)[]``: a cast to
-    ``varchar(n)`` would cut a value that the column itself refuses."""
-    array_type = {int: "bigint[]", float: "double precision[]", str: "text[]"}
-    sqlite = sqlite_dialect.dialect().identifier_preparer
-    pg = pg_dialect.psycopg.dialect().identifier_preparer
-    columns = [_RECORDS_T.c[name] for name in _RECORD_COLUMNS]
-    sqlite_sql = (f"INSERT INTO {sqlite.format_table(_RECORDS_T)} "
-                  f"({', '.join(sqlite.format_column(c) for c in columns)}) "
-                  f"VALUES ({', '.join('?' for _ in columns)}) ON CONFLICT DO NOTHING")
-    arrays = ", ".join(f"%b::{array_type[c.type.python_type]}" for c in columns)
-    pg_sql = (f"INSERT INTO {pg.format_table(_RECORDS_T)} "
-              f"({', '.join(pg.format_column(c) for c in columns)}) "
-              f"SELECT * FROM unnest({arrays}) ON CONFLICT DO NOTHING")
-    return sqlite_sql, pg_sql
-
-
-_SQLITE_INSERT_RECORDS, _PG_INSERT_RECORDS = _insert_records_sql()
-
-
-def _record_row(record: Record) -> tuple[Any, ...]:
-    """The columns of a record (``_RECORD_COLUMNS``): the indexed fields, and the whole
-    record as JSON."""
-    # the model's serializer itself: model_dump_json() adds a Python call per record
-    payload = record.__pydantic_serializer__.to_json(record).decode()
-    stamp = record.stamp
-    if isinstance(record, CompilationRecord):
-        asked = record.requested_by
-        return (stamp.session, stamp.seq, record.KIND, record.family, record.key,
-                record.outcome.value, record.work_s, record.worker, record.host,
-                None if asked is None else asked.session,
-                None if asked is None else asked.batch, payload)
-    if isinstance(record, CompilationBatchRecord):
-        return (stamp.session, stamp.seq, record.KIND, None, None, None, record.work_s,
-                None, None, None, None, payload)
-    raise TypeError(f"not a record: {type(record).__name__}")
-
-
-def _sorted_rows(records: Iterable[Record]) -> list[tuple[Any, ...]]:
-    """Record rows in (session, seq) order: one lock order for every writer."""
-    return sorted(map(_record_row, records), key=_SESSION_SEQ)
-
-
-_SESSION_SEQ = operator.itemgetter(0, 1)
-
-
-def _session_row(session: Session) -> dict[str, Any]:
-    """The columns of a session. SQLite keeps no zone: every start is stored in UTC so
-    both backends read the same."""
-    values = session.model_dump(mode="python")
-    values["started_at"] = session.started_at.astimezone(dt.UTC)
-    return values
-
-
-def _session_from_row(row: Any) -> Session:
-    """A stored session; SQLite returns datetimes without zone, and we store UTC."""
-    values = dict(row)
-    started_at = values["started_at"]
-    if isinstance(started_at, dt.datetime) and started_at.tzinfo is None:
-        values["started_at"] = started_at.replace(tzinfo=dt.UTC)
-    return Session.model_validate(values)
 
 
 __all__ = [

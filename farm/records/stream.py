@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import to_json
@@ -56,6 +56,10 @@ from farm.core.errors import one_line
 from farm.core.keys import RECORDS_SESSIONS_STREAM, records_stream_for
 from farm.core.model import INT64_MAX
 from farm.records.model import RECORD_KINDS, Record, Session, parse_record
+
+if TYPE_CHECKING:
+    import redis
+    from redis.typing import EncodableT, FieldT
 
 STREAM_MAXLEN = 40_000
 """Entries kept per stream (at least; trimming is approximate). An entry is one record
@@ -324,13 +328,18 @@ _PACK_ADAPTERS: dict[str, TypeAdapter[list[Record]]] = {
 _ANY_LIST: TypeAdapter[list[Any]] = TypeAdapter(list[Any])
 
 
-def connect(url: str, *, socket_timeout_s: float | None = SOCKET_TIMEOUT_S) -> Any:
+def connect(url: str, *, socket_timeout_s: float | None = SOCKET_TIMEOUT_S) -> redis.Redis:
     """A Redis client for the records streams (bytes responses, bounded waits)."""
     import redis  # the `cluster` extra; imported here so the embedded path needs none
 
     return redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
                                 socket_connect_timeout=SOCKET_TIMEOUT_S,
                                 health_check_interval=30)
+
+
+def stream_fields(fields: Mapping[str, str]) -> dict[FieldT, EncodableT]:
+    """An entry's fields as redis-py's ``xadd`` takes them."""
+    return {k: v for k, v in fields.items()}
 
 
 class RedisStreamSink:
@@ -344,7 +353,8 @@ class RedisStreamSink:
     one sink).
     """
 
-    def __init__(self, client: Any, *, maxlen: int = STREAM_MAXLEN, owns: bool = False) -> None:
+    def __init__(self, client: redis.Redis, *, maxlen: int = STREAM_MAXLEN,
+                 owns: bool = False) -> None:
         if maxlen < 1:
             raise ValueError("maxlen must be at least 1")
         self.client = client
@@ -358,7 +368,8 @@ class RedisStreamSink:
 
     def write_session(self, session: Session, *, keep_sessions: int | None = None) -> None:
         """Append the session; the ingester inserts it and prunes by ``keep_sessions``."""
-        self.client.xadd(RECORDS_SESSIONS_STREAM, encode_session(session, keep_sessions),
+        self.client.xadd(RECORDS_SESSIONS_STREAM,
+                         stream_fields(encode_session(session, keep_sessions)),
                          maxlen=self.maxlen, approximate=True)
 
     def write_records(self, records: Sequence[Record]) -> None:
@@ -369,11 +380,12 @@ class RedisStreamSink:
         packs = encode_packs(records)
         if len(packs) == 1:  # one command is atomic by itself
             stream, fields = packs[0]
-            self.client.xadd(stream, fields, maxlen=self.maxlen, approximate=True)
+            self.client.xadd(stream, stream_fields(fields), maxlen=self.maxlen,
+                             approximate=True)
             return
         pipe = self.client.pipeline(transaction=True)
         for stream, fields in packs:
-            pipe.xadd(stream, fields, maxlen=self.maxlen, approximate=True)
+            pipe.xadd(stream, stream_fields(fields), maxlen=self.maxlen, approximate=True)
         pipe.execute()
 
     def close(self) -> None:

@@ -4,12 +4,16 @@ Rendered as SVG, standalone (``.svg``) or inside one self-contained HTML page
 (``.html``: no script, no external file, opens in any browser and attaches to an
 issue). SVG because it needs no plotting library on the machine that draws it (the
 ``timeline`` extra's matplotlib is not required), scales without blur, and every bar
-carries a tooltip (``<title>``) naming the kernel, its outcome and its work.
+carries a tooltip (``<title>``) naming the kernel by family and parameters, its outcome,
+its work, and last its key. The picture is as wide as the window or page it is shown
+in (a ``viewBox``, no fixed width), so nothing is clipped at 800 pixels.
 
 What the picture shows at a glance: the fan-out (how many lanes were busy at once), idle
 gaps on a lane (the worker waited for tasks), the tail (a build's wall time is its last
-bar's end), and stragglers (red outline: work at least ``STRAGGLER_FACTOR`` times the
-build's median, see ``farm.records.query``).
+bar's end), which families took the time (a bar's colour is its family's, its name is
+written in it where it fits; a Rekeyed bar is striped, a Loaded one pale), and
+stragglers (red outline: work at least ``STRAGGLER_FACTOR`` times the build's median,
+see ``farm.records.query``).
 """
 
 from __future__ import annotations
@@ -20,16 +24,37 @@ from pathlib import Path
 
 from farm.core.errors import InputError
 from farm.core.model import Outcome
-from farm.records.query import STRAGGLER_FACTOR, Timeline
+from farm.records.query import STRAGGLER_FACTOR, Bar, Timeline
 
-COLORS = {Outcome.COMPILED: "#4c78a8", Outcome.REKEYED: "#54a24b", Outcome.LOADED: "#bab0ac"}
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#9c755f",
+           "#79706e", "#17becf", "#bcbd22", "#8c564b", "#1f3f6e")
+"""Family colours (Tableau's, less its red, kept for stragglers), given in the order
+families first start work; a build of more families reuses them, and the bars' labels
+and tooltips tell them apart."""
 STRAGGLER = "#e45756"
-WIDTH = 1100
-LABEL_W = 200
+#: how an outcome is drawn over its family's colour: Compiled solid, Rekeyed striped
+#: (the compiler was avoided), Loaded pale (nothing was built)
+OUTCOME_STYLE = {Outcome.COMPILED: "solid", Outcome.REKEYED: "striped", Outcome.LOADED: "pale"}
+WIDTH = 1000
+"""Width of the drawing in its own units; it is shown as wide as the window (or page)."""
 LANE_H = 24
-TOP = 70
+TOP = 78
 AXIS_H = 40
 FORMATS = (".html", ".svg")
+
+
+def family_colors(data: Timeline) -> dict[str, str]:
+    """Family -> colour, in the order the families first start work."""
+    order: list[str] = []
+    for bar in sorted(data.bars, key=lambda b: b.start_s):
+        if bar.family not in order:
+            order.append(bar.family)
+    return {family: PALETTE[i % len(PALETTE)] for i, family in enumerate(order)}
+
+
+def kernel_text(bar: Bar) -> str:
+    """The kernel as people name it; its family and key for records older than names."""
+    return bar.kernel or f"{bar.family} {bar.key}"
 
 
 def _nice_step(span: float, ticks: int = 10) -> float:
@@ -44,104 +69,160 @@ def _nice_step(span: float, ticks: int = 10) -> float:
     return 10 * power
 
 
+def _legend(colors: dict[str, str], y: float) -> tuple[list[str], float]:
+    """A row of the families' colours, then one of the outcomes' styles and the
+    straggler mark, each wrapped as the width needs; returns the parts and the next y."""
+    grey = "#555555"
+    rows = [("families", [(f'<rect x="{{x}}" y="{{y}}" width="12" height="10" '
+                           f'fill="{color}"/>', family) for family, color in colors.items()]),
+            ("outcome", [
+                (f'<rect x="{{x}}" y="{{y}}" width="12" height="10" fill="{grey}"/>',
+                 "Compiled (solid)"),
+                (f'<rect x="{{x}}" y="{{y}}" width="12" height="10" fill="{grey}"/>'
+                 '<rect x="{x}" y="{y}" width="12" height="10" fill="url(#striped)"/>',
+                 "Rekeyed (striped)"),
+                (f'<rect x="{{x}}" y="{{y}}" width="12" height="10" fill="{grey}" '
+                 'fill-opacity="0.35"/>', "Loaded (pale)"),
+                (f'<rect x="{{x}}" y="{{y}}" width="12" height="10" fill="none" '
+                 f'stroke="{STRAGGLER}" stroke-width="2"/>', "straggler (outlined)")])]
+    parts: list[str] = []
+    row_y = y
+    for title, items in rows:
+        parts.append(f'<text x="10" y="{row_y + 9:.1f}" fill="#555555">{title}:</text>')
+        x = 80.0
+        for swatch, label in items:
+            width = 22 + 6.5 * len(label)
+            if x + width > WIDTH - 10:
+                x, row_y = 80.0, row_y + 16
+            parts.append(swatch.format(x=f"{x:.1f}", y=f"{row_y:.1f}")
+                         + f'<text x="{x + 16:.1f}" y="{row_y + 9:.1f}">'
+                         f"{html.escape(label)}</text>")
+            x += width
+        row_y += 16
+    return parts, row_y
+
+
 def render_svg(data: Timeline) -> str:
-    """The timeline as one ``<svg>`` element (valid XML)."""
+    """The timeline as one ``<svg>`` element (valid XML), as wide as where it is shown."""
     esc = html.escape
     lanes = ["build", *data.lanes]
-    plot_w = WIDTH - LABEL_W - 20
-    height = TOP + LANE_H * len(lanes) + AXIS_H + 30
+    colors = family_colors(data)
+    label_w = min(240, max(60, 8 + 7 * max(len(lane) for lane in lanes)))
+    plot_w = WIDTH - label_w - 20
+    stragglers = sum(bar.straggler for bar in data.bars)
+    started = data.started_at.isoformat(timespec="seconds") if data.started_at else "?"
+    legend, top = _legend(colors, 50)
+    top = max(top + 8, TOP)
+    height = top + LANE_H * len(lanes) + AXIS_H + 10
     span = max(data.wall_s, 1e-6)
 
     def x(t: float) -> float:
-        return LABEL_W + plot_w * (t / span)
+        return label_w + plot_w * (t / span)
 
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-        f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12" '
-        f'data-build="{esc(data.build)}" data-lanes="{len(data.lanes)}">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="100%" viewBox="0 0 {WIDTH} '
+        f'{height}" preserveAspectRatio="xMinYMin meet" style="max-width:100%;height:auto" '
+        f'font-family="sans-serif" font-size="12" data-build="{esc(data.build)}" '
+        f'data-lanes="{len(data.lanes)}">',
+        '<defs><pattern id="striped" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#ffffff" '
+        'fill-opacity="0.0"/><line x1="0" y1="0" x2="0" y2="6" stroke="#ffffff" '
+        'stroke-width="3" stroke-opacity="0.6"/></pattern></defs>',
         f'<rect width="{WIDTH}" height="{height}" fill="#ffffff"/>',
         f'<text x="10" y="22" font-size="15" font-weight="bold">{esc(data.label or "build")}'
         f" ({esc(data.build)})</text>",
-    ]
-    stragglers = sum(bar.straggler for bar in data.bars)
-    started = data.started_at.isoformat(timespec="seconds") if data.started_at else "?"
-    parts.append(
-        f'<text x="10" y="42">started {esc(started)} · wall {data.wall_s:.2f} s · '
+        f'<text x="10" y="40">started {esc(started)} · wall {data.wall_s:.2f} s · '
         f"{len(data.bars)} kernel(s) on {len(data.lanes)} worker(s) · {stragglers} "
-        f"straggler(s) (work ≥ {STRAGGLER_FACTOR:g} x median)</text>")
-    legend_x = 10.0
-    for outcome, color in COLORS.items():
-        parts.append(f'<rect x="{legend_x}" y="50" width="12" height="10" fill="{color}"/>'
-                     f'<text x="{legend_x + 16}" y="59">{outcome.value}</text>')
-        legend_x += 90
-    parts.append(f'<rect x="{legend_x}" y="50" width="12" height="10" fill="none" '
-                 f'stroke="{STRAGGLER}" stroke-width="2"/><text x="{legend_x + 16}" '
-                 f'y="59">straggler</text>')
-
+        f"straggler(s) (work ≥ {STRAGGLER_FACTOR:g} x median)</text>",
+        *legend,
+    ]
     for index, lane in enumerate(lanes):
-        y = TOP + index * LANE_H
+        y = top + index * LANE_H
         fill = "#f4f4f4" if index % 2 else "#fafafa"
         css = "build" if index == 0 else "lane"
         parts.append(f'<g class="{css}" data-worker="{esc(lane)}">'
-                     f'<rect x="{LABEL_W}" y="{y}" width="{plot_w}" height="{LANE_H}" '
-                     f'fill="{fill}"/><text x="{LABEL_W - 8}" y="{y + LANE_H * 0.68:.1f}" '
+                     f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{LANE_H}" '
+                     f'fill="{fill}"/><text x="{label_w - 8}" y="{y + LANE_H * 0.68:.1f}" '
                      f'text-anchor="end">{esc(lane)}</text></g>')
-    parts.append(f'<rect class="wall" x="{x(0):.2f}" y="{TOP + 6}" '
+    parts.append(f'<rect class="wall" x="{x(0):.2f}" y="{top + 6}" '
                  f'width="{max(0.5, x(data.wall_s) - x(0)):.2f}" height="{LANE_H - 12}" '
                  f'fill="#999999"><title>build wall time {data.wall_s:.3f} s</title></rect>')
 
     lane_index = {lane: i for i, lane in enumerate(lanes)}
     for bar in data.bars:
-        y = TOP + lane_index[bar.lane] * LANE_H + 3
-        left, right = x(bar.start_s), x(bar.end_s)
-        stroke = (f' stroke="{STRAGGLER}" stroke-width="2"' if bar.straggler
-                  else ' stroke="#ffffff" stroke-width="0.5"')
-        tip = (f"{bar.family} {bar.key}\n{bar.outcome.value}, work {bar.work_s:.3f} s, "
-               f"{bar.start_s:.3f} to {bar.end_s:.3f} s on {bar.lane}"
-               f"{' (straggler)' if bar.straggler else ''}")
-        parts.append(f'<rect class="bar" data-lane="{esc(bar.lane)}" x="{left:.2f}" y="{y}" '
-                     f'width="{max(0.8, right - left):.2f}" height="{LANE_H - 6}" '
-                     f'fill="{COLORS[bar.outcome]}"{stroke}><title>{esc(tip)}</title></rect>')
-        if right - left >= 7 * len(bar.family) + 6:  # the family's name fits inside
-            parts.append(f'<text x="{left + 4:.2f}" y="{y + LANE_H * 0.5:.1f}" font-size="10" '
-                         f'fill="#ffffff" pointer-events="none">{esc(bar.family)}</text>')
+        parts += _bar(bar, top + lane_index[bar.lane] * LANE_H + 3, x(bar.start_s),
+                      x(bar.end_s), colors[bar.family])
 
-    axis_y = TOP + LANE_H * len(lanes) + 4
-    parts.append(f'<line x1="{LABEL_W}" y1="{axis_y}" x2="{LABEL_W + plot_w}" y2="{axis_y}" '
+    axis_y = top + LANE_H * len(lanes) + 4
+    parts.append(f'<line x1="{label_w}" y1="{axis_y}" x2="{label_w + plot_w}" y2="{axis_y}" '
                  'stroke="#333333"/>')
     step = _nice_step(span)
     tick = 0.0
     while tick <= span + 1e-9:
         tx = x(tick)
-        parts.append(f'<line x1="{tx:.2f}" y1="{TOP}" x2="{tx:.2f}" y2="{axis_y + 4}" '
+        parts.append(f'<line x1="{tx:.2f}" y1="{top}" x2="{tx:.2f}" y2="{axis_y + 4}" '
                      f'stroke="#dddddd"/><text x="{tx:.2f}" y="{axis_y + 18}" '
                      f'text-anchor="middle">{tick:g}</text>')
         tick += step
-    parts.append(f'<text x="{LABEL_W + plot_w / 2}" y="{axis_y + 34}" text-anchor="middle">'
+    parts.append(f'<text x="{label_w + plot_w / 2}" y="{axis_y + 34}" text-anchor="middle">'
                  "seconds since the build started</text>")
     parts.append("</svg>")
     return "\n".join(parts)
 
 
+def _bar(bar: Bar, y: float, left: float, right: float, color: str) -> list[str]:
+    """One kernel: its family's colour, its outcome's style, its name in the tooltip
+    (and inside the bar when it fits), the key last (on demand)."""
+    esc = html.escape
+    style = OUTCOME_STYLE[bar.outcome]
+    stroke = (f' stroke="{STRAGGLER}" stroke-width="2"' if bar.straggler
+              else ' stroke="#ffffff" stroke-width="0.5"')
+    opacity = ' fill-opacity="0.35"' if style == "pale" else ""
+    tip = (f"{kernel_text(bar)}\n{bar.outcome.value}, work {bar.work_s:.3f} s, "
+           f"{bar.start_s:.3f} to {bar.end_s:.3f} s on {bar.lane}"
+           f"{' (straggler)' if bar.straggler else ''}"
+           + (f"\nkey {bar.key}" if bar.kernel else ""))
+    width = max(0.8, right - left)
+    parts = [f'<rect class="bar" data-lane="{esc(bar.lane)}" data-family="{esc(bar.family)}" '
+             f'data-outcome="{bar.outcome.value}" x="{left:.2f}" y="{y}" width="{width:.2f}" '
+             f'height="{LANE_H - 6}" fill="{color}"{opacity}{stroke}>'
+             f"<title>{esc(tip)}</title></rect>"]
+    if style == "striped":
+        parts.append(f'<rect x="{left:.2f}" y="{y}" width="{width:.2f}" height="{LANE_H - 6}" '
+                     'fill="url(#striped)" pointer-events="none"/>')
+    if width >= 6.5 * len(bar.family) + 8:  # the family's name fits inside
+        ink = "#222222" if style == "pale" else "#ffffff"
+        parts.append(f'<text x="{left + 4:.2f}" y="{y + LANE_H * 0.5:.1f}" font-size="10" '
+                     f'fill="{ink}" pointer-events="none">{esc(bar.family)}</text>')
+    return parts
+
+
 def render_html(data: Timeline) -> str:
-    """A self-contained page: the SVG, then the stragglers and lanes as a table."""
+    """A self-contained page: the SVG, as wide as the window, then the stragglers."""
     esc = html.escape
     rows = "\n".join(
-        f"<tr><td>{esc(b.lane)}</td><td>{esc(b.family)}</td><td><code>{esc(b.key)}</code>"
-        f"</td><td>{b.outcome.value}</td><td>{b.work_s:.3f}</td><td>{b.end_s:.3f}</td></tr>"
-        for b in sorted(data.bars, key=lambda bar: bar.work_s, reverse=True) if b.straggler)
+        f"<tr><td>{esc(b.lane)}</td><td class=\"kernel\" title=\"key {esc(b.key)}\">"
+        f"{esc(kernel_text(b).replace(',', ', '))}</td>"
+        f"<td>{b.outcome.value}</td><td>{b.work_s:.3f}</td><td>{b.end_s:.3f}</td></tr>"
+        for b in sorted(data.bars, key=lambda bar: bar.work_s, reverse=True) if b.straggler
+    ) or "<tr><td colspan=\"5\">none: no kernel's work reached that</td></tr>"
     missing = ""
     if data.missing_sessions:
         missing = ("<p>Sessions with records but no session row (not ingested yet, or "
                    "pruned), left out: " + ", ".join(map(str, data.missing_sessions)) + "</p>")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         f"<title>timeline of build {esc(data.build)}</title>"
-        "<style>body{font-family:sans-serif;margin:16px}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}</style></head><body>\n"
+        "<style>body{font-family:sans-serif;margin:8px}svg{display:block;width:100%;"
+        "height:auto}table{border-collapse:collapse;max-width:100%}td,th{border:1px solid "
+        "#ccc;padding:2px 8px;text-align:left;white-space:nowrap}"
+        "td.kernel{white-space:normal;overflow-wrap:anywhere}"
+        "h3{font-size:1em}</style></head><body>\n"
         f"{render_svg(data)}\n{missing}"
-        f"<h3>Stragglers (work ≥ {STRAGGLER_FACTOR:g} x the build's median)</h3>"
-        "<table><tr><th>worker</th><th>family</th><th>key</th><th>outcome</th>"
+        f"<h3>Stragglers (work ≥ {STRAGGLER_FACTOR:g} x the build's median; hover a kernel "
+        "for its key)</h3>"
+        "<table><tr><th>worker</th><th>kernel</th><th>outcome</th>"
         f"<th>work s</th><th>ended at s</th></tr>\n{rows}\n</table>\n</body></html>\n"
     )
 
@@ -158,4 +239,5 @@ def write_timeline(data: Timeline, path: Path) -> Path:
     return path
 
 
-__all__ = ["COLORS", "FORMATS", "render_html", "render_svg", "write_timeline"]
+__all__ = ["FORMATS", "PALETTE", "family_colors", "kernel_text", "render_html", "render_svg",
+           "write_timeline"]

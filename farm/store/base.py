@@ -15,6 +15,11 @@ Rules every backend keeps (see docs/ARCHITECTURE.md, "The artifact store"):
   child process loading it died) is moved aside by :meth:`ArtifactStore.quarantine`,
   with why and when, and its bytes kept as evidence; the key is then free for the
   repair that first-writer-wins would otherwise refuse for ever (docs/SECURITY.md).
+* **Blobs.** Programs (``farm.programs``) keep their sources and headers as
+  content-addressed blobs beside the artifacts: ``put_blob`` stores bytes under their
+  SHA-256 (idempotent: the same name always holds the same bytes), ``get_blob`` verifies
+  the digest and answers a mismatch as a miss (counted corrupt), like ``get``. Blobs
+  belong to no namespace: a source is not device-specific.
 * **Source index.** An artifact is indexed by the hash of its source only when the
   writer passes the :class:`~farm.core.model.Lowered` source it compiled (or rekeyed) it from,
   so a key that misses can be served by rekeying an artifact of the same source. The
@@ -34,7 +39,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from farm.core.errors import FarmError
+from farm.core.errors import FarmError, StoreError
+from farm.core.hashing import sha256_hex
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, Key, Lowered
 
@@ -159,6 +165,21 @@ class ArtifactStore(ABC):
             self.delete(ns, src)
         return new
 
+    # -- blobs (program sources and headers) -------------------------------------------------
+    def get_blob(self, digest: str) -> bytes | None:
+        """The bytes whose SHA-256 is ``digest``, verified; ``None`` when absent or corrupt.
+        A store that keeps no blobs answers ``None``."""
+        return None
+
+    def put_blob(self, data: bytes) -> str:
+        """Keep ``data`` under its SHA-256, which is returned; the same bytes again change
+        nothing."""
+        raise StoreError(f"store {self.location} keeps no program sources")
+
+    def existing_blobs(self, digests: Iterable[str]) -> set[str]:
+        """Which of ``digests`` the store holds, in bulk (no verification)."""
+        return set()
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
@@ -205,6 +226,15 @@ class WrappedStore(ArtifactStore):
     def quarantined(self, ns: Namespace) -> list[Quarantined]:
         return self.inner.quarantined(ns)
 
+    def get_blob(self, digest: str) -> bytes | None:
+        return self.inner.get_blob(digest)
+
+    def put_blob(self, data: bytes) -> str:
+        return self.inner.put_blob(data)
+
+    def existing_blobs(self, digests: Iterable[str]) -> set[str]:
+        return self.inner.existing_blobs(digests)
+
     def close(self) -> None:
         self.inner.close()
 
@@ -218,6 +248,16 @@ def checked(store: ArtifactStore, ns: Namespace, key: Key,
     store.stats.bump("corrupt")
     log.warning("store %s: artifact %s/%s fails its digest; treated as a miss",
                 store.location, ns, key)
+    return None
+
+
+def checked_blob(store: ArtifactStore, digest: str, data: bytes | None) -> bytes | None:
+    """``data`` if its SHA-256 is ``digest``; else count it corrupt and answer a miss."""
+    if data is None or sha256_hex(data) == digest:
+        return data
+    store.stats.bump("corrupt")
+    log.warning("store %s: blob %s fails its digest; treated as a miss", store.location,
+                digest)
     return None
 
 

@@ -7,7 +7,12 @@ Format ``kernel-farm-bundle`` version 1 is a plain (uncompressed) POSIX tar arch
   namespace with its fingerprint, count and bytes, and every artifact's namespace, key,
   size, SHA-256 digest and full metadata;
 * then one regular-file member per artifact, named by :func:`farm.core.keys.artifact_object`
-  (``<namespace>/artifacts/<id hash>/<build id>``), holding the binary.
+  (``<namespace>/artifacts/<id hash>/<build id>``), holding the binary;
+* then one member per blob (programs' sources, headers and specs, ``farm.programs``),
+  named by :func:`farm.core.keys.blob_object` (``blobs/<sha256>``): the manifest's
+  ``blobs`` list (absent in bundles without programs). The exporter names the blobs to
+  carry (``export_bundle(blobs=...)``); import puts them before any artifact, each
+  verified against its name.
 
 A bundle is **untrusted input**. It is read as one sequential stream, member by member,
 in memory; nothing is ever extracted to disk, so member names are only labels and can
@@ -59,23 +64,18 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-import json
 import os
 import socket
-import stat
 import tarfile
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Literal
 
-from pydantic import ValidationError
-
-from farm.core.errors import BundleError, InputError, first_error, one_line
-from farm.core.hashing import sha256_hex
-from farm.core.keys import Namespace, artifact_object
+from farm.core.errors import InputError
+from farm.core.keys import Namespace, artifact_object, blob_object
 from farm.core.model import Artifact, Key
 from farm.store.base import ArtifactStore, PutResult
 from farm.store.bundle_format import (
@@ -87,11 +87,13 @@ from farm.store.bundle_format import (
     MAX_ARTIFACTS,
     MAX_MANIFEST_BYTES,
     BundleArtifact,
+    BundleBlob,
     BundleManifest,
     BundleNamespace,
     parse_namespace,
     reason,
 )
+from farm.store.bundle_read import Bundle, read_bundle, refuse
 from farm.store.signing import SigningStore
 from farm.version import __version__
 
@@ -105,6 +107,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "Bundle",
     "BundleArtifact",
+    "BundleBlob",
     "BundleManifest",
     "BundleNamespace",
     "ExportReport",
@@ -115,165 +118,6 @@ __all__ = [
     "read_bundle",
     "reason",
 ]
-
-# ----------------------------------------------------------------------------------------
-# Reading
-# ----------------------------------------------------------------------------------------
-@dataclass
-class Bundle:
-    """A bundle read and verified in full: its manifest and each artifact's bytes."""
-
-    path: Path
-    manifest: BundleManifest
-    artifacts: list[tuple[Namespace, Artifact]]
-    file_bytes: int
-
-
-def _refuse(path: Path, message: str) -> BundleError:
-    return BundleError(f"bundle {path}: {message}; nothing imported")
-
-
-def _unsafe_name(name: str) -> str | None:
-    """Why a member name is refused outright, or ``None``: names are only compared,
-    never used as paths, but a name that would escape says the file is hostile."""
-    if not name or "\0" in name or "\\" in name:
-        return "an empty or malformed name"
-    if name.startswith("/") or PurePosixPath(name).is_absolute():
-        return "an absolute path"
-    if ".." in PurePosixPath(name).parts:
-        return "a path that climbs out of the bundle ('..')"
-    return None
-
-
-def _check_member(path: Path, member: tarfile.TarInfo, limit: int) -> None:
-    why = _unsafe_name(member.name)
-    if why is not None:
-        raise _refuse(path, f"member {member.name!r} is {why}")
-    if not member.isreg() or member.issparse() or member.type == tarfile.GNUTYPE_SPARSE:
-        raise _refuse(path, f"member {member.name!r} is not a regular file "
-                            "(links, folders, devices and sparse files are refused)")
-    if member.size < 0 or member.size > limit:
-        raise _refuse(path, f"member {member.name!r} declares {member.size} bytes, over the "
-                            f"limit of {limit} bytes")
-
-
-def _manifest_from(path: Path, raw: bytes) -> BundleManifest:
-    """Validate the manifest, reporting the format version before any field error: a
-    bundle of another version has other fields, and its version is what matters."""
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise _refuse(path, f"manifest is not JSON ({one_line(exc)})") from None
-    if not isinstance(data, dict):
-        raise _refuse(path, "manifest is not a JSON object")
-    if data.get("format") != BUNDLE_FORMAT:
-        raise _refuse(path, f"not a {BUNDLE_FORMAT} (manifest format "
-                            f"{data.get('format')!r})")
-    if data.get("version") != BUNDLE_VERSION:
-        raise _refuse(path, f"bundle format version {data.get('version')!r}; this farm "
-                            f"({__version__}) reads version {BUNDLE_VERSION}")
-    try:
-        return BundleManifest.model_validate(data)
-    except ValidationError as exc:
-        where, msg = first_error(exc, "manifest")
-        raise _refuse(path, f"manifest {where}: {msg}") from None
-
-
-def read_bundle(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Bundle:
-    """Read and verify a whole bundle; raise :class:`BundleError` on the first problem.
-
-    Sequential, in memory, never extracting: one pass over the tar stream, each member
-    checked (name, type, size) before its bytes are read, each artifact's digest
-    verified, and every listed artifact required to be present.
-    """
-    path = Path(path)
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise BundleError(f"bundle {path}: no such file") from None
-    except OSError as exc:
-        raise BundleError(f"bundle {path}: cannot read ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise BundleError(f"bundle {path}: not a regular file")
-    if info.st_size > max_bytes:
-        raise _refuse(path, f"{info.st_size} bytes, over the limit of {max_bytes} bytes")
-    try:
-        with path.open("rb") as fh:
-            return _read_stream(path, fh, max_bytes, info.st_size)
-    except BundleError:
-        raise
-    except (tarfile.TarError, EOFError) as exc:
-        raise _refuse(path, f"truncated or corrupt archive ({one_line(exc)})") from None
-    except OSError as exc:
-        raise BundleError(f"bundle {path}: cannot read ({exc.strerror or exc})") from None
-
-
-def _read_stream(path: Path, fh: io.BufferedReader, max_bytes: int,
-                 file_bytes: int) -> Bundle:
-    try:
-        tar = tarfile.open(fileobj=fh, mode="r|")
-    except tarfile.TarError:
-        raise _refuse(path, "not a kernel-farm bundle (not a tar archive: garbage, or "
-                            "truncated in its first header)") from None
-    with tar:
-        first = tar.next()
-        if first is None:
-            raise _refuse(path, "empty archive")
-        if first.name != MANIFEST_MEMBER:
-            why = _unsafe_name(first.name)
-            if why is not None:
-                raise _refuse(path, f"member {first.name!r} is {why}")
-            raise _refuse(path, f"not a kernel-farm bundle (first member is "
-                                f"{first.name!r}, not {MANIFEST_MEMBER})")
-        limit = min(MAX_MANIFEST_BYTES, file_bytes)
-        _check_member(path, first, limit)
-        manifest = _manifest_from(path, _read_member(path, tar, first))
-        if manifest.total_bytes > min(max_bytes, file_bytes):
-            raise _refuse(path, f"declares {manifest.total_bytes} bytes of artifacts, over "
-                                f"the limit of {min(max_bytes, file_bytes)} bytes (the "
-                                "cap, or what the file holds)")
-        wanted = {a.member: a for a in manifest.artifacts}
-        found: dict[str, Artifact] = {}
-        total = 0
-        while (member := tar.next()) is not None:
-            _check_member(path, member, min(MAX_ARTIFACT_BYTES, file_bytes))
-            entry = wanted.get(member.name)
-            if entry is None:
-                if member.name in found or member.name == MANIFEST_MEMBER:
-                    raise _refuse(path, f"member {member.name!r} appears twice")
-                raise _refuse(path, f"member {member.name!r} is not listed in the manifest")
-            if member.name in found:
-                raise _refuse(path, f"member {member.name!r} appears twice")
-            if member.size != entry.size:
-                raise _refuse(path, f"member {member.name!r} holds {member.size} bytes, the "
-                                    f"manifest declares {entry.size}")
-            total += member.size
-            if total > max_bytes:
-                raise _refuse(path, f"artifacts exceed the limit of {max_bytes} bytes")
-            data = _read_member(path, tar, member)
-            if len(data) != entry.size:
-                raise _refuse(path, f"member {member.name!r} is truncated")
-            if sha256_hex(data) != entry.digest:
-                raise _refuse(path, f"digest mismatch for {entry.key} in {entry.namespace}")
-            found[member.name] = Artifact(meta=entry.meta, binary=data)
-    missing = [m for m in wanted if m not in found]
-    if missing:
-        raise _refuse(path, f"truncated: {len(missing)} artifact(s) listed in the manifest "
-                            f"are missing (first: {missing[0]})")
-    artifacts = [(a.ns, found[a.member]) for a in manifest.artifacts]
-    return Bundle(path=path, manifest=manifest, artifacts=artifacts, file_bytes=file_bytes)
-
-
-def _read_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    handle = tar.extractfile(member)
-    if handle is None:  # pragma: no cover - regular files always have a handle
-        raise _refuse(path, f"member {member.name!r} has no data")
-    data = handle.read(member.size)
-    if len(data) != member.size:
-        raise _refuse(path, f"truncated: member {member.name!r} ends after {len(data)} of "
-                            f"{member.size} bytes")
-    return data
-
 
 # ----------------------------------------------------------------------------------------
 # Import
@@ -337,6 +181,8 @@ def import_bundle(path: Path, store: ArtifactStore, *,
     origins = _validate(Path(path), bundle, validators, report)
     if isinstance(store, SigningStore) and store.signer is not None:
         store = SigningStore(store.inner, None, store.verifier)  # an import never signs
+    for data in bundle.blobs.values():  # first: an artifact's sources are never missing
+        store.put_blob(data)
     for ns, artifact in bundle.artifacts:
         meta = artifact.meta.model_copy(update={"origin": origins[(ns, artifact.meta.key)]})
         result = store.put(ns, Artifact(meta=meta, binary=artifact.binary))
@@ -365,7 +211,7 @@ def _validate(path: Path, bundle: Bundle, validators: Validators | None,
             continue
         why = check(artifact.binary)
         if why:
-            raise _refuse(path, f"artifact {artifact.meta.key} ({artifact.meta.family}) "
+            raise refuse(path, f"artifact {artifact.meta.key} ({artifact.meta.family}) "
                                 f"in {ns} fails validation on this device: {why}")
         origins[(ns, artifact.meta.key)] = "validated"
         report.validated += 1
@@ -395,8 +241,12 @@ class ExportReport:
 
 
 def export_bundle(store: ArtifactStore, namespaces: Iterable[Namespace] | None, out: Path,
-                  *, overwrite: bool = False) -> ExportReport:
-    """Write the artifacts of ``namespaces`` (``None``: every namespace) to ``out``.
+                  *, overwrite: bool = False,
+                  blobs_of: Callable[[Artifact], Iterable[str]] | None = None
+                  ) -> ExportReport:
+    """Write the artifacts of ``namespaces`` (``None``: every namespace) to ``out``, and
+    the blobs ``blobs_of(artifact)`` names for each (a program's sources and spec:
+    ``farm.programs.bundles``).
 
     Every artifact is read through the store's verified ``get``; one that fails its
     digest is left out and named in :attr:`ExportReport.unreadable` (a bundle never
@@ -416,6 +266,7 @@ def export_bundle(store: ArtifactStore, namespaces: Iterable[Namespace] | None, 
         store.namespaces()
     entries: list[tuple[BundleArtifact, int]] = []
     unreadable: list[str] = []
+    blobs: dict[str, None] = {}
     with tempfile.TemporaryFile() as spool:
         for ns in chosen:
             for key in store.keys(ns):
@@ -423,6 +274,8 @@ def export_bundle(store: ArtifactStore, namespaces: Iterable[Namespace] | None, 
                 if artifact is None:
                     unreadable.append(f"{ns}/{key}")
                     continue
+                if blobs_of is not None:
+                    blobs.update(dict.fromkeys(blobs_of(artifact)))
                 offset = spool.tell()
                 spool.write(artifact.binary)
                 entries.append((BundleArtifact(
@@ -432,8 +285,16 @@ def export_bundle(store: ArtifactStore, namespaces: Iterable[Namespace] | None, 
         if not entries:
             what = ", ".join(str(n) for n in chosen) or "the store"
             raise InputError(f"nothing to export: {what} holds no readable artifact")
-        manifest = _manifest_for([e for e, _ in entries])
-        file_bytes = _write_tar(out, manifest, entries, spool)
+        carried: dict[str, bytes] = {}
+        for digest in blobs:
+            data = store.get_blob(digest)
+            if data is None:
+                unreadable.append(blob_object(digest))
+            else:
+                carried[digest] = data
+        manifest = _manifest_for([e for e, _ in entries]).model_copy(update={
+            "blobs": [BundleBlob(digest=d, size=len(b)) for d, b in carried.items()]})
+        file_bytes = _write_tar(out, manifest, entries, spool, carried)
     return ExportReport(path=out, manifest=manifest, file_bytes=file_bytes,
                         unreadable=unreadable)
 
@@ -461,7 +322,8 @@ def _tar_info(name: str, size: int, mtime: float) -> tarfile.TarInfo:
 
 
 def _write_tar(out: Path, manifest: BundleManifest,
-               entries: list[tuple[BundleArtifact, int]], spool: IO[bytes]) -> int:
+               entries: list[tuple[BundleArtifact, int]], spool: IO[bytes],
+               blobs: dict[str, bytes]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     mtime = manifest.created_at.timestamp()
@@ -473,6 +335,9 @@ def _write_tar(out: Path, manifest: BundleManifest,
                 spool.seek(offset)
                 data = spool.read(entry.size)
                 tar.addfile(_tar_info(entry.member, entry.size, mtime), io.BytesIO(data))
+            for digest, blob in blobs.items():
+                tar.addfile(_tar_info(blob_object(digest), len(blob), mtime),
+                            io.BytesIO(blob))
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)

@@ -22,7 +22,7 @@ from pydantic import (
 
 from farm.core.defaults import BUNDLE_MAX_BYTES
 from farm.core.errors import first_error, one_line
-from farm.core.keys import BACKEND, STORE_FORMAT, Namespace, artifact_object
+from farm.core.keys import BACKEND, STORE_FORMAT, Namespace, artifact_object, blob_object
 from farm.core.model import ArtifactMeta, Key
 
 BUNDLE_FORMAT = "kernel-farm-bundle"
@@ -121,6 +121,17 @@ class BundleArtifact(_Model):
         return parse_namespace(self.namespace)
 
 
+class BundleBlob(_Model):
+    """One blob: its digest (its name) and size; the member is ``blobs/<digest>``."""
+
+    digest: str = Field(pattern=_DIGEST)
+    size: int = Field(ge=0, le=MAX_ARTIFACT_BYTES)
+
+    @property
+    def member(self) -> str:
+        return blob_object(self.digest)
+
+
 class BundleManifest(_Model):
     """What a bundle holds; the first member of the archive."""
 
@@ -132,10 +143,11 @@ class BundleManifest(_Model):
     namespaces: list[BundleNamespace]
     artifacts: list[BundleArtifact] = Field(max_length=MAX_ARTIFACTS)
     total_bytes: int = Field(ge=0)
+    blobs: list[BundleBlob] = Field(default_factory=list, max_length=MAX_ARTIFACTS)
 
     @model_validator(mode="after")
     def _consistent(self) -> BundleManifest:
-        members = Counter(a.member for a in self.artifacts)
+        members = Counter([a.member for a in self.artifacts] + [b.member for b in self.blobs])
         dupes = [m for m, n in members.items() if n > 1]
         if dupes:
             raise ValueError(f"artifact {dupes[0]!r} is listed twice")

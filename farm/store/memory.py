@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
+from farm.core.hashing import sha256_hex
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, Key, Lowered
 from farm.store.base import (
@@ -23,6 +24,7 @@ from farm.store.base import (
     PutResult,
     Quarantined,
     checked,
+    checked_blob,
     decide_put,
     index_hash,
     log_refused,
@@ -46,6 +48,9 @@ class MemoryStore(ArtifactStore):
         self._sources: dict[tuple[Namespace, str], Key] = {}
         #: (ns, key) -> the source hash it is indexed under, to drop the entry with it
         self._indexed: dict[tuple[Namespace, Key], str] = {}
+        #: program sources and headers by SHA-256 (never evicted: small, and a program's
+        #: artifact is useless to a cluster without them)
+        self._blobs: dict[str, bytes] = {}
         self._bytes = 0
         self._quarantine: list[tuple[Namespace, Quarantined]] = []
 
@@ -125,6 +130,21 @@ class MemoryStore(ArtifactStore):
         with self._lock:
             return [q for n, q in self._quarantine if n == ns]
 
+    def get_blob(self, digest: str) -> bytes | None:
+        with self._lock:
+            data = self._blobs.get(digest)
+        return checked_blob(self, digest, data)
+
+    def put_blob(self, data: bytes) -> str:
+        digest = sha256_hex(data)
+        with self._lock:
+            self._blobs[digest] = bytes(data)
+        return digest
+
+    def existing_blobs(self, digests: Iterable[str]) -> set[str]:
+        with self._lock:
+            return {d for d in digests if d in self._blobs}
+
     def _drop(self, ns: Namespace, key: Key) -> None:
         """Remove one entry and the index entry that points at it (lock held)."""
         old = self._items.pop((ns, key), None)
@@ -149,4 +169,5 @@ class MemoryStore(ArtifactStore):
             self._sources.clear()
             self._indexed.clear()
             self._quarantine.clear()
+            self._blobs.clear()
             self._bytes = 0

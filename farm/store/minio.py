@@ -48,12 +48,13 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import certifi
 import urllib3
 from minio import Minio
+from minio.datatypes import Object
 from minio.error import S3Error
 from tenacity import (
     RetryCallState,
@@ -79,7 +80,6 @@ from farm.core.model import Artifact, Key, Lowered
 from farm.core.outage import OutageError, Waiter
 from farm.core.settings import Settings
 from farm.store.base import (
-    ArtifactStore,
     PutResult,
     Quarantined,
     checked,
@@ -100,6 +100,7 @@ from farm.store.frames import (
     header_text,
     user_metadata,
 )
+from farm.store.minio_blobs import BlobObjects
 from farm.store.s3_failures import FAILURES, describe, is_transient, store_error
 
 log = logging.getLogger(__name__)
@@ -132,22 +133,33 @@ def _make_http_client(timeout_s: float) -> urllib3.PoolManager:
     )
 
 
-class MinioStore(ArtifactStore):
+@dataclass(frozen=True)
+class Retry:
+    """How a :class:`MinioStore` retries a transient failure: ``attempts`` tries per
+    request in all, waiting ``wait_s`` doubled each time (at most ``max_wait_s``) in
+    between; ``outage_limit_s`` replaces the attempts by waiting out an outage that long
+    (:mod:`farm.core.outage`); ``timeout_s`` bounds one request's connect and read."""
+
+    attempts: int = 5
+    wait_s: float = 0.1
+    max_wait_s: float = 2.0
+    timeout_s: float = 60.0
+    outage_limit_s: float | None = None
+
+
+class MinioStore(BlobObjects):
     """Artifacts in one MinIO bucket; safe to share between threads (the SDK client is)."""
 
     def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None,
-                 bucket: str, secure: bool = False, *, retry_attempts: int = 5,
-                 retry_wait_s: float = 0.1, retry_max_wait_s: float = 2.0,
-                 timeout_s: float = 60.0,
-                 http_client: urllib3.PoolManager | None = None,
-                 outage_limit_s: float | None = None) -> None:
+                 bucket: str, secure: bool = False, *, retry: Retry | None = None,
+                 http_client: urllib3.PoolManager | None = None) -> None:
         """Connect and create ``bucket`` if it is missing.
 
-        ``retry_attempts`` tries per request in all, waiting ``retry_wait_s`` doubled each
-        time (at most ``retry_max_wait_s``) in between. ``http_client`` replaces the
-        connection pool (tests count requests through it); give it no retries of its own.
-        ``outage_limit_s`` replaces the attempts by waiting out an outage that long.
+        ``retry`` says how transient failures are retried (:class:`Retry`).
+        ``http_client`` replaces the connection pool (tests count requests through it);
+        give it no retries of its own.
         """
+        retry = retry or Retry()
         super().__init__()
         if not hasattr(Minio, "_put_object"):  # pragma: no cover - guards an SDK upgrade
             raise StoreError("the installed minio SDK has no Minio._put_object, which the "
@@ -155,12 +167,13 @@ class MinioStore(ArtifactStore):
         self.endpoint = endpoint
         self.bucket = bucket
         self.secure = secure
-        self._attempts = max(1, retry_attempts)
-        self._wait_s = retry_wait_s
-        self._max_wait_s = retry_max_wait_s
-        self._http = http_client or _make_http_client(timeout_s)
-        self._waiter = (Waiter(f"MinIO at {endpoint}", outage_limit_s, is_down=is_transient)
-                        if outage_limit_s is not None else None)
+        self._attempts = max(1, retry.attempts)
+        self._wait_s = retry.wait_s
+        self._max_wait_s = retry.max_wait_s
+        self._http = http_client or _make_http_client(retry.timeout_s)
+        self._waiter = (Waiter(f"MinIO at {endpoint}", retry.outage_limit_s,
+                               is_down=is_transient)
+                        if retry.outage_limit_s is not None else None)
         try:
             self._client = Minio(endpoint, access_key=access_key or None,
                                  secret_key=secret_key or None, secure=secure,
@@ -190,8 +203,9 @@ class MinioStore(ArtifactStore):
             raise SettingsError("settings FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY "
                                 "must be set with FARM_MINIO_ENDPOINT")
         return cls(endpoint, access.get_secret_value(), secret.get_secret_value(),
-                   settings.minio_bucket, secure, timeout_s=min(60.0, settings.outage_limit),
-                   outage_limit_s=settings.outage_limit)
+                   settings.minio_bucket, secure,
+                   retry=Retry(timeout_s=min(60.0, settings.outage_limit),
+                               outage_limit_s=settings.outage_limit))
 
     @property
     def location(self) -> str:
@@ -402,7 +416,7 @@ class MinioStore(ArtifactStore):
 
     def _source_hash_of(self, name: str) -> str | None:
         """The source hash of a stored artifact: from its headers (a HEAD), else its frame."""
-        def head() -> Any:
+        def head() -> Object | None:
             try:
                 return self._client.stat_object(self.bucket, name)
             except S3Error as exc:

@@ -11,6 +11,9 @@ Layout (format ``kernel-farm-store`` version 1)::
                digest, reason, at, meta,        PRIMARY KEY (namespace, id_hash, build_id,
                binary)                          digest); made when first needed, so
                                                 files of earlier farms read as they were
+    blobs(digest PRIMARY KEY, size, data)       program sources and headers by SHA-256
+                                                (added to older files when opened: a
+                                                reader that knows no blobs ignores it)
 
 The namespace is a column, never part of a path. Opening a file that is not a
 kernel-farm store (or of another format version) raises :class:`ForeignStoreError`
@@ -35,6 +38,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from farm.core.errors import ForeignStoreError, StoreError
+from farm.core.hashing import sha256_hex
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, ArtifactMeta, Key, Lowered
 from farm.core.sqlite_wal import enable_wal
@@ -43,6 +47,7 @@ from farm.store.base import (
     PutResult,
     Quarantined,
     checked,
+    checked_blob,
     decide_put,
     index_hash,
     iter_chunks,
@@ -55,6 +60,11 @@ log = logging.getLogger(__name__)
 FORMAT = "kernel-farm-store"
 VERSION = "1"
 
+#: also run on older files when they are opened (CREATE ... IF NOT EXISTS)
+_BLOBS = """
+CREATE TABLE IF NOT EXISTS blobs (
+    digest TEXT PRIMARY KEY, size INTEGER NOT NULL, data BLOB NOT NULL);
+"""
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -65,7 +75,7 @@ CREATE TABLE IF NOT EXISTS sources (
     namespace TEXT NOT NULL, source_hash TEXT NOT NULL,
     id_hash TEXT NOT NULL, build_id TEXT NOT NULL,
     PRIMARY KEY (namespace, source_hash));
-"""
+""" + _BLOBS
 
 _QUARANTINE = """
 CREATE TABLE IF NOT EXISTS quarantine (
@@ -124,6 +134,8 @@ class SQLiteStore(ArtifactStore):
                     self._check_integrity(conn)
             enable_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
+            if not fresh:
+                conn.executescript(_BLOBS)
             if fresh:
                 conn.executescript(_SCHEMA)
                 conn.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
@@ -333,6 +345,35 @@ class SQLiteStore(ArtifactStore):
                                          at=dt.datetime.fromisoformat(str(at))))
             except (ValidationError, TypeError, ValueError):
                 log.warning("store %s: a quarantine row does not read; skipped", self.path)
+        return found
+
+    # -- blobs -------------------------------------------------------------------------------
+    def get_blob(self, digest: str) -> bytes | None:
+        with self._lock, self._guard("reading a blob"):
+            row = self._conn.execute("SELECT data FROM blobs WHERE digest=?",
+                                     (digest,)).fetchone()
+        return checked_blob(self, digest, bytes(row[0]) if row else None)
+
+    def put_blob(self, data: bytes) -> str:
+        digest = sha256_hex(data)
+        with self._lock, self._guard("writing a blob"):
+            row = self._conn.execute("SELECT data FROM blobs WHERE digest=?",
+                                     (digest,)).fetchone()
+            if row is None or sha256_hex(bytes(row[0])) != digest:  # absent, or repair
+                self._conn.execute("INSERT OR REPLACE INTO blobs VALUES (?,?,?)",
+                                   (digest, len(data), bytes(data)))
+        return digest
+
+    def existing_blobs(self, digests: Iterable[str]) -> set[str]:
+        wanted = list(digests)
+        found: set[str] = set()
+        with self._lock, self._guard("listing blobs"):
+            for i in range(0, len(wanted), 400):
+                chunk = wanted[i:i + 400]
+                rows = self._conn.execute(
+                    f"SELECT digest FROM blobs WHERE digest IN ({','.join('?' * len(chunk))})",
+                    chunk).fetchall()
+                found.update(str(r[0]) for r in rows)
         return found
 
     def close(self) -> None:

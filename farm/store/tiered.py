@@ -180,6 +180,39 @@ class TieredStore(ArtifactStore):
         return sorted((q for tier in self.tiers for q in tier.quarantined(ns)),
                       key=lambda q: q.at)
 
+    # -- blobs: the same walk as artifacts (front to back, a later hit copied forward) --
+    def get_blob(self, digest: str) -> bytes | None:
+        for i, tier in enumerate(self.tiers):
+            data = tier.get_blob(digest)
+            if data is not None:
+                for front in self.tiers[:i]:
+                    self._fill_blob(front, data)
+                return data
+        return None
+
+    def put_blob(self, data: bytes) -> str:
+        digest = self.shared.put_blob(data)
+        for front in self.tiers[:-1]:
+            self._fill_blob(front, data)
+        return digest
+
+    def existing_blobs(self, digests: Iterable[str]) -> set[str]:
+        missing = set(digests)
+        found: set[str] = set()
+        for tier in self.tiers:
+            if not missing:
+                break
+            held = tier.existing_blobs(missing)
+            found |= held
+            missing -= held
+        return found
+
+    def _fill_blob(self, front: ArtifactStore, data: bytes) -> None:
+        try:
+            front.put_blob(data)
+        except _FILL_FAILURES as exc:
+            log.warning("store %s: could not keep a blob (%s)", front.location, exc)
+
     def close(self) -> None:
         for tier in self.tiers:
             tier.close()

@@ -23,6 +23,7 @@ from farm.families.builtin.common import (
     NUMPY,
     DType,
     GroupSize,
+    KernelCode,
     acc_type,
     literal,
     lower_row_kernel,
@@ -106,13 +107,15 @@ class Attention(KernelFamily[AttentionParams]):
             "    }\n"
         )
         return lower_row_kernel(
-            self, params, launch, device, kernel="attention",
-            args=("__global const T *restrict q", "__global const T *restrict k",
-                  "__global const T *restrict v", "__global T *restrict out",
-                  "const uint tokens"),
-            defines={"D": f"{d}u", "PER": f"{-(-d // g)}u",
-                     "SCALE": literal(1.0 / math.sqrt(d), acc_type(params.dtype))},
-            body=body, extra_local=d + g)  # qs and ps
+            self, params, launch, device,
+            KernelCode(kernel="attention",
+                       args=("__global const T *restrict q", "__global const T *restrict k",
+                             "__global const T *restrict v", "__global T *restrict out",
+                             "const uint tokens"),
+                       defines={"D": f"{d}u", "PER": f"{-(-d // g)}u",
+                                "SCALE": literal(1.0 / math.sqrt(d), acc_type(params.dtype))},
+                       body=body),
+            extra_local=d + g)  # qs and ps
 
     def example(self, params: AttentionParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:

@@ -13,6 +13,7 @@ change here, which can change generated source, never serves an old binary.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol, TypeAlias
 
 import numpy as np
@@ -178,17 +179,28 @@ class RowParams(Protocol):
     def dtype(self) -> str: ...
 
 
+@dataclass(frozen=True)
+class KernelCode:
+    """The text of a one-kernel program: the kernel's name, its arguments, its body
+    (whole lines, indented four spaces), a ``#define`` per entry of ``defines``, and any
+    other file-scope ``prelude`` (a constant table)."""
+
+    kernel: str
+    args: Sequence[str]
+    body: str
+    defines: Mapping[str, object] | None = None
+    prelude: str = ""
+
+
 def lower_row_kernel(family: KernelFamily[Any], params: RowParams, launch: LaunchSettings,
-                     device: DeviceInfo, *, kernel: str, args: Sequence[str], body: str,
-                     defines: Mapping[str, object] | None = None,
-                     extra_local: int = 0) -> Lowered:
+                     device: DeviceInfo, code: KernelCode, *, extra_local: int = 0) -> Lowered:
     """A kernel that gives each row one work-group of ``group_size`` work-items, fixed
     with ``reqd_work_group_size``.
 
     The source defines ``T`` (the element type), ``ACC`` (the arithmetic type, see
     :func:`acc_type`), ``G`` (the group size) and ``defines``, and ``body`` follows the
     declarations of ``red`` (a ``__local ACC[G]`` for :func:`tree_reduce`), ``lid`` (the
-    local id) and ``row`` (the group id, a ``size_t``). ``extra_local`` counts the
+    local id) and ``row`` (the group id, a ``size_t``) in ``code``. ``extra_local`` counts the
     ``ACC`` elements of ``__local`` memory the body declares besides ``red``.
     """
     g = params.group_size
@@ -198,11 +210,11 @@ def lower_row_kernel(family: KernelFamily[Any], params: RowParams, launch: Launc
     head = ("    __local ACC red[G];\n"
             "    const uint lid = get_local_id(0);\n"
             "    const size_t row = get_group_id(0);\n")
-    source = kernel_source(params.dtype, kernel, args, head + body,
+    source = kernel_source(params.dtype, code.kernel, code.args, head + code.body,
                            defines={"T": params.dtype, "ACC": acc, "G": f"{g}u",
-                                    **(defines or {})},
-                           local_size=local)
-    return Lowered(source=source, kernel_names=(kernel,))
+                                    **(code.defines or {})},
+                           prelude=code.prelude, local_size=local)
+    return Lowered(source=source, kernel_names=(code.kernel,))
 
 
 def tree_reduce(value: str, result: str, combine: str, indent: str = "    ") -> str:
@@ -232,18 +244,16 @@ def tree_reduce(value: str, result: str, combine: str, indent: str = "    ") -> 
 
 
 def lower_elementwise(family: KernelFamily[Any], dtype: str, launch: LaunchSettings,
-                      device: DeviceInfo, *, kernel: str, args: Sequence[str], count: str,
-                      body: str, defines: Mapping[str, object] | None = None,
-                      prelude: str = "") -> Lowered:
+                      device: DeviceInfo, code: KernelCode, *, count: str) -> Lowered:
     """A kernel of one work-item per ``count`` (an expression in the arguments) that
-    runs with any work-group: ``body`` follows ``i`` (the global id, a ``size_t``) and
-    the return of the surplus work-items of a rounded-up global size."""
+    runs with any work-group: ``code``'s body follows ``i`` (the global id, a ``size_t``)
+    and the return of the surplus work-items of a rounded-up global size."""
     local = check_any_group(family, dtype, launch, device)
     head = ("    const size_t i = get_global_id(0);\n"
             f"    if (i >= {count}) return;\n")
-    source = kernel_source(dtype, kernel, args, head + body, defines=defines,
-                           prelude=prelude, local_size=local)
-    return Lowered(source=source, kernel_names=(kernel,))
+    source = kernel_source(dtype, code.kernel, code.args, head + code.body,
+                           defines=code.defines, prelude=code.prelude, local_size=local)
+    return Lowered(source=source, kernel_names=(code.kernel,))
 
 
 # -- examples ---------------------------------------------------------------------------

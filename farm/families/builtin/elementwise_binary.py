@@ -13,6 +13,7 @@ from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
     DType,
+    KernelCode,
     Width,
     elementwise_example,
     lower_elementwise,
@@ -44,13 +45,14 @@ class ElementwiseBinary(KernelFamily[BinaryParams]):
               device: DeviceInfo) -> Lowered:
         t = vec(params.dtype, params.width)
         return lower_elementwise(
-            self, params.dtype, launch, device, kernel=f"binary_{params.op}",
-            args=(f"__global const {t} *restrict x", f"__global const {t} *restrict y",
-                  f"__global {t} *restrict out", "const uint n"),
-            count="n",
-            body=(f"    const {t} a = x[i];\n"
-                  f"    const {t} b = y[i];\n"
-                  f"    out[i] = {_EXPR[params.op]};\n"))
+            self, params.dtype, launch, device,
+            KernelCode(kernel=f"binary_{params.op}",
+                       args=(f"__global const {t} *restrict x", f"__global const {t} *restrict y",
+                             f"__global {t} *restrict out", "const uint n"),
+                       body=(f"    const {t} a = x[i];\n"
+                             f"    const {t} b = y[i];\n"
+                             f"    out[i] = {_EXPR[params.op]};\n")),
+            count="n")
 
     def example(self, params: BinaryParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:

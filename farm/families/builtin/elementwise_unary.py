@@ -19,6 +19,7 @@ from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
     DType,
+    KernelCode,
     Width,
     acc_type,
     convert,
@@ -78,12 +79,14 @@ class ElementwiseUnary(KernelFamily[UnaryParams]):
         s = acc_type(params.dtype)
         a_t = vec(s, params.width)
         return lower_elementwise(
-            self, params.dtype, launch, device, kernel=f"unary_{params.op}",
-            args=(f"__global const {t} *restrict x", f"__global {t} *restrict out",
-                  "const uint n"),
-            count="n", defines={"S": s, "SQRT1_2": literal(math.sqrt(0.5), s)},
-            body=(f"    const {a_t} a = {convert(a_t, t, 'x[i]')};\n"
-                  f"    out[i] = {convert(t, a_t, _EXPR[params.op])};\n"))
+            self, params.dtype, launch, device,
+            KernelCode(kernel=f"unary_{params.op}",
+                       args=(f"__global const {t} *restrict x", f"__global {t} *restrict out",
+                             "const uint n"),
+                       defines={"S": s, "SQRT1_2": literal(math.sqrt(0.5), s)},
+                       body=(f"    const {a_t} a = {convert(a_t, t, 'x[i]')};\n"
+                             f"    out[i] = {convert(t, a_t, _EXPR[params.op])};\n")),
+            count="n")
 
     def example(self, params: UnaryParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:

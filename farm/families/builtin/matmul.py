@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import Field, ValidationInfo, field_validator
 
 from farm.core.device import DeviceInfo
-from farm.core.model import LaunchSettings, Lowered
+from farm.core.model import LaunchArg, LaunchSettings, Lowered, ReadyLaunch
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
@@ -139,8 +139,23 @@ class Matmul(KernelFamily[MatmulParams]):
         b = rng.uniform(-1.0, 1.0, (params.k, params.n)).astype(dtype)
         c = np.zeros((params.m, params.n), dtype=dtype)
         want = a.astype(np.float64) @ b.astype(np.float64)
-        global_size = (round_up(params.m, params.tile_m) // params.wpt_m,
-                       round_up(params.n, params.tile_n) // params.wpt_n)
         # rounding grows with the number of terms
-        return checked_example("matmul", params.dtype, [a, b, c], {2: want}, global_size,
-                               params.local_size, atol_scale=max(1.0, float(np.sqrt(params.k))))
+        return checked_example("matmul", params.dtype, [a, b, c], {2: want},
+                               _global_size(params), params.local_size,
+                               atol_scale=max(1.0, float(np.sqrt(params.k))))
+
+    def ready_launch(self, params: MatmulParams, launch: LaunchSettings) -> ReadyLaunch:
+        """The example's launch from its sizes alone: the example of a large product
+        builds its matrices and a float64 reference (a second, for the largest)."""
+        size = SIZEOF[params.dtype]
+        buffers = (params.m * params.k, params.k * params.n, params.m * params.n)
+        return ReadyLaunch(kernel_name="matmul", global_size=_global_size(params),
+                           local_size=params.local_size,
+                           args=tuple(LaunchArg(kind="buffer", nbytes=n * size)
+                                      for n in buffers))
+
+
+def _global_size(params: MatmulParams) -> tuple[int, int]:
+    """One work-item per ``wpt_m x wpt_n`` block of C, in whole tiles."""
+    return (round_up(params.m, params.tile_m) // params.wpt_m,
+            round_up(params.n, params.tile_n) // params.wpt_n)

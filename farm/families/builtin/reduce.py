@@ -19,6 +19,7 @@ from farm.families.builtin.common import (
     NUMPY,
     DType,
     GroupSize,
+    KernelCode,
     RowLength,
     lower_row_kernel,
     row_example,
@@ -60,10 +61,13 @@ class Reduce(KernelFamily[ReduceParams]):
             f"{tree_reduce('v', 'r', combine)}"
             f"    if (lid == 0) out[row] = (T)({result});\n"
         )
-        return lower_row_kernel(self, params, launch, device, kernel=f"reduce_{params.op}",
-                                args=("__global const T *restrict x",
-                                      "__global T *restrict out"),
-                                defines={"COLS": f"{params.cols}u"}, body=body)
+        return lower_row_kernel(
+            self, params, launch, device,
+            KernelCode(kernel=f"reduce_{params.op}",
+                       args=("__global const T *restrict x",
+                             "__global T *restrict out"),
+                       defines={"COLS": f"{params.cols}u"},
+                       body=body))
 
     def example(self, params: ReduceParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:

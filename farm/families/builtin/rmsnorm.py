@@ -17,6 +17,7 @@ from farm.families.builtin.common import (
     NUMPY,
     DType,
     GroupSize,
+    KernelCode,
     RowLength,
     acc_type,
     literal,
@@ -57,13 +58,15 @@ class Rmsnorm(KernelFamily[RmsnormParams]):
             "    for (uint c = lid; c < HIDDEN; c += G)\n"
             "        outr[c] = (T)((ACC)xr[c] * inv * (ACC)weight[c]);\n"
         )
-        return lower_row_kernel(self, params, launch, device, kernel="rmsnorm",
-                                args=("__global const T *restrict x",
-                                      "__global const T *restrict weight",
-                                      "__global T *restrict out"),
-                                defines={"HIDDEN": f"{params.hidden}u",
-                                         "EPS": literal(params.eps, acc_type(params.dtype))},
-                                body=body)
+        return lower_row_kernel(
+            self, params, launch, device,
+            KernelCode(kernel="rmsnorm",
+                       args=("__global const T *restrict x",
+                             "__global const T *restrict weight",
+                             "__global T *restrict out"),
+                       defines={"HIDDEN": f"{params.hidden}u",
+                                "EPS": literal(params.eps, acc_type(params.dtype))},
+                       body=body))
 
     def example(self, params: RmsnormParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:

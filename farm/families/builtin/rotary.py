@@ -20,6 +20,7 @@ from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
     DType,
+    KernelCode,
     acc_type,
     elementwise_example,
     literal,
@@ -72,22 +73,23 @@ class Rotary(KernelFamily[RotaryParams]):
             ", ".join(literal(v, acc) for v in row)
             for row in np.array_split(params.inv_freq(), max(1, params.head_dim // 16)))
         return lower_elementwise(
-            self, params.dtype, launch, device, kernel="rotary",
-            args=("__global const T *x", "__global T *out", "const uint tokens"),
-            count="(size_t)tokens * HEADS * HALF",
-            defines={"T": params.dtype, "ACC": acc, "HALF": f"{params.head_dim // 2}u",
-                     "HEADS": f"{params.heads}u"},
-            prelude=f"__constant ACC INV_FREQ[HALF] = {{\n    {table}\n}};\n",
-            body=(
-                "    const uint p = i % HALF;                /* the pair */\n"
-                "    const size_t row = i / HALF;            /* token * HEADS + head */\n"
-                "    const uint pos = (uint)(row / HEADS);\n"
-                "    const size_t base = row * (2 * HALF) + p;\n"
-                "    ACC c;\n"
-                "    const ACC s = sincos((ACC)pos * INV_FREQ[p], &c);\n"
-                "    const ACC x1 = (ACC)x[base], x2 = (ACC)x[base + HALF];\n"
-                "    out[base] = (T)(x1 * c - x2 * s);\n"
-                "    out[base + HALF] = (T)(x2 * c + x1 * s);\n"))
+            self, params.dtype, launch, device,
+            KernelCode(kernel="rotary",
+                       args=("__global const T *x", "__global T *out", "const uint tokens"),
+                       defines={"T": params.dtype, "ACC": acc, "HALF": f"{params.head_dim // 2}u",
+                                "HEADS": f"{params.heads}u"},
+                       prelude=f"__constant ACC INV_FREQ[HALF] = {{\n    {table}\n}};\n",
+                       body=(
+                        "    const uint p = i % HALF;                /* the pair */\n"
+                        "    const size_t row = i / HALF;            /* token * HEADS + head */\n"
+                        "    const uint pos = (uint)(row / HEADS);\n"
+                        "    const size_t base = row * (2 * HALF) + p;\n"
+                        "    ACC c;\n"
+                        "    const ACC s = sincos((ACC)pos * INV_FREQ[p], &c);\n"
+                        "    const ACC x1 = (ACC)x[base], x2 = (ACC)x[base + HALF];\n"
+                        "    out[base] = (T)(x1 * c - x2 * s);\n"
+                        "    out[base + HALF] = (T)(x2 * c + x1 * s);\n")),
+            count="(size_t)tokens * HEADS * HALF")
 
     def example(self, params: RotaryParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:

@@ -16,6 +16,7 @@ from farm.families.builtin.common import (
     NUMPY,
     DType,
     GroupSize,
+    KernelCode,
     RowLength,
     lower_row_kernel,
     row_example,
@@ -53,10 +54,13 @@ class Softmax(KernelFamily[SoftmaxParams]):
             "    for (uint c = lid; c < COLS; c += G)\n"
             "        outr[c] = (T)(exp((ACC)xr[c] - row_max) * inv);\n"
         )
-        return lower_row_kernel(self, params, launch, device, kernel="softmax",
-                                args=("__global const T *restrict x",
-                                      "__global T *restrict out"),
-                                defines={"COLS": f"{params.cols}u"}, body=body)
+        return lower_row_kernel(
+            self, params, launch, device,
+            KernelCode(kernel="softmax",
+                       args=("__global const T *restrict x",
+                             "__global T *restrict out"),
+                       defines={"COLS": f"{params.cols}u"},
+                       body=body))
 
     def example(self, params: SoftmaxParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:

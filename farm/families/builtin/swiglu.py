@@ -20,6 +20,7 @@ from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
     DType,
+    KernelCode,
     RowLength,
     acc_type,
     convert,
@@ -58,15 +59,16 @@ class Swiglu(KernelFamily[SwigluParams]):
         s = acc_type(params.dtype)
         a_t = vec(s, params.width)
         return lower_elementwise(
-            self, params.dtype, launch, device, kernel="swiglu",
-            args=(f"__global const {t} *restrict x", f"__global {t} *restrict out",
-                  "const uint rows"),
-            count="(size_t)rows * HV",
-            defines={"S": s, "HV": f"{params.hidden // params.width}u"},
-            body=("    const size_t r = i / HV, c = i % HV;\n"
-                  f"    const {a_t} g = {convert(a_t, t, 'x[r * 2 * HV + c]')};\n"
-                  f"    const {a_t} u = {convert(a_t, t, 'x[r * 2 * HV + HV + c]')};\n"
-                  f"    out[i] = {convert(t, a_t, 'g / ((S)1 + exp(-g)) * u')};\n"))
+            self, params.dtype, launch, device,
+            KernelCode(kernel="swiglu",
+                       args=(f"__global const {t} *restrict x", f"__global {t} *restrict out",
+                             "const uint rows"),
+                       defines={"S": s, "HV": f"{params.hidden // params.width}u"},
+                       body=("    const size_t r = i / HV, c = i % HV;\n"
+                             f"    const {a_t} g = {convert(a_t, t, 'x[r * 2 * HV + c]')};\n"
+                             f"    const {a_t} u = {convert(a_t, t, 'x[r * 2 * HV + HV + c]')};\n"
+                             f"    out[i] = {convert(t, a_t, 'g / ((S)1 + exp(-g)) * u')};\n")),
+            count="(size_t)rows * HV")
 
     def example(self, params: SwigluParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:

@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import Field
 
 from farm.core.device import DeviceInfo
-from farm.core.model import LaunchSettings, Lowered
+from farm.core.model import LaunchArg, LaunchSettings, Lowered, ReadyLaunch
 from farm.families.base import Example, KernelFamily, Params
 from farm.families.builtin.common import (
     NUMPY,
@@ -77,3 +77,11 @@ class Transpose(KernelFamily[TransposeParams]):
         return Example(kernel_name="transpose", args=[x, out],
                        global_size=(round_up(params.cols, t), round_up(params.rows, t)),
                        local_size=(t, t), expected={1: want}, rtol=0.0, atol=0.0)
+
+    def ready_launch(self, params: TransposeParams, launch: LaunchSettings) -> ReadyLaunch:
+        """The example's launch from its sizes alone (no matrix is made)."""
+        t, nbytes = params.tile, params.rows * params.cols * SIZEOF[params.dtype]
+        return ReadyLaunch(kernel_name="transpose",
+                           global_size=(round_up(params.cols, t), round_up(params.rows, t)),
+                           local_size=(t, t),
+                           args=(LaunchArg(kind="buffer", nbytes=nbytes),) * 2)

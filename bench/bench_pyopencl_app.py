@@ -1,0 +1,189 @@
+"""A real pyopencl.array application on a fresh node: the farm against what a user has.
+
+The workload is ``bench/apps/pyopencl_array_app.py`` (29 ``Program.build`` calls, 27
+distinct sources, every result checked against numpy), each run a fresh process,
+measured end to end (process start to exit, first launches included: on PoCL a
+program's first launch generates its work-group functions) and in the application
+(``main_s``: from its first line to its end, imports included). Peers, side by side in
+every round:
+
+* ``cold``: no cache anywhere (``PYOPENCL_NO_CACHE=1 POCL_KERNEL_CACHE=0
+  CUDA_CACHE_DISABLE=1``): every node's first run today;
+* ``second run``: the application run a second time on the node that ran it, with the
+  drivers' default caches (PoCL's kernel cache, CUDA's compute cache on, each in a
+  folder of its own, filled by one untimed run first): what only the node that already
+  paid gets today (pyopencl keeps no cache of its own on PoCL or NVIDIA);
+* ``farm, fresh node``: ``farm run -- python app`` on a node whose local caches are
+  empty (a new ``FARM_HOME``, the drivers' caches off) and whose programs are in MinIO
+  (filled once, untimed, by a run on another "node");
+* ``farm, same node``: ``farm run`` again on that node (the local tier holds them).
+
+Ratios: farm fresh node / second run (goal <= 1.1) and cold / farm fresh node (goal
+>= 4). MinIO is started here (``farm.devservices.MinioServer``: ``FARM_MINIO_BIN`` or a
+``go install``-ed binary); with ``--no-minio`` the programs are put in the fresh node's
+store by a bundle import instead (for hosts without a MinIO binary), which the output
+says.
+
+    .venv/bin/python bench/bench_pyopencl_app.py [--rounds 3] [--device pocl]
+    bench/nvidia_host.sh python3 bench/bench_pyopencl_app.py --device nvidia --rounds 4
+
+Prints a table and one JSON line (``BENCH_PYOPENCL_APP {...}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+APP = HERE / "apps" / "pyopencl_array_app.py"
+OFF = {"PYOPENCL_NO_CACHE": "1", "POCL_KERNEL_CACHE": "0", "CUDA_CACHE_DISABLE": "1"}
+PEERS = ("cold", "second run", "farm, fresh node", "farm, same node")
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FARM_", "PYOPENCL_", "POCL_CACHE", "POCL_KERNEL", "CUDA_CACHE"))}
+    env.update(extra)
+    return env
+
+
+def farm_cmd() -> list[str]:
+    console = Path(sys.executable).with_name("farm")
+    return [str(console)] if console.exists() else [sys.executable, "-m", "farm"]
+
+
+def run_app(env: dict[str, str], device: str, *, farm: Path | None = None) -> dict[str, Any]:
+    """One run of the application in a fresh process; its wall, main_s and counts."""
+    app = [sys.executable, str(APP), device]
+    command = [*farm_cmd(), "run", "--json", str(farm), "--", *app] if farm else app
+    start = time.perf_counter()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800,
+                          check=False)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({proc.returncode}):\n"
+                         f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = {"wall_s": round(wall, 3), "main_s": out["main_s"]}
+    if farm is not None:
+        result["counts"] = json.loads(farm.read_text())
+    return result
+
+
+def machine(device: str) -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, pyopencl as cl\n"
+         "for p in cl.get_platforms():\n"
+         "    for d in p.get_devices():\n"
+         "        if not sys.argv[1] or sys.argv[1].lower() in f'{p.name} {d.name}'.lower():\n"
+         "            print(f'{d.name} on {p.name} {p.version}, driver {d.driver_version}')\n"
+         "            raise SystemExit\n", device],
+        capture_output=True, text=True, check=False)
+    return {"cpus": str(os.cpu_count()), "cpu": cpu, "device": probe.stdout.strip(),
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def fill(work: Path, device: str, store_env: dict[str, str]) -> dict[str, Any]:
+    """One farm run on another 'node': compiles every program into the shared store."""
+    return run_app(base_env(**store_env, **OFF, FARM_HOME=str(work / "filler")), device,
+                   farm=work / "filler.json")
+
+
+def one_round(work: Path, i: int, device: str, store_env: dict[str, str],
+              seed: Path | None) -> dict[str, dict[str, Any]]:
+    """Every peer once, in a fresh process each."""
+    out: dict[str, dict[str, Any]] = {}
+    out["cold"] = run_app(base_env(**OFF), device)
+    caches = work / f"driver-caches-{i}"
+    default = base_env(POCL_CACHE_DIR=str(caches / "pocl"),
+                       CUDA_CACHE_PATH=str(caches / "cuda"))
+    run_app(default, device)  # the node's first run fills its driver caches
+    out["second run"] = run_app(default, device)
+    node = work / f"node-{i}"
+    if seed is not None:  # no MinIO here: the programs reach the node by a bundle
+        subprocess.run([*farm_cmd(), "bundle", "import", str(seed)], check=True,
+                       env=base_env(FARM_HOME=str(node)), capture_output=True)
+    env = base_env(**store_env, **OFF, FARM_HOME=str(node))
+    out["farm, fresh node"] = run_app(env, device, farm=work / f"fresh-{i}.json")
+    out["farm, same node"] = run_app(env, device, farm=work / f"same-{i}.json")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="", help="device name or platform substring")
+    parser.add_argument("--no-minio", action="store_true",
+                        help="no MinIO binary here: seed each fresh node by a bundle")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-pyopencl-app-"))
+    info = machine(args.device)
+    rounds: list[dict[str, dict[str, Any]]] = []
+    try:
+        if args.no_minio:
+            filled = fill(work, args.device, {})
+            seed: Path | None = work / "programs.tar"
+            subprocess.run([*farm_cmd(), "bundle", "export", str(seed), "--all"], check=True,
+                           env=base_env(FARM_HOME=str(work / "filler")), capture_output=True)
+            rounds = [one_round(work, i, args.device, {}, seed) for i in range(args.rounds)]
+        else:
+            from farm.devservices import MinioServer
+
+            with MinioServer(workdir=work / "minio") as minio:
+                store_env = {"FARM_MINIO_ENDPOINT": minio.endpoint,
+                             "FARM_MINIO_ACCESS_KEY": minio.access_key,
+                             "FARM_MINIO_SECRET_KEY": minio.secret_key,
+                             "FARM_MINIO_BUCKET": "bench-pyopencl-app"}
+                filled = fill(work, args.device, store_env)
+                rounds = [one_round(work, i, args.device, store_env, None)
+                          for i in range(args.rounds)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report(info, args, filled, rounds)
+
+
+def report(info: dict[str, str], args: argparse.Namespace, filled: dict[str, Any],
+           rounds: list[dict[str, dict[str, Any]]]) -> None:
+    med = {p: {k: statistics.median(r[p][k] for r in rounds) for k in ("wall_s", "main_s")}
+           for p in PEERS}
+    fresh = [r["farm, fresh node"]["counts"] for r in rounds]
+    print(f"{info['device']} | {info['cpus']} CPUs, {info['cpu']} | {info['date']}")
+    print(f"store: {'bundle import (no MinIO)' if args.no_minio else 'MinIO'}; drivers' "
+          "caches off except in 'second run'; first launches included; medians of "
+          f"{len(rounds)} round(s)")
+    print(f"{'peer':<20} {'wall':>8} {'in app':>8}   rounds (wall)")
+    for p in PEERS:
+        walls = ", ".join(f"{r[p]['wall_s']:.2f}" for r in rounds)
+        print(f"{p:<20} {med[p]['wall_s']:>7.2f}s {med[p]['main_s']:>7.2f}s   {walls}")
+    f, s, c = (med[p]["wall_s"] for p in ("farm, fresh node", "second run", "cold"))
+    print(f"farm fresh node / second run: {f / s:.2f} (goal <= 1.1); cold / farm fresh "
+          f"node: {c / f:.2f} (goal >= 4)")
+    print(f"filling run: {filled['counts']}; fresh-node runs: {fresh}")
+    print("BENCH_PYOPENCL_APP " + json.dumps({
+        **info, "rounds": len(rounds), "store": "bundle" if args.no_minio else "minio",
+        "median": med, "fresh_over_second": round(f / s, 3), "cold_over_fresh": round(c / f, 3),
+        "filled": filled["counts"], "fresh_counts": fresh, "raw": rounds}))
+
+
+if __name__ == "__main__":
+    main()

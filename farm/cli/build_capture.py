@@ -1,0 +1,109 @@
+"""``farm build CAPTURE``: the programs an application built (``farm capture``), built
+ahead of time for every device type the capture names or ``--fingerprint`` names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from farm.cli.progress import Progress
+    from farm.compilation.batch import BatchReport
+    from farm.core.settings import Settings
+    from farm.programs.capture import CaptureFile
+    from farm.records import Recorder
+    from farm.store import ArtifactStore
+
+import typer
+
+from farm.cli.console import err, print_json
+
+
+def is_capture(name: str) -> bool:
+    """Whether ``name`` is a capture file (JSON: named ``*.json`` or starting with ``{``)
+    rather than a manifest (TOML)."""
+    path = Path(name)
+    if path.suffix == ".json":
+        return True
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(64).lstrip()
+    except OSError:
+        return False
+    return head.startswith(b"{")
+
+
+def build_capture(name: str, *, workers: int | None, json_out: bool, cluster: bool | None,
+                  fingerprint: str | None, device: str | None) -> None:
+    """Build every program of the capture ``name``; exit 1 when one failed."""
+    from farm.cli.build_report import print_failures, print_summary
+    from farm.cli.progress import progress
+    from farm.core.settings import load_settings
+    from farm.programs.capture import read_capture
+    from farm.programs.prebuild import targets
+    from farm.records.open import open_recorder
+    from farm.store.open import open_store
+
+    settings = load_settings(**({"device": device} if device else {}))
+    capture = read_capture(Path(name))
+    use_cluster = settings.cluster if cluster is None else cluster
+    plan = targets(capture, fingerprint)
+    if not plan:
+        err.print(f"capture {name} holds no program", markup=False)
+    label = f"build {Path(name).name}"
+    store = open_store(settings)
+    recorder = open_recorder(settings, label)
+    reports: list[tuple[str, BatchReport]] = []
+    try:
+        for fp, specs in plan.items():
+            with progress(len(specs), quiet=json_out) as tick:
+                if use_cluster:
+                    report = _on_cluster(settings, capture, fp, store, tick)
+                else:
+                    report = _here(settings, capture, fp, store, recorder, workers, tick)
+            reports.append((fp, report))
+    finally:
+        recorder.close()
+        store.close()
+    failed = any(r.failed for _, r in reports)
+    if json_out:
+        print_json({"capture": name, "cluster": use_cluster, "builds": [
+            {"fingerprint": fp, "summary": r.summary(),
+             "failures": [{"label": x.label, "key": str(x.key), **x.failure.model_dump()}
+                          for x in r.failed + r.unsupported if x.failure]}
+            for fp, r in reports]})
+    else:
+        for fp, report in reports:
+            print_summary(report, title=f"farm build {Path(name).name} on {fp}")
+            print_failures(report, strict=False)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _here(settings: Settings, capture: CaptureFile, fp: str, store: ArtifactStore,
+          recorder: Recorder, workers: int | None, tick: Progress) -> BatchReport:
+    from farm.core.device import probe_devices
+    from farm.core.errors import DeviceError
+    from farm.programs.prebuild import build_here
+
+    local = [d for d in probe_devices() if d.fingerprint == fp]
+    if not local:
+        raise DeviceError(f"no device here has fingerprint {fp}: build the capture with "
+                          "--cluster, or on a machine with that device")
+    return build_here(settings, local[0], capture, store=store, recorder=recorder,
+                      workers=settings.workers if workers is None else workers,
+                      progress=tick)
+
+
+def _on_cluster(settings: Settings, capture: CaptureFile, fp: str, store: ArtifactStore,
+                tick: Progress) -> BatchReport:
+    from farm.cluster.client import ClusterClient
+    from farm.families import Registry
+    from farm.programs.prebuild import build_on_cluster
+
+    def say(line: str) -> None:
+        err.print(line, markup=False, soft_wrap=True)
+
+    with ClusterClient(settings, registry=Registry(), store=store, say=say) as client:
+        client.served(fp)  # no worker for it: one line naming those served
+        return build_on_cluster(client, capture, fp, progress=tick, status=tick.status)

@@ -1,0 +1,34 @@
+"""Programs: existing OpenCL applications served by the farm with no change to their code.
+
+A family (``farm.families``) describes kernels the farm knows how to generate. Most
+OpenCL code in the wild generates its own source at run time (pyopencl.array, reikna,
+loopy) and calls ``pyopencl.Program(ctx, src).build(options)``. The farm serves those
+builds too, as opaque *programs*: keyed by the source, the normalised options and the
+contents of every header the source can include (:mod:`.spec`, :mod:`.options`,
+:mod:`.includes`), obtained by the farm's own tiers and compile path on the
+application's own context (:mod:`.serve`, :mod:`.assemble`), hooked in with one line or
+none (:mod:`.hook`, :mod:`.autoinstall` for ``farm run``), and captured for the fleet to
+build ahead of time (:mod:`.capture`). docs/PYOPENCL.md is the user's guide.
+
+    from farm.programs import install
+    install()            # every pyopencl Program.build of this process is served
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from farm.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from farm.programs.hook import install, installed, uninstall
+    from farm.programs.spec import ProgramSpec
+
+_WHERE = {
+    **dict.fromkeys(("install", "installed", "uninstall"), "farm.programs.hook"),
+    "ProgramSpec": "farm.programs.spec",
+}
+
+__getattr__ = lazy_exports(__name__, _WHERE)
+
+__all__ = ["ProgramSpec", "install", "installed", "uninstall"]

@@ -1,0 +1,88 @@
+"""Making the application's program from stored binaries, on its own context and devices.
+
+pyopencl's ``Program.build`` ends with ``self._prg`` holding a built ``_cl._Program``;
+everything the application does next (``prg.kernel_name``, ``all_kernels()``,
+``get_info``, ``get_build_info``) goes through that object. So the farm's answer to a
+build is a ``_cl._Program`` made with ``clCreateProgramWithBinary`` for exactly the
+devices the build named, built with exactly the option string pyopencl made (so
+``get_build_info(OPTIONS)`` reads the same), and put in ``_prg``. A fresh one for every
+build, as pyopencl does: two wrappers sharing one ``cl_program`` could not rebuild it.
+
+A native artifact (:mod:`farm.compilation.native`, a cubin beside its PTX) gives its
+machine code where the device's architecture matches, else its portable part; when the
+device refuses the machine code the portable parts are tried before giving up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from farm.compilation.load import BuiltProgram
+from farm.compilation.native import unpack
+from farm.core.errors import LoadError
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """A built program for the application, and why machine code was not used."""
+
+    program: BuiltProgram  # pyopencl._cl._Program
+    native_fallback: str = ""
+
+
+def assemble(ctx: cl.Context, devices: Sequence[cl.Device], binaries: Sequence[bytes],
+             options: bytes, archs: Sequence[str]) -> Assembled:
+    """The program of ``binaries`` (one per device, with its ``archs``) on ``devices``."""
+    native: list[bytes] = []
+    portable: list[bytes] = []
+    fallback = ""
+    for binary, arch in zip(binaries, archs, strict=True):
+        parts = unpack(binary)
+        if parts is None:
+            native.append(binary)
+            portable.append(binary)
+        elif arch and parts.arch == arch:
+            native.append(parts.native)
+            portable.append(parts.portable)
+        else:
+            fallback = f"native code is for {parts.arch}, the device is {arch or 'unknown'}"
+            native.append(parts.portable)
+            portable.append(parts.portable)
+    try:
+        return Assembled(_build(ctx, devices, native, options), fallback)
+    except LoadError as exc:
+        if native == portable:
+            raise
+        fallback = f"native code refused: {exc}"
+    return Assembled(_build(ctx, devices, portable, options), fallback)
+
+
+def _build(ctx: cl.Context, devices: Sequence[cl.Device], binaries: list[bytes],
+           options: bytes) -> BuiltProgram:
+    """Build the binaries with the application's options; a driver that refuses options
+    on a program made from binaries (they were for the source) gets none."""
+    import pyopencl as cl
+
+    error: Exception | None = None
+    for opts in dict.fromkeys((options, b"")):
+        try:
+            program = cl._cl._Program(ctx, list(devices), binaries)
+            program.build(opts, list(devices))
+            return program
+        except cl.Error as exc:
+            error = exc
+    first = str(error).splitlines()[0] if error else "no answer"
+    raise LoadError(f"the device refused the binary: {first}")
+
+
+def kernel_names(program: BuiltProgram) -> tuple[str, ...]:
+    """The kernels of a built program, as the driver lists them."""
+    import pyopencl as cl
+
+    return tuple(n for n in str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")
+                 if n)

@@ -1,0 +1,44 @@
+"""Installing the hook in every Python process of ``farm run``, without touching the code.
+
+``farm run`` starts the command with ``farm/programs/shim`` first on ``PYTHONPATH`` and
+``FARM_RUN_DIR`` naming a private folder. Python imports the shim's ``sitecustomize``
+at start-up, which puts a finder on ``sys.meta_path`` and imports nothing of the farm:
+the hook is installed (:func:`install_from_env`) the moment the process imports
+``pyopencl``, so a process that never uses OpenCL (a shell, a build tool, ``pip``) pays
+one finder and nothing else. Why ``sitecustomize`` rather than wrapping the command in
+``python -m``: the command may be a shell script, ``mpirun`` or a launcher that starts
+many interpreters, and every one of them must be served. Child processes inherit the
+environment, so every rank of an MPI job or worker of a multiprocessing pool is served
+too.
+
+Each process writes its counts (and, with ``FARM_RUN_CAPTURE=1``, its capture) into
+``FARM_RUN_DIR`` at exit; ``farm run`` sums them into the run's one line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+RUN_DIR = "FARM_RUN_DIR"
+RUN_CAPTURE = "FARM_RUN_CAPTURE"
+
+
+def shim_dir() -> Path:
+    """The folder ``farm run`` puts first on ``PYTHONPATH`` (holds ``sitecustomize``)."""
+    return Path(__file__).resolve().parent / "shim"
+
+
+def install_from_env() -> None:
+    """Install the hook as ``farm run`` asked (``FARM_RUN_DIR``, ``FARM_RUN_CAPTURE``)."""
+    from farm.programs.hook import install, run_dir_paths
+
+    run_dir = Path(os.environ[RUN_DIR])
+    counts, capture = run_dir_paths(run_dir)
+    try:
+        install(json_path=counts, summary=False,
+                capture=capture if os.environ.get(RUN_CAPTURE) == "1" else None)
+    except Exception as exc:  # never break the application: it runs unserved
+        print(f"kernel-farm: warning: the farm's hook is not installed ({exc}); "
+              "programs are built the plain way", file=sys.stderr)

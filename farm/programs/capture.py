@@ -1,0 +1,205 @@
+"""Captures: every program an application built, as a file the fleet can build from.
+
+The Fossilize model: record what an application builds where it runs, then prepare it
+everywhere (``farm build CAPTURE --cluster``, ``--fingerprint`` for a device type the
+capture never saw) before the jobs start, so that no node compiles.
+
+Format ``kernel-farm-capture`` version 1, one JSON object::
+
+    {"format": "kernel-farm-capture", "version": 1, "farm_version": "...",
+     "programs": [{"spec": <ProgramSpec>, "fingerprints": ["pocl-...", ...]}, ...],
+     "blobs": {"<sha256>": {"text": "..."} | {"base64": "..."}, ...}}
+
+A program's source and headers are named by digest in its spec and held once each in
+``blobs`` (as text when UTF-8, else base64), so the file needs nothing else to be built
+on another machine. A capture is **input**: it is validated as a whole before anything
+is built (JSON, every field, every blob's digest, every digest a spec names present), and
+a file that fails says so in one line naming the place (:class:`CaptureError`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import threading
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints, ValidationError, model_validator
+
+from farm.core.errors import InputError, first_error
+from farm.core.hashing import sha256_hex
+from farm.core.keys import Namespace
+from farm.core.model import SHA256_HEX, Frozen
+from farm.programs.spec import MAX_SOURCE_BYTES, Described, ProgramSpec
+from farm.version import __version__
+
+FORMAT: Literal["kernel-farm-capture"] = "kernel-farm-capture"
+VERSION: Literal[1] = 1
+#: a capture larger than this is refused before it is read
+MAX_CAPTURE_BYTES = 1024 * 1024 * 1024
+
+Fingerprint = Annotated[str, StringConstraints(min_length=1, max_length=100)]
+
+
+class CaptureError(InputError):
+    """A capture file that cannot be used: one line naming the file and the place."""
+
+
+class Blob(Frozen):
+    """One source or header: UTF-8 text, or base64 for any other bytes."""
+
+    text: str | None = Field(default=None, max_length=MAX_SOURCE_BYTES)
+    base64: str | None = Field(default=None, max_length=2 * MAX_SOURCE_BYTES)
+
+    @model_validator(mode="after")
+    def _one(self) -> Blob:
+        if (self.text is None) == (self.base64 is None):
+            raise ValueError("a blob holds exactly one of text and base64")
+        return self
+
+    def data(self) -> bytes:
+        if self.text is not None:
+            return self.text.encode("utf-8", "surrogatepass")
+        try:
+            return base64.b64decode(self.base64 or "", validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("base64 that does not decode") from None
+
+    @classmethod
+    def of(cls, data: bytes) -> Blob:
+        try:
+            return cls(text=data.decode("utf-8"))
+        except UnicodeDecodeError:
+            return cls(base64=base64.b64encode(data).decode("ascii"))
+
+
+class CapturedProgram(Frozen):
+    spec: ProgramSpec
+    #: the devices it was built for
+    fingerprints: tuple[Fingerprint, ...] = Field(default=(), max_length=1024)
+
+
+class CaptureFile(Frozen):
+    format: Literal["kernel-farm-capture"] = FORMAT
+    version: Literal[1] = VERSION
+    farm_version: str = Field(default=__version__, max_length=64)
+    programs: tuple[CapturedProgram, ...] = Field(default=(), max_length=1_000_000)
+    blobs: dict[Annotated[str, StringConstraints(pattern=SHA256_HEX)], Blob] = Field(
+        default_factory=dict)
+
+    def fingerprints(self) -> list[str]:
+        """Every fingerprint a program of the capture was built for, sorted."""
+        return sorted({f for p in self.programs for f in p.fingerprints})
+
+    def blob(self, digest: str) -> bytes:
+        return self.blobs[digest].data()
+
+
+class CaptureLog:
+    """What one process built, gathered as it runs (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._programs: dict[str, tuple[ProgramSpec, set[str]]] = {}
+        self._blobs: dict[str, bytes] = {}
+
+    def add(self, described: Described, fingerprints: list[str]) -> None:
+        key = described.spec.key.id_hash
+        with self._lock:
+            _, seen = self._programs.setdefault(key, (described.spec, set()))
+            seen.update(fingerprints)
+            self._blobs.update(described.blobs())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._programs)
+
+    def to_file(self) -> CaptureFile:
+        with self._lock:
+            programs = tuple(CapturedProgram(spec=spec, fingerprints=tuple(sorted(fps)))
+                             for spec, fps in self._programs.values())
+            blobs = {d: Blob.of(b) for d, b in sorted(self._blobs.items())}
+        return CaptureFile(programs=programs, blobs=blobs)
+
+
+def merge(captures: list[CaptureFile]) -> CaptureFile:
+    """One capture holding every program (fingerprints joined) and blob of ``captures``."""
+    programs: dict[str, tuple[ProgramSpec, set[str]]] = {}
+    blobs: dict[str, Blob] = {}
+    for cap in captures:
+        for p in cap.programs:
+            _, fps = programs.setdefault(p.spec.key.id_hash, (p.spec, set()))
+            fps.update(p.fingerprints)
+        blobs.update(cap.blobs)
+    return CaptureFile(
+        programs=tuple(CapturedProgram(spec=s, fingerprints=tuple(sorted(f)))
+                       for s, f in programs.values()),
+        blobs=dict(sorted(blobs.items())))
+
+
+def write_capture(path: Path, capture: CaptureFile) -> None:
+    """Write ``capture`` to ``path`` atomically (a reader never sees half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(capture.model_dump_json(indent=1, exclude_none=True) + "\n")
+    tmp.replace(path)
+
+
+def read_capture(path: Path) -> CaptureFile:
+    """The validated capture at ``path``; :class:`CaptureError` in one line otherwise."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_CAPTURE_BYTES:
+            raise CaptureError(f"capture {path}: {size} bytes, over the limit of "
+                               f"{MAX_CAPTURE_BYTES}")
+        raw = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise CaptureError(f"capture {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CaptureError(f"capture {path}: not JSON ({_json_where(exc)}); truncated or "
+                           "edited?") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise CaptureError(f"capture {path}: not a kernel-farm capture (no \"format\": "
+                           f"\"{FORMAT}\")")
+    if raw.get("version") != VERSION:
+        raise CaptureError(f"capture {path}: format version {raw.get('version')!r}, this "
+                           f"farm reads version {VERSION}")
+    try:
+        capture = CaptureFile.model_validate(raw)
+    except ValidationError as exc:
+        where, msg = first_error(exc, "capture")
+        raise CaptureError(f"capture {path}: {where}: {' '.join(msg.split())}"[:500]) from None
+    _check_blobs(path, capture)
+    return capture
+
+
+def _check_blobs(path: Path, capture: CaptureFile) -> None:
+    for digest, blob in capture.blobs.items():
+        try:
+            data = blob.data()
+        except ValueError as exc:
+            raise CaptureError(f"capture {path}: blob {digest}: {exc}") from None
+        if sha256_hex(data) != digest:
+            raise CaptureError(f"capture {path}: blob {digest} does not hold the bytes its "
+                               "digest names (edited by hand?)")
+    for i, program in enumerate(capture.programs):
+        for fp in program.fingerprints:
+            try:
+                Namespace.for_fingerprint(fp)
+            except ValueError:
+                raise CaptureError(f"capture {path}: programs[{i}]: not a device "
+                                   f"fingerprint: {fp[:60]!r}") from None
+        for digest in program.spec.digests():
+            if digest not in capture.blobs:
+                raise CaptureError(f"capture {path}: programs[{i}] needs blob {digest}, "
+                                   "which the capture lacks")
+        if program.spec.source_size != len(capture.blob(program.spec.source)):
+            raise CaptureError(f"capture {path}: programs[{i}]: source size disagrees "
+                               "with its blob")
+
+
+def _json_where(exc: ValueError) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
+    return "not UTF-8"

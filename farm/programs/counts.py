@@ -1,0 +1,66 @@
+"""What one application run got from the farm: five counts, one line, one JSON object.
+
+* ``programs``: source builds the hook saw (``Program(ctx, src).build(...)``);
+* ``loaded``: served from a binary (memory, the local tier, MinIO), no compile;
+* ``compiled``: compiled by the farm (here or on the cluster), stored, then served;
+* ``fallbacks``: built the plain way because the farm could not help (a service down, a
+  refused binary, options it cannot key), each announced by one warning line;
+* ``failed``: builds that raised, with pyopencl's own error (a source that does not
+  compile fails exactly as it would without the farm).
+
+``programs == loaded + compiled + fallbacks + failed``. The line and the JSON hold
+exactly these keys (``farm run --json FILE``), so scripts can rely on them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Count = Literal["programs", "loaded", "compiled", "fallbacks", "failed"]
+KEYS: tuple[Count, ...] = ("programs", "loaded", "compiled", "fallbacks", "failed")
+
+
+@dataclass
+class RunCounts:
+    """The counts of one process (thread-safe)."""
+
+    values: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KEYS, 0))
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def bump(self, name: Count) -> None:
+        with self._lock:
+            self.values[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.values)
+
+    def add(self, other: dict[str, int]) -> None:
+        """Add another process's counts (``farm run`` sums its children's)."""
+        with self._lock:
+            for k in KEYS:
+                self.values[k] += int(other.get(k, 0))
+
+
+def summary_line(counts: dict[str, int]) -> str:
+    """``kernel-farm: programs 29, loaded 29, compiled 0, fallbacks 0, failed 0``."""
+    return "kernel-farm: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in KEYS)
+
+
+def write_json(path: Path, counts: dict[str, int]) -> None:
+    """``counts`` as a JSON object with exactly :data:`KEYS`, written atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({k: int(counts.get(k, 0)) for k in KEYS}) + "\n")
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> dict[str, int]:
+    """Counts a process wrote with :func:`write_json` (unknown keys ignored)."""
+    raw = json.loads(path.read_text())
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return {k: int(raw.get(k, 0)) for k in KEYS}

@@ -1,0 +1,93 @@
+"""``farm run``: an application's command with the hook in every Python process it starts.
+
+The command runs as a child with ``farm/programs/shim`` first on ``PYTHONPATH`` and a
+private ``FARM_RUN_DIR`` (see :mod:`farm.programs.autoinstall`); each of its Python
+processes writes its counts (and its capture) there at exit, and the run's result is
+their sum: one summary line for the whole run, however many processes it had. The
+command's exit status is the run's.
+
+``PYTHONHASHSEED`` is set to 0 when the environment does not set it: some code
+generators emit their source in set or dict order (loopy 2025.2 orders the conditions of
+a loop by hash: ``if (-1 + m >= 0 && -1 + l >= 0)`` in one process, the other way round
+in the next, whenever its own disk cache misses), so with a random seed every node would
+compile its own variant of the same program. A seed the user set (``random`` included)
+is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from farm.core.errors import FarmError, InputError
+from farm.programs.autoinstall import RUN_CAPTURE, RUN_DIR, shim_dir
+from farm.programs.capture import CaptureError, CaptureFile, merge, read_capture
+from farm.programs.counts import KEYS, RunCounts, read_json
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The command's exit status, the counts of all its processes, their capture."""
+
+    returncode: int
+    counts: dict[str, int]
+    capture: CaptureFile | None
+    #: counts or captures of processes that could not be read (killed mid-write)
+    unreadable: int = 0
+
+
+def run_served(command: list[str], *, capture: bool = False) -> RunResult:
+    """Run ``command`` with the hook armed; wait for it; gather what its processes wrote."""
+    if not command:
+        raise InputError("no command to run: farm run -- COMMAND [ARGS...]")
+    with tempfile.TemporaryDirectory(prefix="farm-run-") as run_dir:
+        env = dict(os.environ)
+        env[RUN_DIR] = run_dir
+        env[RUN_CAPTURE] = "1" if capture else ""
+        env.setdefault("PYTHONHASHSEED", "0")  # see the module docstring
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(shim_dir()), env.get("PYTHONPATH", "")) if p)
+        try:
+            proc = subprocess.run(command, env=env, check=False)
+        except FileNotFoundError:
+            raise InputError(f"command not found: {command[0]}") from None
+        except PermissionError:
+            raise InputError(f"command not executable: {command[0]}") from None
+        except OSError as exc:
+            raise FarmError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        return _gather(Path(run_dir), code, capture)
+
+
+def _gather(run_dir: Path, code: int, capture: bool) -> RunResult:
+    total = RunCounts()
+    unreadable = 0
+    for path in sorted(run_dir.glob("counts-*.json")):
+        try:
+            total.add(read_json(path))
+        except (OSError, ValueError):
+            unreadable += 1
+    parts: list[CaptureFile] = []
+    if capture:
+        for path in sorted(run_dir.glob("capture-*.json")):
+            try:
+                parts.append(read_capture(path))
+            except CaptureError:
+                unreadable += 1
+    counts = total.snapshot()
+    return RunResult(returncode=code, counts={k: counts[k] for k in KEYS},
+                     capture=merge(parts) if capture else None, unreadable=unreadable)
+
+
+def signal_name(code: int) -> str:
+    """``SIGKILL`` for an exit status of 137 (128 + 9); "" when it is no signal's."""
+    if code <= 128:
+        return ""
+    try:
+        return signal.Signals(code - 128).name
+    except ValueError:
+        return ""

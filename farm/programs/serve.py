@@ -1,0 +1,371 @@
+"""Serving one ``pyopencl.Program.build`` from the farm, on the application's own context.
+
+For a build the hook hands over (:mod:`farm.programs.hook`), per group of the build's
+devices that share a fingerprint, in order:
+
+1. **memory**: this process already served the key (pyopencl rebuilds the same source);
+2. **the store tiers**, front to back (the environment's SQLite file, then MinIO): each
+   verifies the digest; a later tier's hit is copied forward only after it loaded;
+3. **compile here**: the farm's own compile path (:func:`~farm.compilation.finalize.
+   finalize_and_validate` on the application's context and device: the native linker on
+   NVIDIA, the validating load), then the store, first writer wins; the source and its
+   headers go into the store as blobs, so the cluster can build the program for other
+   devices from their digests.
+
+Then the program is made from the binaries for every device of the build
+(:mod:`~farm.programs.assemble`), and put into the application's ``Program``. Each
+program obtained is recorded in the process's records session (family ``program``).
+
+**Never break the application.** A source the compiler refuses is built again by
+pyopencl itself, which raises its own error (same type, code and build log): the farm
+never invents one. When the farm cannot help (options it cannot key, a store or
+service that fails, a stored binary the device refuses), the program is built the plain
+way and one warning line says why; a store that failed once is not asked again in this
+process (an outage would otherwise stall every build).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from farm.compilation.finalize import RawSource, farm_compiling, finalize_and_validate
+from farm.core.device import DeviceInfo, info_from_device
+from farm.core.errors import FarmError, LoadError
+from farm.core.generation import GenerationCache
+from farm.core.keys import PROGRAM_FAMILY, Namespace
+from farm.core.model import Artifact, Key, Lowered, Outcome
+from farm.core.settings import Settings, load_settings
+from farm.programs.assemble import Assembled, assemble
+from farm.programs.counts import RunCounts
+from farm.programs.spec import Described, Unserved, describe
+from farm.records.model import Trip
+from farm.store.base import ArtifactStore
+from farm.store.tiers import tiers_of
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+    from farm.programs.capture import CaptureLog
+    from farm.programs.remote import Remote
+    from farm.records import Recorder
+
+#: seconds a store outage is waited out inside an application (the farm's default of a
+#: minute would stall the application; past this its programs are built the plain way)
+APP_OUTAGE_LIMIT_S = 2.0
+
+#: what the farm's own machinery raises when it cannot help
+_CANNOT_HELP = (FarmError, OSError, sqlite3.Error)
+
+PlainBuild = Callable[[], "cl.Program"]
+
+
+class _CompileRefused(Exception):
+    """The platform compiler refused the source: pyopencl must say so itself."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the farm made of one build."""
+
+    assembled: Assembled
+    outcome: Outcome
+    log: dict[int, str]  # device int_ptr -> the source build's log
+    seconds: float
+
+
+class ProgramServer:
+    """Serves program builds for one process. Thread-safe; opens its store and records
+    session at the first build (an application that builds nothing pays nothing)."""
+
+    def __init__(self, settings: Settings | None = None, *,
+                 store: ArtifactStore | None = None, recorder: Recorder | None = None,
+                 label: str = "", capture: CaptureLog | None = None) -> None:
+        self.settings = settings
+        self.counts = RunCounts()
+        self.capture = capture
+        self._store = store
+        self._recorder = recorder
+        self._owns = store is None, recorder is None
+        self._label = label or f"program hook {os.path.basename(sys.argv[0] or 'python')}"
+        self._lock = threading.Lock()
+        self._key_locks: dict[tuple[str, Key], threading.Lock] = {}
+        self._memory: GenerationCache[tuple[str, Key], Artifact] = GenerationCache()
+        self._devices: dict[int, DeviceInfo] = {}
+        self._broken = ""
+        self._warned: set[str] = set()
+        self._blobs_put: set[str] = set()
+        self._remote: Remote | None = None
+
+    # -- the hook's entry point -------------------------------------------------------------
+    def build(self, program: Any, options: Any,
+              devices: Sequence[cl.Device] | None, plain: PlainBuild) -> cl.Program:
+        """Serve ``program.build(options, devices)``; ``plain()`` is pyopencl's own."""
+        ctx = program._context
+        options_bytes, _ = program._process_build_options(ctx, options)
+        raw = program._source
+        source = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
+        self.counts.bump("programs")
+        devs = list(devices) if devices is not None else list(ctx.devices)
+        described: Described | None = None
+        try:
+            described = describe(source, options_bytes, os.getcwd())
+            if self._broken:  # said once, when it broke
+                result = self._fallback(plain, "")
+            else:
+                served = self._serve(ctx, devs, described)
+                _install(program, served, options_bytes)
+                self.counts.bump("loaded" if served.outcome is Outcome.LOADED else "compiled")
+                result = program
+        except _CompileRefused:
+            return self._refused(plain)
+        except Unserved as exc:
+            return self._fallback(plain, f"{exc}; built the plain way")
+        except _CANNOT_HELP as exc:
+            result = self._cannot_help(plain, exc)
+        if self.capture is not None and described is not None:  # built, served or not
+            self.capture.add(described, [self._info(d).fingerprint for d in devs])
+        return result
+
+    def _cannot_help(self, plain: PlainBuild, exc: BaseException) -> cl.Program:
+        why = " ".join(str(exc).split())[:300]
+        if isinstance(exc, LoadError):  # this program's binary: the next may load
+            return self._fallback(plain, f"the farm could not serve a program ({why}); "
+                                         "built the plain way")
+        self._broken = why
+        return self._fallback(plain, f"the farm is unavailable ({why}); this run's "
+                                     "programs are built the plain way from now on")
+
+    def close(self) -> None:
+        """Close the store and recorder this server opened."""
+        with self._lock:
+            if self._remote is not None:
+                self._remote.close()
+                self._remote = None
+            if self._recorder is not None and self._owns[1]:
+                self._recorder.close()
+                self._recorder = None
+            if self._store is not None and self._owns[0]:
+                self._store.close()
+                self._store = None
+
+    # -- outcomes ------------------------------------------------------------------------------
+    def _refused(self, plain: PlainBuild) -> cl.Program:
+        """pyopencl builds it itself: its error (or, if it disagrees, its program)."""
+        try:
+            with farm_compiling():
+                result = plain()
+        except BaseException:
+            self.counts.bump("failed")
+            raise
+        self._warn("the farm's compile failed where pyopencl's succeeded; built the plain "
+                   "way")
+        self.counts.bump("fallbacks")
+        return result
+
+    def _fallback(self, plain: PlainBuild, why: str) -> cl.Program:
+        """Build the plain way; ``why`` is the warning line ("": said already)."""
+        if why:
+            self._warn(why)
+        try:
+            with farm_compiling():
+                result = plain()
+        except BaseException:
+            self.counts.bump("failed")
+            raise
+        self.counts.bump("fallbacks")
+        return result
+
+    def _warn(self, text: str) -> None:
+        with self._lock:
+            if text in self._warned:
+                return
+            self._warned.add(text)
+        print(f"kernel-farm: warning: {text}", file=sys.stderr, flush=True)
+
+    # -- obtaining -----------------------------------------------------------------------------
+    def _serve(self, ctx: cl.Context, devs: list[cl.Device], described: Described) -> Served:
+        start = time.perf_counter()
+        key = described.spec.key
+        binaries: list[bytes] = []
+        logs: dict[int, str] = {}
+        outcome = Outcome.LOADED
+        by_fp: dict[str, tuple[Artifact, int]] = {}
+        for dev in devs:
+            info = self._info(dev)
+            if info.fingerprint not in by_fp:
+                art, got, tier = self._obtain(ctx, dev, info, described)
+                by_fp[info.fingerprint] = art, tier
+                if got is Outcome.COMPILED:
+                    outcome = got
+            art = by_fp[info.fingerprint][0]
+            binaries.append(art.binary)
+            logs[dev.int_ptr] = art.meta.build_log
+        archs = [self._info(d).native_arch for d in devs]
+        assembled = assemble(ctx, devs, binaries, described.options, archs)
+        seconds = time.perf_counter() - start
+        for fp, (art, tier) in by_fp.items():
+            self._fill_front(Namespace.for_fingerprint(fp), art, tier)
+        self._record(key, outcome, seconds, described, assembled.native_fallback)
+        return Served(assembled, outcome, logs, seconds)
+
+    def _obtain(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
+                described: Described) -> tuple[Artifact, Outcome, int]:
+        """The artifact for ``dev``'s fingerprint, how it was got, and the index of the
+        store tier that served it (0 for memory and compiles: nothing to copy)."""
+        key = described.spec.key
+        mkey = (info.fingerprint, key)
+        with self._key_lock(mkey):
+            art = self._memory.get(mkey)
+            if art is not None:
+                return art, Outcome.LOADED, 0
+            ns = Namespace.for_fingerprint(info.fingerprint)
+            outcome, tier = Outcome.LOADED, 0
+            for tier, stored in enumerate(tiers_of(self.store)):  # noqa: B007
+                art = stored.store.get(ns, key)
+                if art is not None:
+                    break
+            if art is None:
+                art = self._on_cluster(info, described) or \
+                    self._compile(ctx, dev, info, described)
+                outcome, tier = Outcome.COMPILED, 0
+            self._memory.put(mkey, art)
+            return art, outcome, tier
+
+    def _fill_front(self, ns: Namespace, art: Artifact, served_by: int) -> None:
+        """Copy what a later tier served into the tiers in front of it, after it loaded
+        (a binary this device refused is never copied)."""
+        for front in tiers_of(self.store)[:served_by]:
+            try:
+                front.store.put(ns, art)
+            except _CANNOT_HELP as exc:
+                self._warn(f"could not keep a program in {front.store.location} "
+                           f"({' '.join(str(exc).split())[:200]})")
+
+    def _on_cluster(self, info: DeviceInfo, described: Described) -> Artifact | None:
+        """The cluster's compile (``FARM_PROGRAMS_ON_MISS=farm``), or ``None``."""
+        settings = self._settings()
+        if settings.programs_on_miss != "farm" or not settings.redis_url \
+                or not described.spec.portable:
+            return None
+        from farm.programs.remote import Remote, RemoteRefused
+
+        store = self.store
+        with self._lock:
+            if self._remote is None:
+                self._remote = Remote(_capped(settings), store)
+            remote = self._remote
+        try:
+            return remote.build(info.fingerprint, described)
+        except RemoteRefused as exc:
+            raise _CompileRefused(str(exc)) from None
+
+    def _compile(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
+                 described: Described) -> Artifact:
+        settings = self._settings()
+        built = finalize_and_validate(ctx, dev, RawSource(described.source, described.options),
+                                      "auto" if settings.native_binaries else None)
+        if not built.ok:
+            if built.error_kind == "compile":
+                raise _CompileRefused(built.error)
+            raise LoadError(built.error)
+        key = described.spec.key
+        art = Artifact.create(key, PROGRAM_FAMILY, built.binary, described.spec.blob_digest,
+                              build_log=built.build_log, host=built.host, worker=built.worker,
+                              work_s=built.work_s)
+        store = self.store
+        for digest, data in described.blobs().items():  # sources first: see the docstring
+            if digest not in self._blobs_put:
+                store.put_blob(data)
+                self._blobs_put.add(digest)
+        store.put(Namespace.for_fingerprint(info.fingerprint), art)
+        return art
+
+    def _record(self, key: Key, outcome: Outcome, seconds: float, described: Described,
+                native_fallback: str) -> None:
+        code = None if outcome is Outcome.LOADED else Lowered(
+            source=described.source.decode("utf-8", "replace"),
+            options=described.spec.options, kernel_names=())
+        try:
+            self.recorder.compilation(Trip(family=PROGRAM_FAMILY, key=key, outcome=outcome,
+                                           work_s=seconds, native_fallback=native_fallback),
+                                      code)
+        except _CANNOT_HELP as exc:  # records never break a build
+            self._warn(f"could not record a program ({' '.join(str(exc).split())[:200]})")
+
+    # -- state -----------------------------------------------------------------------------------
+    def _key_lock(self, mkey: tuple[str, Key]) -> threading.Lock:
+        with self._lock:
+            return self._key_locks.setdefault(mkey, threading.Lock())
+
+    def _info(self, dev: cl.Device) -> DeviceInfo:
+        info = self._devices.get(dev.int_ptr)
+        if info is None:
+            info = self._devices[dev.int_ptr] = info_from_device(0, 0, dev)
+        return info
+
+    def _settings(self) -> Settings:
+        if self.settings is None:
+            self.settings = load_settings()
+        return self.settings
+
+    @property
+    def store(self) -> ArtifactStore:
+        with self._lock:
+            if self._store is None:
+                from farm.store import open_store
+
+                self._store = open_store(_capped(self._settings()))
+            return self._store
+
+    @property
+    def recorder(self) -> Recorder:
+        with self._lock:
+            if self._recorder is None:
+                from farm.records.open import open_recorder
+
+                self._recorder = open_recorder(self._settings(), self._label)
+            return self._recorder
+
+
+def _capped(settings: Settings) -> Settings:
+    """``settings`` with outages waited out :data:`APP_OUTAGE_LIMIT_S` at most."""
+    return settings.model_copy(update={
+        "outage_limit": min(settings.outage_limit, APP_OUTAGE_LIMIT_S)})
+
+
+def _install(program: Any, served: Served, options: bytes) -> None:
+    """Make ``program`` what pyopencl's build would have made (see ``assemble``)."""
+    program._prg = served.assembled.program
+    descr = ("kernel-farm load" if served.outcome is Outcome.LOADED
+             else "kernel-farm compile")
+    program._build_duration_info = (descr, served.outcome is Outcome.LOADED, served.seconds)
+    program._farm_build_logs = served.log
+    if served.outcome is Outcome.LOADED:
+        _say_log(program, served.log)
+
+
+def _say_log(program: Any, logs: dict[int, str]) -> None:
+    """pyopencl warns about a source build's non-empty log (``compiler_output``); a
+    program served from a binary says what its source build said, the same way."""
+    said = [(dev, logs.get(dev.int_ptr, "")) for dev in program._prg.get_info(
+        _program_info().DEVICES)]
+    message = ("=" * 75 + "\n").join(f"Build on {dev} succeeded, but said:\n\n{log}"
+                                     for dev, log in said if log and log.strip())
+    if message:
+        from pyopencl import compiler_output
+
+        compiler_output("From-source build succeeded, but resulted in non-empty logs:\n"
+                        f"{message}")
+
+
+def _program_info() -> Any:
+    import pyopencl as cl
+
+    return cl.program_info

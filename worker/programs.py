@@ -1,0 +1,135 @@
+"""Obtaining an application's program on a worker (``farm.programs``), one request.
+
+The rules of ``farm.compilation.obtain`` (its :class:`~farm.compilation.obtain.Obtainer`:
+the Loaded rule, and keep after a validated compile, first writer wins), minus the
+rekey: a program's key *is* its source, options and headers, and the source index (a
+hash of source and options only) would hand it a binary made with other headers.
+
+1. the key, computed here from the spec (never taken from the client), is in the store
+   and the binary loads on this device -> **Loaded**;
+2. take the compile lease for the key; holding it, read the source and headers from the
+   store by digest, check they resolve as the spec says, compile them laid out in a
+   private folder (``farm.programs.compile``), validate by a load, record, store ->
+   **Compiled**; when another worker holds the lease, wait for it and look again.
+
+A source the compiler refuses fails as ``compile`` with its build log; a blob missing
+from the store as ``store``; a spec whose headers do not resolve as it says as
+``validation``. Nothing of a failure is stored.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from farm.cluster.payloads import KernelReply, ProgramRequest
+from farm.compilation.load import LoadedBinary, load_binary
+from farm.compilation.obtain import Obtainer, compiled_artifact
+from farm.core.errors import CompileError, FarmError, KernelError, LoadError, StoreError
+from farm.core.keys import PROGRAM_FAMILY
+from farm.core.model import KernelFailure, Key, Lowered, Outcome
+from farm.programs.compile import compile_laid_out
+from farm.programs.spec import ProgramSpec
+from farm.records.model import RequestedBy, Trip
+from worker.execute import LEASE_WAIT_S, send_records
+from worker.state import WorkerState
+
+
+def obtain_program(req: ProgramRequest, state: WorkerState,
+                   requested_by: RequestedBy | None) -> KernelReply:
+    """One program of a chunk, as a reply (failures are values)."""
+    start = time.perf_counter()
+    spec = req.spec
+    key = spec.key
+    try:
+        outcome = _resolve(spec, key, state, requested_by, start)
+    except KernelError as exc:
+        return _failed(key, exc.kind, str(exc), exc.build_log, start)
+    except StoreError as exc:
+        return _failed(key, "store", str(exc), "", start)
+    except FarmError as exc:
+        return _failed(key, "error", str(exc), "", start)
+    work = time.perf_counter() - start
+    if outcome is Outcome.LOADED:
+        state.recorder.compilation(Trip(family=PROGRAM_FAMILY, key=key, outcome=outcome,
+                                        work_s=work, worker=state.name,
+                                        host=socket.gethostname(), requested_by=requested_by))
+    return KernelReply(id_hash=key.id_hash, key=str(key), outcome=outcome, work_s=work,
+                       worker=state.name, host=socket.gethostname())
+
+
+def _rules(state: WorkerState) -> Obtainer:
+    """The obtain rules for programs here: a program may hold no kernel."""
+    def load(binary: bytes, kernel_names: tuple[str, ...] = ()) -> LoadedBinary:
+        return load_binary(state.ctx, state.cl_device, binary, kernel_names,
+                           arch=state.device.native_arch, require_kernel=False)
+    return Obtainer(state.store, state.ns, load)
+
+
+def _loads(key: Key, state: WorkerState) -> bool:
+    return _rules(state).stored(key) is not None
+
+
+def _resolve(spec: ProgramSpec, key: Key, state: WorkerState,
+             requested_by: RequestedBy | None, start: float) -> Outcome:
+    while True:
+        if _loads(key, state):
+            return Outcome.LOADED
+        lease = state.leases.try_acquire(state.ns, key.id_hash)
+        if lease is None:
+            state.leases.wait_released(state.ns, key.id_hash, LEASE_WAIT_S)
+            continue
+        with lease:
+            if state.ledger is not None:
+                state.ledger.holding(lease.name, lease.token)
+            try:
+                if _loads(key, state):
+                    return Outcome.LOADED
+                _compile(spec, key, state, requested_by, start)
+                return Outcome.COMPILED
+            finally:
+                if state.ledger is not None:
+                    state.ledger.holding(None)
+
+
+def _compile(spec: ProgramSpec, key: Key, state: WorkerState,
+             requested_by: RequestedBy | None, start: float) -> None:
+    blobs: dict[str, bytes] = {}
+    for digest in spec.digests():
+        data = state.store.get_blob(digest)
+        if data is not None:
+            blobs[digest] = data
+    built = compile_laid_out(state.ctx, state.cl_device, spec, blobs,
+                             state.settings.native_binaries)
+    if not built.ok:
+        if built.error_kind == "validation":
+            kind = "store" if "not in the store" in built.error else "validation"
+            raise _Refused(kind, built.error)
+        error = LoadError if built.error_kind == "load" else CompileError
+        raise error(built.error, build_log=built.build_log)
+    art = compiled_artifact(key, PROGRAM_FAMILY, built, spec.blob_digest, worker=state.name)
+    # recorded (and sent) before the store is written, as for kernels (worker.execute)
+    state.recorder.compilation(
+        Trip(family=PROGRAM_FAMILY, key=key, outcome=Outcome.COMPILED,
+             work_s=time.perf_counter() - start, worker=state.name,
+             host=socket.gethostname(), requested_by=requested_by),
+        Lowered(source=blobs[spec.source].decode("utf-8", "replace"), options=spec.options,
+                kernel_names=()))
+    send_records(state)
+    state.store.put_blob(spec.to_blob())  # the artifact names its spec (source_hash)
+    _rules(state).keep(key, PROGRAM_FAMILY, art, None)  # no source index: no rekey
+
+
+class _Refused(KernelError):
+    """Inputs that cannot be compiled as the spec says (missing or mismatched blobs)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _failed(key: Key, kind: str, message: str, build_log: str, start: float) -> KernelReply:
+    return KernelReply(id_hash=key.id_hash, key=str(key),
+                       failure=KernelFailure(kind=kind, message=message,
+                                             build_log=build_log),
+                       work_s=time.perf_counter() - start, host=socket.gethostname())
