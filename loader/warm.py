@@ -183,23 +183,21 @@ def warm(manifest: Manifest | str | Path | Iterable[ArtifactId], *,
          loader: KernelLoader | None = None, settings: Settings | None = None,
          device: str | DeviceInfo | None = None, on_miss: OnMiss = "compile",
          progress: WarmProgress | None = None, threads: int | None = None,
-         label: str | None = None, launch: bool = False) -> WarmReport:
+         label: str | None = None) -> WarmReport:
     """Obtain every kernel of ``manifest`` on the device (see the module doc).
 
     With ``loader`` the programs stay in that loader's memory. Without one, a loader is
     opened for the call and closed after it: what remains is the local tier, filled with
     everything that was fetched or compiled, so the application's own loader later
-    loads without network or compiler. ``launch``: then launch each kernel once, for
-    the readiness figure (loader/readiness.py).
+    loads without network or compiler. The readiness figure (each kernel launched once,
+    loader/readiness.py) is :meth:`KernelLoader.warm`'s ``launch``.
     """
     if loader is not None:
-        return warm_loader(loader, manifest, progress=progress, threads=threads, label=label,
-                           launch=launch)
+        return warm_loader(loader, manifest, progress=progress, threads=threads, label=label)
     from loader.kernel_loader import KernelLoader
 
     with KernelLoader(settings, device=device, on_miss=on_miss, label="warm") as own:
-        return warm_loader(own, manifest, progress=progress, threads=threads, label=label,
-                           launch=launch)
+        return warm_loader(own, manifest, progress=progress, threads=threads, label=label)
 
 
 def warm_loader(loader: KernelLoader, manifest: Manifest | str | Path | Iterable[ArtifactId],
