@@ -24,7 +24,7 @@ from farm.cluster.access import Grant, apply, pool_policy, read_policy
 from farm.core.errors import StoreAccessDenied, StoreError
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, Key
-from farm.store.minio import MinioStore
+from farm.store.minio import MinioStore, Retry
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,8 @@ def users(minio_server: Any) -> dict[str, Any]:
 
 def store_as(users: dict[str, Any], who: str) -> MinioStore:
     access, secret = users[who]
-    return MinioStore(users["endpoint"], access, secret, users["bucket"], retry_attempts=1)
+    return MinioStore(users["endpoint"], access, secret, users["bucket"],
+                      retry=Retry(attempts=1))
 
 
 def art(i: int) -> Artifact:

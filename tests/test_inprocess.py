@@ -247,8 +247,8 @@ def test_a_dead_workers_chunk_is_sent_again_and_served_by_a_live_one(
     from farm.cluster.client import BuildOptions, ClusterClient
     from worker.app import register_tasks
 
-    settings = Settings(redis_url=redis_url, dead_worker_grace=0.3, chunk_size=1,
-                        native_binaries=False, home=tmp_path)
+    settings = Settings(redis_url=redis_url, heartbeat_interval=0.1, dead_worker_grace=0.3,
+                        chunk_size=1, native_binaries=False, home=tmp_path)
     fp = device.fingerprint
     # What the live worker serves from: the source is stored under another family's key,
     # so it obtains the kernel by rekeying (no compile), the same code all the same.

@@ -128,7 +128,7 @@ class Settings(BaseSettings):
     #: seconds without a heartbeat after which a worker is dead: clients re-send the
     #: chunks it held, listings drop it (FARM_DEAD_WORKER_GRACE); longer than the
     #: heartbeat interval, or every worker is dead between two of its beats
-    dead_worker_grace: float = Field(default=20.0, ge=1.0, le=_MAX_SECONDS)
+    dead_worker_grace: float = Field(default=20.0, ge=0.1, le=_MAX_SECONDS)
 
     # -- validation: every value refused here, in one line, never later by a traceback --
     @field_validator("home")
