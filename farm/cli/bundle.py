@@ -114,8 +114,10 @@ def import_(
              "first use)")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="summary as JSON")] = False,
 ) -> None:
-    """Verify a bundle in full, load what a device here can load (in a child process),
-    then import it into this store."""
+    """Verify a bundle, load its binaries on devices here, then import it.
+
+    Every digest is checked, and each binary for a device of this machine is loaded in
+    a child process first (--no-validate: the loaders do it before first use)."""
     import contextlib
 
     from farm.compilation.validate import IsolatedValidator
