@@ -29,7 +29,6 @@ import time
 from collections.abc import Iterator
 
 from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
-from farm.compilation.finalize import finalize_and_validate
 from farm.compilation.obtain import compiled_artifact, obtain, store_key
 from farm.core.errors import (
     ClusterError,
@@ -149,9 +148,8 @@ class WorkerSteps:
     def compile(self, lowered: Lowered) -> Artifact:
         # Validated on this device before storing: a refused binary is never stored.
         state = self.state
-        built = finalize_and_validate(state.ctx, state.cl_device, lowered,
-                                      "auto" if state.settings.native_binaries else None,
-                                      state.settings.pocl_ready)
+        built = state.backend.finalize(lowered, state.settings.native_binaries,
+                                       state.settings.pocl_ready)
         if not built.ok:
             error = LoadError if built.error_kind == "load" else CompileError
             raise error(built.error, build_log=built.build_log)

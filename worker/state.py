@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 
 from farm.cluster.lease import Leases
 from farm.compilation.finalize import worker_name
-from farm.compilation.load import LoadedBinary, load_binary
+from farm.compilation.backend import DeviceBackend, open_backend
+from farm.compilation.load import LoadedBinary
 from farm.compilation.obtain import Obtainer
-from farm.core.device import DeviceInfo, open_device
+from farm.core.device import DeviceInfo
 from farm.core.keys import Namespace
 from farm.core.outage import Waiter, redis_waiter
 from farm.core.settings import Settings
@@ -25,7 +26,6 @@ from farm.records import Recorder
 from farm.store import ArtifactStore
 
 if TYPE_CHECKING:
-    import pyopencl as cl
     import redis
 
     from worker.crashes import TaskLedger
@@ -36,8 +36,9 @@ class WorkerState:
     settings: Settings
     registry: Registry
     device: DeviceInfo
-    ctx: cl.Context
-    cl_device: cl.Device
+    #: compiles and loads on the device (OpenCL; a simulated one in the control-plane
+    #: benchmark: farm/compilation/backend.py)
+    backend: DeviceBackend
     store: ArtifactStore
     leases: Leases
     recorder: Recorder
@@ -58,7 +59,7 @@ class WorkerState:
         return Obtainer(self.store, self.ns, self._load)
 
     def _load(self, binary: bytes) -> LoadedBinary:
-        return load_binary(self.ctx, self.cl_device, binary, arch=self.device.native_arch)
+        return self.backend.load(binary)
 
     def close(self) -> None:
         self.recorder.close()
@@ -75,14 +76,14 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     from farm.store.signing import with_signatures
 
     device = devices[index % len(devices)]
-    ctx, cl_device = open_device(device)
+    backend = open_backend(settings, device)
     assert settings.redis_url, "a worker needs FARM_REDIS_URL"
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
                                        socket_connect_timeout=5)
     waiter = redis_waiter(settings.redis_url, settings.outage_limit)
     return WorkerState(
         settings=settings, registry=Registry.load(settings.family_modules), device=device,
-        ctx=ctx, cl_device=cl_device,
+        backend=backend,
         store=InstrumentedStore(with_signatures(MinioStore.from_settings(settings), settings),
                                 tier="minio"),
         leases=TimedLeases(client, ttl_s=settings.lease_ttl, waiter=waiter),

@@ -1,0 +1,357 @@
+"""Benchmark: how many kernels one Redis and one MinIO feed, and what the farm adds per kernel.
+
+A simulated fleet on one host (``bench/simfleet.py``: a device whose compile sleeps a set
+time and returns a set-size binary, a benchmark-only family; no OpenCL), started the way
+``farm cluster up`` starts a cluster (``farm.devservices``): Redis, MinIO and ``farm
+worker`` processes, N pool processes in all (``--workers 8,32``: W workers of P
+processes). For each N and chunk size (``--chunks 1,4``):
+
+1. **throughput**: ``--clients`` client processes build ``--kernels`` new kernels each at
+   once (``farm.cluster.build.cluster_build``, what ``farm build --cluster`` runs); the
+   control plane's rate is all kernels / wall from the first client's start to the last
+   one's end. The simulated compile (``--compile-ms``, default 5) is short on purpose:
+   N / compile time is far above what Redis and MinIO serve, so the rate found is theirs
+   (and the farm's), not the workers';
+2. **latency**: ``--latency-clients`` clients each build one chunk after another
+   (``--latency-rounds``) while the fleet is otherwise idle; a kernel's added latency is
+   its chunk's end-to-end time minus the compiles of its chunk (chunk x compile time):
+   what a kernel waits beyond its own chunk's work.
+
+Counted per kernel, from the servers' own counters over the throughput phase: Redis
+commands (``INFO commandstats``, every command, minus our own ``INFO`` calls), MinIO
+requests (``minio_api_requests_total`` from its Prometheus v3 endpoint, public for this
+run), CPU seconds of the clients (their own ``getrusage``), of the workers (their
+processes' ``/proc/<pid>/stat``), of Redis (``INFO cpu``) and MinIO (``/proc``).
+
+Links: ``--rtt-ms 0.5`` puts a delay proxy (``bench/delay_proxy.py``) in front of Redis
+and MinIO, so every request of a worker or client pays the round trip it pays between
+machines (``tc netem`` is the kernel's way; where its module is missing, as on the
+development machine, the proxy is the way that works everywhere). The measured RTT
+through the proxy is printed: the proxy's own thread hops add about 0.3 ms.
+
+    .venv/bin/python bench/bench_control_plane.py --workers 8,32 --chunks 1,4 --rtt-ms 0,0.5
+
+Prints a table and one JSON line per point (``{"bench": "control_plane", ...}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+SIM = {"PYTHONPATH": str(BENCH), "FARM_FAMILY_MODULES": '["simfleet"]',
+       "FARM_DEVICE_BACKEND": "simfleet", "FARM_RECORDS_LEVEL": "basic"}
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+minio_pid = 0
+
+
+# -- counters --------------------------------------------------------------------------------
+def redis_counters(url: str) -> dict[str, float]:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        stats = client.info("commandstats")
+        cpu = client.info("cpu")
+    finally:
+        client.close()
+    calls = {k: float(v["calls"]) for k, v in stats.items()}
+    return {"commands": sum(calls.values()) - calls.get("cmdstat_info", 0.0),
+            "cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+            **{k.removeprefix("cmdstat_"): v for k, v in calls.items()}}
+
+
+#: MinIO's v3 metrics are read live (v2's are a snapshot cached for ten seconds)
+_S3 = re.compile(r'^minio_api_requests_total\{[^}]*name="([^"]+)"[^}]*\}\s+([0-9.e+]+)', re.M)
+
+
+def minio_counters(endpoint: str) -> dict[str, float]:
+    with _DIRECT.open(f"http://{endpoint}/minio/metrics/v3/api/requests", timeout=10) as resp:
+        text = resp.read().decode()
+    apis: dict[str, float] = {}
+    for api, value in _S3.findall(text):
+        apis[api] = apis.get(api, 0.0) + float(value)
+    return {"requests": sum(apis.values()), **apis}
+
+
+def proc_cpu(pids: list[int]) -> float:
+    """User + system seconds of ``pids`` and their children now alive, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        pid = int(stat.parent.name)
+        stats[pid] = fields
+        children.setdefault(int(fields[1]), []).append(pid)
+    total, todo, seen = 0.0, list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid not in stats:
+            continue
+        seen.add(pid)
+        total += (int(stats[pid][11]) + int(stats[pid][12])) / tick
+        todo += children.get(pid, [])
+    return total
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+
+
+# -- a client process --------------------------------------------------------------------------
+def client_main(args: argparse.Namespace) -> None:
+    """One client (run as ``--client MODE``): prints one JSON line."""
+    from farm.cluster.build import cluster_build
+    from farm.cluster.celery_app import make_app
+    from farm.core.model import ArtifactId, KernelId
+    from farm.core.settings import load_settings
+    from farm.families import Registry
+    from farm.records.open import open_recorder
+    from farm.store.open import open_store
+
+    settings = load_settings()
+    registry = Registry.load(settings.family_modules)
+    store = open_store(settings)
+    app = make_app(settings)
+    tag = uuid.uuid4().hex[:10]
+
+    def kernels(first: int, count: int) -> list[ArtifactId]:
+        return [ArtifactId(kernel=KernelId(family="sim_compile",
+                                           params={"index": i, "run": tag}))
+                for i in range(first, first + count)]
+
+    def build(arts: list[ArtifactId]) -> tuple[float, int]:
+        recorder = open_recorder(settings, "bench control plane")
+        t = time.perf_counter()
+        report = cluster_build(settings, app=app, registry=registry, store=store,
+                               fingerprint=args.fingerprint, artifacts=arts,
+                               recorder=recorder, label="bench control plane",
+                               timeout_s=600)
+        wall = time.perf_counter() - t
+        recorder.close()
+        return wall, len(report.failed)
+
+    out: dict[str, Any] = {"tag": tag}
+    if args.client == "throughput":
+        start = time.time()
+        wall, failed = build(kernels(0, args.kernels))
+        out.update(start=start, end=time.time(), wall_s=wall, kernels=args.kernels,
+                   failed=failed)
+    else:
+        added: list[float] = []
+        failed = 0
+        for r in range(args.latency_rounds):
+            wall, bad = build(kernels(r * args.chunk, args.chunk))
+            failed += bad
+            added.append(wall - args.chunk * args.compile_ms / 1000)
+        out.update(added_s=added, failed=failed)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["cpu_s"] = usage.ru_utime + usage.ru_stime
+    store.close()
+    print(json.dumps(out), flush=True)
+
+
+# -- the driver ----------------------------------------------------------------------------------
+def start_proxy(target: str, one_way_ms: float, stack: ExitStack) -> str:
+    proc = subprocess.Popen([sys.executable, str(BENCH / "delay_proxy.py"), "--target", target,
+                             "--one-way-ms", str(one_way_ms)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    stack.callback(proc.wait, 10)
+    stack.callback(proc.terminate)
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    return f"127.0.0.1:{port}"
+
+
+def measure_rtt(url: str) -> float:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    client.ping()
+    times = []
+    for _ in range(200):
+        t = time.perf_counter()
+        client.ping()
+        times.append(time.perf_counter() - t)
+    client.close()
+    return sorted(times)[len(times) // 2] * 1000
+
+
+def run_clients(env: dict[str, str], mode: str, count: int, extra: list[str]
+                ) -> tuple[float, list[dict[str, Any]]]:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--client", mode, *extra]
+    t = time.perf_counter()
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(count)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        if p.returncode != 0:
+            sys.exit(f"a {mode} client failed:\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return time.perf_counter() - t, results
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def one_point(args: argparse.Namespace, n: int, chunk: int, rtt: float, redis: Any,
+              minio: Any, work: Path) -> dict[str, Any]:
+    """One (N, chunk, RTT): a fresh fleet on the running Redis and MinIO, measured."""
+    from farm.devservices.cluster import local_cluster
+
+    per_worker = min(n, args.per_worker)
+    layout = [per_worker] * (n // per_worker) + ([n % per_worker] if n % per_worker else [])
+    with ExitStack() as stack:
+        redis_addr = redis.url.split("//", 1)[1].split("/", 1)[0]
+        minio_addr = minio.endpoint
+        if rtt > 0:
+            redis_addr = start_proxy(redis_addr, rtt / 2, stack)
+            minio_addr = start_proxy(minio_addr, rtt / 2, stack)
+        bucket = f"cp-{uuid.uuid4().hex[:12]}"
+        cluster = stack.enter_context(local_cluster(
+            work / f"n{n}-c{chunk}-r{rtt}", redis=redis, minio=minio, bucket=bucket,
+            redis_db=0, FARM_CHUNK_SIZE=str(chunk), SIM_COMPILE_MS=str(args.compile_ms),
+            SIM_BINARY_BYTES=str(args.binary_bytes), **SIM))
+        cluster.redis_url = f"redis://{redis_addr}/0"
+        cluster.minio_endpoint = minio_addr
+        import redis as redis_py
+
+        redis_py.Redis.from_url(redis.url).flushall()
+        t = time.perf_counter()
+        for size in layout:
+            cluster.start_worker(concurrency=size)
+        cluster.wait_ready(timeout=600)
+        ready = time.perf_counter() - t
+        measured_rtt = measure_rtt(cluster.redis_url)
+        from simfleet import device_info
+
+        fp = device_info().fingerprint
+        env = cluster.env(work / "client-home", **SIM)
+        common = ["--fingerprint", fp, "--compile-ms", str(args.compile_ms),
+                  "--chunk", str(chunk)]
+        worker_pids = [w.pid for w in cluster.workers]
+        # throughput
+        r0, m0, w0 = redis_counters(redis.url), minio_counters(minio.endpoint), \
+            proc_cpu(worker_pids)
+        mcpu0 = proc_cpu([minio_pid])
+        kernels = args.kernels
+        _, results = run_clients(env, "throughput", args.clients,
+                                 [*common, "--kernels", str(kernels)])
+        # from the first build's start to the last one's end (not the clients' start-up)
+        wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+        r1, m1, w1 = redis_counters(redis.url), minio_counters(minio.endpoint), \
+            proc_cpu(worker_pids)
+        mcpu1 = proc_cpu([minio_pid])
+        total = kernels * args.clients
+        rd, md = delta(r1, r0), delta(m1, m0)
+        failed = sum(r["failed"] for r in results)
+        # latency, on the idle fleet
+        _, lat = run_clients(env, "latency", args.latency_clients,
+                             [*common, "--latency-rounds", str(args.latency_rounds)])
+        added = [a for r in lat for a in r["added_s"]]
+        failed += sum(r["failed"] for r in lat)
+    top_redis = sorted(((k, v) for k, v in rd.items() if k not in ("commands", "cpu_s")),
+                       key=lambda kv: -kv[1])
+    top_minio = sorted(((k, v) for k, v in md.items() if k != "requests"),
+                       key=lambda kv: -kv[1])
+    return {
+        "bench": "control_plane", "workers": n, "layout": layout, "chunk": chunk,
+        "rtt_ms": rtt, "rtt_measured_ms": round(measured_rtt, 3),
+        "compile_ms": args.compile_ms, "binary_bytes": args.binary_bytes,
+        "clients": args.clients, "kernels": total, "failed": failed,
+        "workers_ready_s": round(ready, 2), "wall_s": round(wall, 3),
+        "kernels_per_s": round(total / wall, 1),
+        "redis_commands_per_kernel": round(rd.get("commands", 0) / total, 2),
+        "redis_top": {k: round(v / total, 2) for k, v in top_redis},
+        "minio_requests_per_kernel": round(md.get("requests", 0) / total, 2),
+        "minio_apis": {k: round(v / total, 2) for k, v in top_minio},
+        "cpu_ms_per_kernel": {
+            "clients": round(1000 * sum(r["cpu_s"] for r in results) / total, 3),
+            "workers": round(1000 * (w1 - w0) / total, 3),
+            "redis": round(1000 * rd.get("cpu_s", 0) / total, 3),
+            "minio": round(1000 * (mcpu1 - mcpu0) / total, 3)},
+        "added_ms": {"p50": round(1000 * percentile(added, 0.5), 2),
+                     "p99": round(1000 * percentile(added, 0.99), 2),
+                     "n": len(added)},
+        "cores": os.cpu_count(), "loadavg": round(os.getloadavg()[0], 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", default="8,32", help="pool processes in all, per point")
+    parser.add_argument("--per-worker", type=int, default=16,
+                        help="pool processes per farm worker (its --concurrency)")
+    parser.add_argument("--chunks", default="1,4", help="FARM_CHUNK_SIZE values")
+    parser.add_argument("--rtt-ms", default="0", help="round trips to Redis and MinIO")
+    parser.add_argument("--compile-ms", type=float, default=5.0)
+    parser.add_argument("--binary-bytes", type=int, default=32768)
+    parser.add_argument("--kernels", type=int, default=1000, help="per throughput client")
+    parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--latency-clients", type=int, default=2)
+    parser.add_argument("--latency-rounds", type=int, default=50)
+    parser.add_argument("--out", type=Path, help="also append the JSON lines here")
+    # a client process
+    parser.add_argument("--client", choices=("throughput", "latency"), help=argparse.SUPPRESS)
+    parser.add_argument("--fingerprint", help=argparse.SUPPRESS)
+    parser.add_argument("--chunk", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        client_main(args)
+        return
+    sys.path.insert(0, str(BENCH))
+    from farm.devservices import MinioServer, RedisServer
+
+    for name in [k for k in os.environ if k.startswith("FARM_")]:
+        del os.environ[name]
+    points = [(int(n), int(c), float(r)) for r in args.rtt_ms.split(",")
+              for n in args.workers.split(",") for c in args.chunks.split(",")]
+    print(f"bench_control_plane: {len(points)} points; simulated compile {args.compile_ms} ms, "
+          f"binary {args.binary_bytes} B; {args.clients} x {args.kernels} kernels; "
+          f"{os.cpu_count()} cores", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="farm-bench-cp-") as tmp, \
+            RedisServer(Path(tmp)) as redis, \
+            MinioServer(Path(tmp), {"MINIO_PROMETHEUS_AUTH_TYPE": "public"}) as minio:
+        global minio_pid
+        minio_pid = minio._process.pid  # type: ignore[union-attr]
+        for n, chunk, rtt in points:
+            row = one_point(args, n, chunk, rtt, redis, minio, Path(tmp))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.out:
+                with args.out.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+    print()
+    print(f"{'N':>4} {'chunk':>5} {'rtt':>5} {'meas':>5} {'k/s':>7} {'redis/k':>8} "
+          f"{'minio/k':>8} {'cpu ms/k cl/wk/redis/minio':>28} {'p50 ms':>7} {'p99 ms':>7}")
+    for r in rows:
+        c = r["cpu_ms_per_kernel"]
+        print(f"{r['workers']:>4} {r['chunk']:>5} {r['rtt_ms']:>5} {r['rtt_measured_ms']:>5.2f} "
+              f"{r['kernels_per_s']:>7.0f} {r['redis_commands_per_kernel']:>8.1f} "
+              f"{r['minio_requests_per_kernel']:>8.1f} "
+              f"{c['clients']:>6.2f}/{c['workers']:>6.2f}/{c['redis']:>5.2f}/{c['minio']:>5.2f}"
+              f" {r['added_ms']['p50']:>7.1f} {r['added_ms']['p99']:>7.1f}")
+
+
+if __name__ == "__main__":
+    main()
