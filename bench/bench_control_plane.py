@@ -296,6 +296,65 @@ def one_point(args: argparse.Namespace, n: int, chunk: int, rtt: float, redis: A
         "cores": os.cpu_count(), "loadavg": round(os.getloadavg()[0], 2)}
 
 
+def netem_available() -> bool:
+    """Whether ``tc netem`` works here (tried in a throw-away network namespace)."""
+    ns = f"kfb-probe-{os.getpid()}"
+    if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode != 0:
+        return False
+    try:
+        return subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo",
+                               "root", "netem", "delay", "1ms"],
+                              capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def in_netem_namespace(argv: list[str], rtt: float) -> list[dict[str, Any]]:
+    """Run this benchmark for one RTT inside a network namespace of its own, whose
+    loopback delays every packet by RTT/2 (``tc netem``): Redis, MinIO, workers and
+    clients all inside, each request paying the round trip. The rows it printed."""
+    ns = f"kfb-{os.getpid()}-{int(rtt * 1000)}"
+    setup = [["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"],
+             ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+              "delay", f"{rtt / 2}ms"]]
+    try:
+        for command in setup:
+            subprocess.run(command, check=True, capture_output=True)
+        proc = subprocess.run(["ip", "netns", "exec", ns, sys.executable,
+                               str(Path(__file__).resolve()), *argv, "--rtt-ms", str(rtt),
+                               "--link", "applied"], stdout=subprocess.PIPE, text=True,
+                              check=False)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    if proc.returncode != 0:
+        sys.exit(f"the run in network namespace {ns} failed ({proc.returncode})")
+    rows = [json.loads(line) for line in proc.stdout.splitlines()
+            if line.startswith('{"bench"')]
+    for row in rows:
+        row["link"] = "netem"
+    return rows
+
+
+def run_points(args: argparse.Namespace, rtt: float, link: str) -> list[dict[str, Any]]:
+    """Every (N, chunk) at one RTT, on one Redis and one MinIO started here."""
+    from farm.devservices import MinioServer, RedisServer
+
+    global minio_pid
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="farm-bench-cp-") as tmp, \
+            RedisServer(Path(tmp)) as redis, \
+            MinioServer(Path(tmp), {"MINIO_PROMETHEUS_AUTH_TYPE": "public"}) as minio:
+        minio_pid = minio._process.pid  # type: ignore[union-attr]
+        for n in (int(x) for x in args.workers.split(",")):
+            for chunk in (int(x) for x in args.chunks.split(",")):
+                row = one_point(args, n, chunk, rtt if link == "proxy" else 0.0,
+                                redis, minio, Path(tmp))
+                row.update(rtt_ms=rtt, link=link if rtt > 0 else "none")
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", default="8,32", help="pool processes in all, per point")
@@ -310,6 +369,9 @@ def main() -> None:
     parser.add_argument("--latency-clients", type=int, default=2)
     parser.add_argument("--latency-rounds", type=int, default=50)
     parser.add_argument("--out", type=Path, help="also append the JSON lines here")
+    parser.add_argument("--link", choices=("auto", "netem", "proxy", "applied"),
+                        default="auto", help="how a round trip is made: tc netem in a "
+                        "network namespace, or the delay proxy (auto: netem where it works)")
     # a client process
     parser.add_argument("--client", choices=("throughput", "latency"), help=argparse.SUPPRESS)
     parser.add_argument("--fingerprint", help=argparse.SUPPRESS)
@@ -319,34 +381,43 @@ def main() -> None:
         client_main(args)
         return
     sys.path.insert(0, str(BENCH))
-    from farm.devservices import MinioServer, RedisServer
-
     for name in [k for k in os.environ if k.startswith("FARM_")]:
         del os.environ[name]
-    points = [(int(n), int(c), float(r)) for r in args.rtt_ms.split(",")
-              for n in args.workers.split(",") for c in args.chunks.split(",")]
-    print(f"bench_control_plane: {len(points)} points; simulated compile {args.compile_ms} ms, "
-          f"binary {args.binary_bytes} B; {args.clients} x {args.kernels} kernels; "
-          f"{os.cpu_count()} cores", flush=True)
+    rtts = [float(r) for r in args.rtt_ms.split(",")]
+    link = args.link
+    if link == "auto" and any(rtts):
+        link = "netem" if netem_available() else "proxy"
+    if link != "applied":
+        print(f"bench_control_plane: N {args.workers}, chunks {args.chunks}, RTT {rtts} ms "
+              f"({link}); simulated compile {args.compile_ms} ms, binary "
+              f"{args.binary_bytes} B; {args.clients} x {args.kernels} kernels; "
+              f"{os.cpu_count()} cores", flush=True)
+    inner = ["--workers", args.workers, "--per-worker", str(args.per_worker),
+             "--chunks", args.chunks, "--compile-ms", str(args.compile_ms),
+             "--binary-bytes", str(args.binary_bytes), "--kernels", str(args.kernels),
+             "--clients", str(args.clients), "--latency-clients", str(args.latency_clients),
+             "--latency-rounds", str(args.latency_rounds)]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="farm-bench-cp-") as tmp, \
-            RedisServer(Path(tmp)) as redis, \
-            MinioServer(Path(tmp), {"MINIO_PROMETHEUS_AUTH_TYPE": "public"}) as minio:
-        global minio_pid
-        minio_pid = minio._process.pid  # type: ignore[union-attr]
-        for n, chunk, rtt in points:
-            row = one_point(args, n, chunk, rtt, redis, minio, Path(tmp))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            if args.out:
-                with args.out.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
+    for rtt in rtts:
+        if rtt > 0 and link == "netem":
+            got = in_netem_namespace(inner, rtt)
+            for row in got:
+                print(json.dumps(row), flush=True)
+        else:
+            got = run_points(args, rtt, link)
+        rows += got
+        if args.out:
+            with args.out.open("a") as fh:
+                fh.writelines(json.dumps(row) + "\n" for row in got)
+    if link == "applied":
+        return
     print()
-    print(f"{'N':>4} {'chunk':>5} {'rtt':>5} {'meas':>5} {'k/s':>7} {'redis/k':>8} "
+    print(f"{'N':>4} {'chunk':>5} {'rtt':>5} {'link':>6} {'meas':>5} {'k/s':>7} {'redis/k':>8} "
           f"{'minio/k':>8} {'cpu ms/k cl/wk/redis/minio':>28} {'p50 ms':>7} {'p99 ms':>7}")
     for r in rows:
         c = r["cpu_ms_per_kernel"]
-        print(f"{r['workers']:>4} {r['chunk']:>5} {r['rtt_ms']:>5} {r['rtt_measured_ms']:>5.2f} "
+        print(f"{r['workers']:>4} {r['chunk']:>5} {r['rtt_ms']:>5} {r['link']:>6} "
+              f"{r['rtt_measured_ms']:>5.2f} "
               f"{r['kernels_per_s']:>7.0f} {r['redis_commands_per_kernel']:>8.1f} "
               f"{r['minio_requests_per_kernel']:>8.1f} "
               f"{c['clients']:>6.2f}/{c['workers']:>6.2f}/{c['redis']:>5.2f}/{c['minio']:>5.2f}"
