@@ -299,7 +299,10 @@ def one_point(args: argparse.Namespace, n: int, chunk: int, rtt: float, redis: A
 def netem_available() -> bool:
     """Whether ``tc netem`` works here (tried in a throw-away network namespace)."""
     ns = f"kfb-probe-{os.getpid()}"
-    if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode != 0:
+    try:  # the GPU host has no iproute2 at all
+        if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode != 0:
+            return False
+    except FileNotFoundError:
         return False
     try:
         return subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo",
