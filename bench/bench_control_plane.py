@@ -12,10 +12,13 @@ processes). For each N and chunk size (``--chunks 1,4``):
    one's end. The simulated compile (``--compile-ms``, default 5) is short on purpose:
    N / compile time is far above what Redis and MinIO serve, so the rate found is theirs
    (and the farm's), not the workers';
-2. **latency**: ``--latency-clients`` clients each build one chunk after another
-   (``--latency-rounds``) while the fleet is otherwise idle; a kernel's added latency is
-   its chunk's end-to-end time minus the compiles of its chunk (chunk x compile time):
-   what a kernel waits beyond its own chunk's work.
+2. **latency**: ``--latency-clients`` clients, while the fleet is otherwise idle, build
+   ``--latency-rounds`` chunks each, in builds of at most N / (2 x clients) chunks so
+   that every chunk finds a free worker process at once. A kernel's added latency is
+   the arrival of its reply at the client minus the send of its chunk, minus the
+   compiles of its chunk (chunk x compile time): what the farm adds between a build
+   asking and knowing, queueing for a busy fleet and per-build costs (the store
+   listing, the session) left out.
 
 Counted per kernel, from the servers' own counters over the throughput phase: Redis
 commands (``INFO commandstats``, every command, minus our own ``INFO`` calls), MinIO
@@ -137,13 +140,23 @@ def client_main(args: argparse.Namespace) -> None:
                                            params={"index": i, "run": tag}))
                 for i in range(first, first + count)]
 
-    def build(arts: list[ArtifactId]) -> tuple[float, int]:
+    sends: list[float] = []
+    send_task = app.send_task
+
+    def timed_send(*a: Any, **k: Any) -> Any:
+        sends.append(time.perf_counter())
+        return send_task(*a, **k)
+
+    app.send_task = timed_send  # type: ignore[method-assign]
+
+    def build(arts: list[ArtifactId], arrived: dict[str, float]) -> tuple[float, int]:
         recorder = open_recorder(settings, "bench control plane")
         t = time.perf_counter()
         report = cluster_build(settings, app=app, registry=registry, store=store,
                                fingerprint=args.fingerprint, artifacts=arts,
                                recorder=recorder, label="bench control plane",
-                               timeout_s=600)
+                               timeout_s=600, progress=lambda r: arrived.setdefault(
+                                   r.artifact.id_hash, time.perf_counter()))
         wall = time.perf_counter() - t
         recorder.close()
         return wall, len(report.failed)
@@ -151,16 +164,26 @@ def client_main(args: argparse.Namespace) -> None:
     out: dict[str, Any] = {"tag": tag}
     if args.client == "throughput":
         start = time.time()
-        wall, failed = build(kernels(0, args.kernels))
+        wall, failed = build(kernels(0, args.kernels), {})
         out.update(start=start, end=time.time(), wall_s=wall, kernels=args.kernels,
                    failed=failed)
     else:
+        # Builds of at most --free chunks, so that every chunk finds a free worker
+        # process: a kernel's added latency is its reply's arrival minus its chunk's
+        # send, minus the compiles of its chunk (no queueing in it, no per-build costs).
         added: list[float] = []
-        failed = 0
-        for r in range(args.latency_rounds):
-            wall, bad = build(kernels(r * args.chunk, args.chunk))
+        failed, done = 0, 0
+        while done < args.latency_rounds:
+            count = min(args.free, args.latency_rounds - done)
+            arts = kernels(done * args.chunk, count * args.chunk)
+            arrived: dict[str, float] = {}
+            first = len(sends)
+            _, bad = build(arts, arrived)
             failed += bad
-            added.append(wall - args.chunk * args.compile_ms / 1000)
+            for i, art in enumerate(arts):
+                sent = sends[first + i // args.chunk]
+                added.append(arrived[art.id_hash] - sent - args.chunk * args.compile_ms / 1000)
+            done += count
         out.update(added_s=added, failed=failed)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out["cpu_s"] = usage.ru_utime + usage.ru_stime
@@ -266,8 +289,10 @@ def one_point(args: argparse.Namespace, n: int, chunk: int, rtt: float, redis: A
         rd, md = delta(r1, r0), delta(m1, m0)
         failed = sum(r["failed"] for r in results)
         # latency, on the idle fleet
+        free = max(1, n // (2 * args.latency_clients))  # chunks a latency build sends
         _, lat = run_clients(env, "latency", args.latency_clients,
-                             [*common, "--latency-rounds", str(args.latency_rounds)])
+                             [*common, "--latency-rounds", str(args.latency_rounds),
+                              "--free", str(free)])
         added = [a for r in lat for a in r["added_s"]]
         failed += sum(r["failed"] for r in lat)
     top_redis = sorted(((k, v) for k, v in rd.items() if k not in ("commands", "cpu_s")),
@@ -379,6 +404,7 @@ def main() -> None:
     parser.add_argument("--client", choices=("throughput", "latency"), help=argparse.SUPPRESS)
     parser.add_argument("--fingerprint", help=argparse.SUPPRESS)
     parser.add_argument("--chunk", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--free", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
         client_main(args)
