@@ -7,7 +7,7 @@ worker`` processes, N pool processes in all (``--workers 8,32``: W workers of P
 processes). For each N and chunk size (``--chunks 1,4``):
 
 1. **throughput**: ``--clients`` client processes build ``--kernels`` new kernels each at
-   once (``farm.cluster.build.cluster_build``, what ``farm build --cluster`` runs); the
+   once (``farm.cluster.client.ClusterClient.build``, what ``farm build --cluster`` runs); the
    control plane's rate is all kernels / wall from the first client's start to the last
    one's end. The simulated compile (``--compile-ms``, default 5) is short on purpose:
    N / compile time is far above what Redis and MinIO serve, so the rate found is theirs
@@ -121,8 +121,7 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 # -- a client process --------------------------------------------------------------------------
 def client_main(args: argparse.Namespace) -> None:
     """One client (run as ``--client MODE``): prints one JSON line."""
-    from farm.cluster.build import cluster_build
-    from farm.cluster.celery_app import make_app
+    from farm.cluster.client import BuildOptions, ClusterClient
     from farm.core.model import ArtifactId, KernelId
     from farm.core.settings import load_settings
     from farm.families import Registry
@@ -132,7 +131,8 @@ def client_main(args: argparse.Namespace) -> None:
     settings = load_settings()
     registry = Registry.load(settings.family_modules)
     store = open_store(settings)
-    app = make_app(settings)
+    client = ClusterClient(settings, registry=registry, store=store)
+    app = client.app
     tag = uuid.uuid4().hex[:10]
 
     def kernels(first: int, count: int) -> list[ArtifactId]:
@@ -152,11 +152,10 @@ def client_main(args: argparse.Namespace) -> None:
     def build(arts: list[ArtifactId], arrived: dict[str, float]) -> tuple[float, int]:
         recorder = open_recorder(settings, "bench control plane")
         t = time.perf_counter()
-        report = cluster_build(settings, app=app, registry=registry, store=store,
-                               fingerprint=args.fingerprint, artifacts=arts,
-                               recorder=recorder, label="bench control plane",
-                               timeout_s=600, progress=lambda r: arrived.setdefault(
-                                   r.artifact.id_hash, time.perf_counter()))
+        report = client.build(arts, BuildOptions(fingerprint=args.fingerprint,
+                                                 label="bench control plane", timeout_s=600),
+                              recorder=recorder, progress=lambda r: arrived.setdefault(
+                                  r.artifact.id_hash, time.perf_counter()))
         wall = time.perf_counter() - t
         recorder.close()
         return wall, len(report.failed)
@@ -187,6 +186,7 @@ def client_main(args: argparse.Namespace) -> None:
         out.update(added_s=added, failed=failed)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out["cpu_s"] = usage.ru_utime + usage.ru_stime
+    client.close()
     store.close()
     print(json.dumps(out), flush=True)
 

@@ -13,8 +13,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from farm.cluster.lease import Leases
-from farm.compilation.finalize import worker_name
 from farm.compilation.backend import DeviceBackend, open_backend
+from farm.compilation.finalize import worker_name
 from farm.compilation.load import LoadedBinary
 from farm.compilation.obtain import Obtainer
 from farm.core.device import DeviceInfo
