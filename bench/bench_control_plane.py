@@ -149,13 +149,14 @@ def client_main(args: argparse.Namespace) -> None:
 
     app.send_task = timed_send  # type: ignore[method-assign]
 
-    def build(arts: list[ArtifactId], arrived: dict[str, float]) -> tuple[float, int]:
+    def build(arts: list[ArtifactId],
+              arrived: dict[str, tuple[float, float]]) -> tuple[float, int]:
         recorder = open_recorder(settings, "bench control plane")
         t = time.perf_counter()
         report = client.build(arts, BuildOptions(fingerprint=args.fingerprint,
                                                  label="bench control plane", timeout_s=600),
                               recorder=recorder, progress=lambda r: arrived.setdefault(
-                                  r.artifact.id_hash, time.perf_counter()))
+                                  r.artifact.id_hash, (time.perf_counter(), r.work_s)))
         wall = time.perf_counter() - t
         recorder.close()
         return wall, len(report.failed)
@@ -171,19 +172,22 @@ def client_main(args: argparse.Namespace) -> None:
         # process: a kernel's added latency is its reply's arrival minus its chunk's
         # send, minus the compiles of its chunk (no queueing in it, no per-build costs).
         added: list[float] = []
+        on_worker: list[float] = []  # a kernel's time in the worker beyond its compile
         failed, done = 0, 0
+        compile_s = args.compile_ms / 1000
         while done < args.latency_rounds:
             count = min(args.free, args.latency_rounds - done)
             arts = kernels(done * args.chunk, count * args.chunk)
-            arrived: dict[str, float] = {}
+            arrived: dict[str, tuple[float, float]] = {}
             first = len(sends)
             _, bad = build(arts, arrived)
             failed += bad
             for i, art in enumerate(arts):
-                sent = sends[first + i // args.chunk]
-                added.append(arrived[art.id_hash] - sent - args.chunk * args.compile_ms / 1000)
+                at, work = arrived[art.id_hash]
+                added.append(at - sends[first + i // args.chunk] - args.chunk * compile_s)
+                on_worker.append(work - compile_s)
             done += count
-        out.update(added_s=added, failed=failed)
+        out.update(added_s=added, on_worker_s=on_worker, failed=failed)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out["cpu_s"] = usage.ru_utime + usage.ru_stime
     client.close()
@@ -294,6 +298,7 @@ def one_point(args: argparse.Namespace, n: int, chunk: int, rtt: float, redis: A
                              [*common, "--latency-rounds", str(args.latency_rounds),
                               "--free", str(free)])
         added = [a for r in lat for a in r["added_s"]]
+        on_worker = [a for r in lat for a in r["on_worker_s"]]
         failed += sum(r["failed"] for r in lat)
     top_redis = sorted(((k, v) for k, v in rd.items() if k not in ("commands", "cpu_s")),
                        key=lambda kv: -kv[1])
@@ -318,6 +323,9 @@ def one_point(args: argparse.Namespace, n: int, chunk: int, rtt: float, redis: A
         "added_ms": {"p50": round(1000 * percentile(added, 0.5), 2),
                      "p99": round(1000 * percentile(added, 0.99), 2),
                      "n": len(added)},
+        # of which in the worker, per kernel: store reads and writes, lease, records
+        "worker_ms": {"p50": round(1000 * percentile(on_worker, 0.5), 2),
+                      "p99": round(1000 * percentile(on_worker, 0.99), 2)},
         "cores": os.cpu_count(), "loadavg": round(os.getloadavg()[0], 2)}
 
 
@@ -442,7 +450,8 @@ def main() -> None:
         return
     print()
     print(f"{'N':>4} {'chunk':>5} {'rtt':>5} {'link':>6} {'meas':>5} {'k/s':>7} {'redis/k':>8} "
-          f"{'minio/k':>8} {'cpu ms/k cl/wk/redis/minio':>28} {'p50 ms':>7} {'p99 ms':>7}")
+          f"{'minio/k':>8} {'cpu ms/k cl/wk/redis/minio':>28} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'wk p50':>7}")
     for r in rows:
         c = r["cpu_ms_per_kernel"]
         print(f"{r['workers']:>4} {r['chunk']:>5} {r['rtt_ms']:>5} {r['link']:>6} "
@@ -450,7 +459,8 @@ def main() -> None:
               f"{r['kernels_per_s']:>7.0f} {r['redis_commands_per_kernel']:>8.1f} "
               f"{r['minio_requests_per_kernel']:>8.1f} "
               f"{c['clients']:>6.2f}/{c['workers']:>6.2f}/{c['redis']:>5.2f}/{c['minio']:>5.2f}"
-              f" {r['added_ms']['p50']:>7.1f} {r['added_ms']['p99']:>7.1f}")
+              f" {r['added_ms']['p50']:>7.1f} {r['added_ms']['p99']:>7.1f} "
+              f"{r['worker_ms']['p50']:>7.1f}")
 
 
 if __name__ == "__main__":

@@ -146,8 +146,11 @@ class Gatherer:
         if self._set is None:
             self._set = ResultSet([self._results[t] for t in self.pending], app=self.line.app)
         try:
+            # interval=0: Celery's look at the stored results (one MGET) otherwise sleeps
+            # half a second after it, before listening: 500 ms added to every reply
+            # that comes after the wait starts (bench/bench_control_plane.py found it)
             for task_id, meta in self.line.app.backend.iter_native(
-                    self._set, timeout=self.check_interval_s):
+                    self._set, timeout=self.check_interval_s, interval=0):
                 chunk = self.pending.pop(task_id, None)
                 if chunk is None:  # a reply already applied (or of a task re-sent since)
                     continue
