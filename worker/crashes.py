@@ -23,9 +23,7 @@ not a bad kernel, and its task simply comes back.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import socket
 from typing import TYPE_CHECKING, Any
 
 from celery.worker.request import Request
@@ -35,7 +33,6 @@ from farm.core.keys import (
     TASK_STATE_TTL_S,
     task_crashes_key,
     task_deliveries_key,
-    task_holder_key,
     task_kernel_key,
     task_lease_key,
 )
@@ -48,12 +45,6 @@ log = logging.getLogger(__name__)
 
 STATUS_FIELD = "status"
 _STATUS = re.compile(r"prematurely:\s*(.*?)(?:\s+Job:\s*\d+)?\.?$")
-
-
-def holder_name() -> str:
-    """The worker (``host:pid`` of its main process, as its heartbeat names it) holding
-    the current task; called in a pool process, whose parent is the main process."""
-    return f"{socket.gethostname()}:{os.getppid()}"
 
 
 class TaskLedger:
@@ -69,16 +60,16 @@ class TaskLedger:
         self.crashes: dict[str, int] = {}
         self.status = ""
 
-    def start(self, holder: str) -> None:
-        """Count this delivery, say who holds the task, read the crashes so far."""
+    def start(self) -> None:
+        """Count this delivery and read the crashes so far. (Who holds the task the
+        worker's main process notes when it receives it: ``worker.startup``.)"""
         def once() -> list[Any]:
             pipe = self._client.pipeline(transaction=False)
             pipe.incr(task_deliveries_key(self.task_id))
             pipe.expire(task_deliveries_key(self.task_id), TASK_STATE_TTL_S)
-            pipe.set(task_holder_key(self.task_id), holder, ex=TASK_STATE_TTL_S)
             pipe.hgetall(task_crashes_key(self.task_id))
             return list(pipe.execute())
-        deliveries, _, _, crashes = self._waiter.call(once)
+        deliveries, _, crashes = self._waiter.call(once)
         self.deliveries = int(deliveries)
         for name, value in crashes.items():
             field = name.decode() if isinstance(name, bytes) else str(name)
@@ -100,26 +91,23 @@ class TaskLedger:
                     f"({status}); not tried again")
         return None
 
-    def holding(self, lease_name: str | None, token: str = "") -> None:
-        """Note the compile lease now held (``None``: none), so that when this process
-        dies the main process releases it at once instead of every worker waiting out
-        its time-to-live."""
-        def once() -> None:
-            if lease_name is None:
-                self._client.delete(task_lease_key(self.task_id))
-            else:
-                self._client.set(task_lease_key(self.task_id), f"{lease_name}\n{token}",
-                                 ex=TASK_STATE_TTL_S)
-        self._waiter.call(once)
+    def holding(self, lease_name: str, token: str) -> None:
+        """Note the compile lease now held, so that when this process dies the main
+        process releases it at once instead of every worker waiting out its
+        time-to-live. A note of a lease already released stays until the next one or
+        :meth:`finish`: releasing it again is a no-op (its token holds nothing)."""
+        self._waiter.call(lambda: self._client.set(
+            task_lease_key(self.task_id), f"{lease_name}\n{token}", ex=TASK_STATE_TTL_S))
 
-    def working_on(self, id_hash: str | None) -> None:
-        """Note the kernel now in hand (``None``: none), for the main process to blame."""
-        def once() -> None:
-            if id_hash is None:
-                self._client.delete(task_kernel_key(self.task_id))
-            else:
-                self._client.set(task_kernel_key(self.task_id), id_hash, ex=TASK_STATE_TTL_S)
-        self._waiter.call(once)
+    def working_on(self, id_hash: str) -> None:
+        """Note the kernel now in hand, for the main process to blame."""
+        self._waiter.call(lambda: self._client.set(
+            task_kernel_key(self.task_id), id_hash, ex=TASK_STATE_TTL_S))
+
+    def finish(self) -> None:
+        """The chunk is done: no kernel in hand, no lease to release (one round trip)."""
+        self._waiter.call(lambda: self._client.delete(
+            task_kernel_key(self.task_id), task_lease_key(self.task_id)))
 
 
 def record_crash(client: redis.Redis, task_id: str, status: str) -> str | None:

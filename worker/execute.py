@@ -4,11 +4,16 @@ Per kernel, the rules of :mod:`farm.compilation.obtain` (the same as an embedded
 
 1. the family must be registered here and give the build id the client computed, else
    the kernel fails with a version-skew error naming both ids (``store_key``);
-2. the key is in the store -> **Loaded** (digest verified, loaded on this device);
-3. lower; the source index knows the source -> **Rekeyed** (copy or move);
-4. take the compile lease for the source (:class:`WorkerSteps`): holding it, finalize,
-   load, store -> **Compiled**; when another worker holds it, wait for it to go and
-   look again, so a kernel in flight in two builds is compiled once.
+2. lower, then take the compile lease for the source (:class:`WorkerSteps`); when
+   another worker holds it, wait for it to go and take it, so a kernel in flight in two
+   builds is compiled once. Holding it, look once:
+3. the key is in the store -> **Loaded** (digest verified, loaded on this device);
+4. the source index knows the source -> **Rekeyed** (copy or move);
+5. else finalize, load, store -> **Compiled**.
+
+Four MinIO requests a compiled kernel (two reads that miss, the index and the artifact
+written) and seven Redis commands (the kernel noted, the lease taken, noted and
+released, the record sent): docs/OPERATIONS.md, "Capacity".
 
 A failing kernel is reported with its build log and nothing of it is stored.
 
@@ -40,7 +45,7 @@ from farm.core.errors import (
 )
 from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.records.model import RequestedBy, Trip
-from worker.crashes import TaskLedger, holder_name
+from worker.crashes import TaskLedger
 from worker.state import WorkerState
 
 log = logging.getLogger(__name__)
@@ -61,7 +66,7 @@ def execute_job(request: CompileRequest, state: WorkerState,
     if task_id is not None and state.redis is not None and state.redis_waiter is not None:
         ledger = TaskLedger(state.redis, task_id, state.redis_waiter,
                             state.settings.crash_limit)
-        ledger.start(holder_name())
+        ledger.start()
     state.ledger = ledger
     from worker.programs import obtain_program  # imports this module: not at the top
 
@@ -90,7 +95,7 @@ def execute_job(request: CompileRequest, state: WorkerState,
             ledger.working_on(id_hash)
         results.append(obtain_program(p, state, request.requested_by))
     if ledger is not None:
-        ledger.working_on(None)
+        ledger.finish()
     state.ledger = None
     _flush_records(state)
     return CompileReply(results=results)
@@ -165,13 +170,12 @@ class WorkerSteps:
             yield False
             return
         with lease:
+            # Noted for the main process to release should this process die; left in
+            # place after the release (its token no longer holds anything, and the
+            # chunk's end clears it): one Redis command a kernel fewer.
             if state.ledger is not None:
                 state.ledger.holding(lease.name, lease.token)
-            try:
-                yield True
-            finally:
-                if state.ledger is not None:
-                    state.ledger.holding(None)
+            yield True
 
     def record(self, outcome: Outcome, lowered: Lowered | None) -> None:
         state = self.state
