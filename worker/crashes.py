@@ -63,13 +63,19 @@ class TaskLedger:
     def start(self) -> None:
         """Count this delivery and read the crashes so far. (Who holds the task the
         worker's main process notes when it receives it: ``worker.startup``.)"""
-        def once() -> list[Any]:
+        key = task_deliveries_key(self.task_id)
+
+        def once() -> tuple[int, dict[Any, Any]]:
+            # The first delivery (nearly every one) is one command; only a delivery
+            # after a crash counts on and reads what the crashes left.
+            if self._client.set(key, 1, nx=True, ex=TASK_STATE_TTL_S):
+                return 1, {}
             pipe = self._client.pipeline(transaction=False)
-            pipe.incr(task_deliveries_key(self.task_id))
-            pipe.expire(task_deliveries_key(self.task_id), TASK_STATE_TTL_S)
+            pipe.incr(key)
             pipe.hgetall(task_crashes_key(self.task_id))
-            return list(pipe.execute())
-        deliveries, _, crashes = self._waiter.call(once)
+            count, found = pipe.execute()
+            return int(count), found
+        deliveries, crashes = self._waiter.call(once)
         self.deliveries = int(deliveries)
         for name, value in crashes.items():
             field = name.decode() if isinstance(name, bytes) else str(name)
