@@ -12,8 +12,9 @@ Per kernel, the rules of :mod:`farm.compilation.obtain` (the same as an embedded
 5. else finalize, load, store -> **Compiled**.
 
 Four MinIO requests a compiled kernel (two reads that miss, the index and the artifact
-written) and seven Redis commands (the kernel noted, the lease taken, noted and
-released, the record sent): docs/OPERATIONS.md, "Capacity".
+written) and six Redis commands in four round trips (the lease taken and the kernel
+noted in one, the record sent, the lease released: an EVAL of a GET and a DEL):
+docs/OPERATIONS.md, "Capacity".
 
 A failing kernel is reported with its build log and nothing of it is stored.
 
@@ -32,6 +33,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
 from farm.compilation.obtain import compiled_artifact, obtain, store_key
@@ -79,8 +81,6 @@ def execute_job(request: CompileRequest, state: WorkerState,
             results.append(_failed(k, None, KernelFailure(kind="crashed", message=crashed),
                                    time.perf_counter()))
             continue
-        if ledger is not None:
-            ledger.working_on(k.artifact.id_hash)
         results.append(obtain_kernel(k, state, request.requested_by))
     for p in request.programs:
         id_hash = p.spec.key.id_hash
@@ -164,17 +164,17 @@ class WorkerSteps:
     @contextlib.contextmanager
     def lease(self, source_hash: str) -> Iterator[bool]:
         state = self.state
-        lease = state.leases.try_acquire(state.ns, source_hash)
+        ledger, id_hash = state.ledger, self.req.artifact.id_hash
+        also = None
+        if ledger is not None:  # the kernel and its lease noted in the same round trip
+            def also(pipe: Any, name: str, token: str) -> None:
+                ledger.note(pipe, id_hash, name, token)
+        lease = state.leases.try_acquire(state.ns, source_hash, also)
         if lease is None:  # another worker compiles it: wait for it to let go
             state.leases.wait_released(state.ns, source_hash, LEASE_WAIT_S)
             yield False
             return
         with lease:
-            # Noted for the main process to release should this process die; left in
-            # place after the release (its token no longer holds anything, and the
-            # chunk's end clears it): one Redis command a kernel fewer.
-            if state.ledger is not None:
-                state.ledger.holding(lease.name, lease.token)
             yield True
 
     def record(self, outcome: Outcome, lowered: Lowered | None) -> None:

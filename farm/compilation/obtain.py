@@ -3,8 +3,8 @@
 Every path that obtains kernels applies these rules and no others: the embedded batch
 (:mod:`farm.compilation.batch`: in bulk, lowering and compiling in parallel), a cluster
 worker (``worker.execute``: one kernel at a time, its look-ups and compile under a
-compile lease, through :func:`obtain`), and the loader (through the batch, and :func:`store_key` for its
-look-ups). A rule fixed here is fixed for all of them.
+compile lease, through :func:`obtain`), and the loader (through the batch, and
+:func:`store_key` for its look-ups). A rule fixed here is fixed for all of them.
 
 1. **The key** (:func:`store_key`): the kernel id's hash and the family's build id
    *here*; a build id computed elsewhere that differs is version skew, never stored.
