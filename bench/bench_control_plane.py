@@ -13,12 +13,12 @@ processes). For each N and chunk size (``--chunks 1,4``):
    N / compile time is far above what Redis and MinIO serve, so the rate found is theirs
    (and the farm's), not the workers';
 2. **latency**: ``--latency-clients`` clients, while the fleet is otherwise idle, build
-   ``--latency-rounds`` chunks each, in builds of at most N / (2 x clients) chunks so
-   that every chunk finds a free worker process at once. A kernel's added latency is
-   the arrival of its reply at the client minus the send of its chunk, minus the
-   compiles of its chunk (chunk x compile time): what the farm adds between a build
-   asking and knowing, queueing for a busy fleet and per-build costs (the store
-   listing, the session) left out.
+   ``--latency-rounds`` chunks each, in builds of at most min(N, cores) / (2 x clients)
+   chunks so that every chunk finds a free worker process, and a free core, at once. A
+   kernel's added latency is the arrival of its reply at the client minus the send of
+   its chunk, minus the compiles of its chunk (chunk x compile time): what the farm
+   adds between a build asking and knowing, queueing for a busy fleet and per-build
+   costs (the store listing, the session) left out.
 
 Counted per kernel, from the servers' own counters over the throughput phase: Redis
 commands (``INFO commandstats``, every command, minus our own ``INFO`` calls), MinIO
@@ -26,11 +26,12 @@ requests (``minio_api_requests_total`` from its Prometheus v3 endpoint, public f
 run), CPU seconds of the clients (their own ``getrusage``), of the workers (their
 processes' ``/proc/<pid>/stat``), of Redis (``INFO cpu``) and MinIO (``/proc``).
 
-Links: ``--rtt-ms 0.5`` puts a delay proxy (``bench/delay_proxy.py``) in front of Redis
-and MinIO, so every request of a worker or client pays the round trip it pays between
-machines (``tc netem`` is the kernel's way; where its module is missing, as on the
-development machine, the proxy is the way that works everywhere). The measured RTT
-through the proxy is printed: the proxy's own thread hops add about 0.3 ms.
+Links: ``--rtt-ms 0.5`` makes every request of a worker or client pay the round trip it
+pays between machines. Where ``ip`` and ``tc netem`` work, each RTT runs inside a network
+namespace of its own whose loopback delays every packet by RTT / 2; elsewhere (the
+development machine has no ``sch_netem``, the GPU host no ``ip``) a delay proxy
+(``bench/delay_proxy.py``) stands in front of Redis and MinIO. The measured RTT (a Redis
+``PING``) is printed: the proxy's own thread hops add about 0.3 ms.
 
     .venv/bin/python bench/bench_control_plane.py --workers 8,32 --chunks 1,4 --rtt-ms 0,0.5
 
@@ -293,7 +294,9 @@ def one_point(args: argparse.Namespace, n: int, chunk: int, rtt: float, redis: A
         rd, md = delta(r1, r0), delta(m1, m0)
         failed = sum(r["failed"] for r in results)
         # latency, on the idle fleet
-        free = max(1, n // (2 * args.latency_clients))  # chunks a latency build sends
+        # chunks a latency build sends: a free process and a free core for each (on one
+        # host the simulated workers share its cores; a real fleet's do not)
+        free = max(1, min(n, os.cpu_count() or 1) // (2 * args.latency_clients))
         _, lat = run_clients(env, "latency", args.latency_clients,
                              [*common, "--latency-rounds", str(args.latency_rounds),
                               "--free", str(free)])
