@@ -33,7 +33,6 @@ import logging
 import socket
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
 from farm.compilation.obtain import compiled_artifact, obtain, store_key
@@ -91,8 +90,6 @@ def execute_job(request: CompileRequest, state: WorkerState,
             results.append(KernelReply(id_hash=id_hash, failure=KernelFailure(
                 kind="crashed", message=crashed), host=socket.gethostname()))
             continue
-        if ledger is not None:
-            ledger.working_on(id_hash)
         results.append(obtain_program(p, state, request.requested_by))
     if ledger is not None:
         ledger.finish()
@@ -164,12 +161,9 @@ class WorkerSteps:
     @contextlib.contextmanager
     def lease(self, source_hash: str) -> Iterator[bool]:
         state = self.state
-        ledger, id_hash = state.ledger, self.req.artifact.id_hash
-        also = None
-        if ledger is not None:  # the kernel and its lease noted in the same round trip
-            def also(pipe: Any, name: str, token: str) -> None:
-                ledger.note(pipe, id_hash, name, token)
-        lease = state.leases.try_acquire(state.ns, source_hash, also)
+        # the kernel and its lease noted for the crash ledger in the same round trip
+        lease = state.leases.try_acquire(state.ns, source_hash,
+                                         state.lease_note(self.req.artifact.id_hash))
         if lease is None:  # another worker compiles it: wait for it to let go
             state.leases.wait_released(state.ns, source_hash, LEASE_WAIT_S)
             yield False

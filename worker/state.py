@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from farm.cluster.lease import Leases
-from farm.compilation.backend import DeviceBackend, open_backend
+from farm.cluster.lease import Also, Leases
+from farm.compilation.backend import DeviceBackend, OpenCLBackend, open_backend
 from farm.compilation.finalize import worker_name
 from farm.compilation.load import LoadedBinary
 from farm.compilation.obtain import Obtainer
 from farm.core.device import DeviceInfo
+from farm.core.errors import FarmError
 from farm.core.keys import Namespace
 from farm.core.outage import Waiter, redis_waiter
 from farm.core.settings import Settings
@@ -26,6 +27,7 @@ from farm.records import Recorder
 from farm.store import ArtifactStore
 
 if TYPE_CHECKING:
+    import pyopencl as cl
     import redis
 
     from worker.crashes import TaskLedger
@@ -60,6 +62,32 @@ class WorkerState:
 
     def _load(self, binary: bytes) -> LoadedBinary:
         return self.backend.load(binary)
+
+    @property
+    def ctx(self) -> cl.Context:
+        """The OpenCL context, for what only OpenCL does (an application's programs)."""
+        return self._opencl().ctx
+
+    @property
+    def cl_device(self) -> cl.Device:
+        return self._opencl().cl_device
+
+    def _opencl(self) -> OpenCLBackend:
+        if not isinstance(self.backend, OpenCLBackend):
+            raise FarmError("this worker's device is simulated (FARM_DEVICE_BACKEND): it "
+                            "has no OpenCL context for programs")
+        return self.backend
+
+    def lease_note(self, id_hash: str) -> Also | None:
+        """What the round trip taking a lease for ``id_hash`` adds: the crash ledger's
+        note of the kernel (or program) in hand and of that lease."""
+        ledger = self.ledger
+        if ledger is None:
+            return None
+
+        def note(pipe: Any, name: str, token: str) -> None:
+            ledger.note(pipe, id_hash, name, token)
+        return note
 
     def close(self) -> None:
         self.recorder.close()
