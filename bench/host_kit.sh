@@ -23,7 +23,8 @@ PY=.venv/bin/python
 [ -x "$PY" ] || { say "no .venv: run scripts/bootstrap first"; exit 1; }
 
 # 1. Wheels: the dependency closure of kernel-farm[opencl,cluster] for CPython 3.12 on
-# Linux, read from the installed metadata (so the host runs what the tests ran here).
+# Linux, read from the installed metadata (so the host runs what the tests ran here),
+# and the build backend (setuptools, wheel) the project's own install needs there.
 # psycopg is left out (the host's records go to SQLite), so are numpy (the host has it)
 # and PoCL's wheel (the host has Debian's PoCL 5 behind the ICD loader).
 "$PY" - > .kit/requirements.txt <<'EOF'
@@ -49,6 +50,10 @@ def walk(name: str, extras: tuple[str, ...] = ()) -> None:
             walk(req.name, tuple(req.extras))
 
 walk("kernel-farm", ("opencl", "cluster"))
+# The build backend too: nvidia_host.sh builds the project on the host without
+# isolation, and pyproject.toml wants a newer setuptools than a host may have.
+for name in ("setuptools", "wheel"):
+    seen[name] = md.distribution(name).version
 for key, version in sorted(seen.items()):
     if key not in SKIP:
         print(f"{key}=={version}")

@@ -12,10 +12,12 @@ if [ ! -d /tmp/site/pyopencl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl
 fi
-# The project itself every time: the working tree travels anew with each call.
+# The project itself every time: the working tree travels anew with each call. Built
+# with the carried setuptools (first on PYTHONPATH): pyproject.toml wants setuptools >= 77.
+export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade \
     --target /tmp/site . 2>&1 | grep -v "already exists" || true
-export PYTHONPATH=/tmp/site
+(cd /tmp && python3 -c "import farm.version") || { echo "nvidia_host.sh: the project did not install"; exit 1; }
 if [ -d .kit ]; then
     # Python's own lzma and tarfile: the host may lack the xz tool.
     python3 - <<'EOF'
