@@ -1,18 +1,40 @@
 #!/usr/bin/env bash
 # On an NVIDIA GPU host with no network (the workplace's H200 machine): install the wheels
-# carried in .whl/ and this project into /tmp/site, point an OpenCL ICD file at NVIDIA's
-# driver, switch the drivers' caches off, then run "$@" from the repository root.
+# carried in .whl/ and this project into /tmp/site, unpack the servers carried in .kit/
+# (bench/host_kit.sh makes both, here) into /tmp/kit and point FARM_REDIS_BIN and
+# FARM_MINIO_BIN at them, point an OpenCL ICD file at NVIDIA's driver, switch the
+# drivers' caches off, then run "$@" from the repository root.
 #   bench/nvidia_host.sh python3 -m pytest -m gpu tests/test_nvidia.py
+#   bench/nvidia_host.sh python3 -m pytest -m gpu -s tests/test_gpu_cluster.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -d /tmp/site/pyopencl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl
 fi
-# The project itself every time: the working tree travels anew with each call.
+# The project itself every time: the working tree travels anew with each call. Built
+# with the carried setuptools (first on PYTHONPATH): pyproject.toml wants setuptools >= 77.
+export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade \
     --target /tmp/site . 2>&1 | grep -v "already exists" || true
-export PYTHONPATH=/tmp/site
+(cd /tmp && python3 -c "import farm.version") || { echo "nvidia_host.sh: the project did not install"; exit 1; }
+if [ -d .kit ]; then
+    # Python's own lzma and tarfile: the host may lack the xz tool.
+    python3 - <<'EOF'
+import lzma, os, shutil, tarfile
+os.makedirs("/tmp/kit", exist_ok=True)
+if os.path.exists(".kit/minio.xz") and not os.path.exists("/tmp/kit/minio"):
+    with lzma.open(".kit/minio.xz") as src, open("/tmp/kit/minio.part", "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    os.chmod("/tmp/kit/minio.part", 0o755)
+    os.rename("/tmp/kit/minio.part", "/tmp/kit/minio")
+if os.path.exists(".kit/redis.tar.xz") and not os.path.exists("/tmp/kit/redis"):
+    with tarfile.open(".kit/redis.tar.xz") as tar:
+        tar.extractall("/tmp/kit", filter="tar")
+EOF
+    [ -x /tmp/kit/minio ] && export FARM_MINIO_BIN=/tmp/kit/minio
+    [ -x /tmp/kit/redis/redis-server ] && export FARM_REDIS_BIN=/tmp/kit/redis/redis-server
+fi
 if [ ! -s /etc/OpenCL/vendors/nvidia.icd ]; then
     lib=$(find / -name libnvidia-opencl.so.1 -not -path '/proc/*' 2>/dev/null | head -1 || true)
     mkdir -p /etc/OpenCL/vendors

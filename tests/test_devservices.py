@@ -74,6 +74,35 @@ def test_redis_stop_ends_the_server_and_removes_its_folder(tmp_path: Path) -> No
     server.stop()  # idempotent
 
 
+def test_redis_bin_names_the_server_to_run(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """FARM_REDIS_BIN (a carried server on a host with no network) is the one started:
+    here a wrapper around the machine's server that leaves a mark when it runs."""
+    import shutil
+
+    real = shutil.which("redis-server")
+    assert real is not None
+    mark = tmp_path / "wrapper-ran"
+    wrapper = tmp_path / "redis-server"
+    wrapper.write_text(f'#!/bin/sh\ntouch {mark}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("FARM_REDIS_BIN", str(wrapper))
+    with RedisServer(tmp_path / "work") as server:
+        assert redis.Redis.from_url(server.url).ping()
+    assert mark.exists()
+
+
+@pytest.mark.parametrize("name", ["FARM_REDIS_BIN", "FARM_MINIO_BIN"])
+def test_a_chosen_server_that_is_not_there_is_named(tmp_path: Path, name: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(name, str(tmp_path / "missing"))
+    server = RedisServer(tmp_path) if name == "FARM_REDIS_BIN" else MinioServer(tmp_path)
+    with pytest.raises(ServiceError, match=f"{name}=.*missing is not an executable file"):
+        server.start()
+    assert not server.running
+    assert not list(tmp_path.glob("farm-*"))
+
+
 # MinIO
 
 

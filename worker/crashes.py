@@ -7,7 +7,10 @@ fed that kernel for ever while the client waits. So, per task id, in Redis (name
 :mod:`farm.core.keys`, all expiring after a day):
 
 * the pool process counts the task's deliveries and notes the kernel it is working on
-  (``TaskLedger``);
+  with the compile lease it takes for it, in the round trip that takes the lease
+  (``TaskLedger``; a kernel is noted from its lease on, which covers the compile, the
+  load and the store: a crash while lowering is not blamed on a kernel, and is caught
+  by the delivery count below);
 * when the pool process dies, the worker's main process (which survives it) adds one
   crash to that kernel, with the exit status Celery reports (``signal 6 (SIGABRT)``),
   before Celery re-queues the task (``crash_request_class``);
@@ -23,21 +26,17 @@ not a bad kernel, and its task simply comes back.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import socket
 from typing import TYPE_CHECKING, Any
 
 from celery.worker.request import Request
 
-from farm.cluster.lease import release_lease
+from farm.cluster.lease import kernel_note, read_kernel_note, release_lease
 from farm.core.keys import (
     TASK_STATE_TTL_S,
     task_crashes_key,
     task_deliveries_key,
-    task_holder_key,
     task_kernel_key,
-    task_lease_key,
 )
 from farm.core.outage import Waiter
 
@@ -48,12 +47,6 @@ log = logging.getLogger(__name__)
 
 STATUS_FIELD = "status"
 _STATUS = re.compile(r"prematurely:\s*(.*?)(?:\s+Job:\s*\d+)?\.?$")
-
-
-def holder_name() -> str:
-    """The worker (``host:pid`` of its main process, as its heartbeat names it) holding
-    the current task; called in a pool process, whose parent is the main process."""
-    return f"{socket.gethostname()}:{os.getppid()}"
 
 
 class TaskLedger:
@@ -69,16 +62,22 @@ class TaskLedger:
         self.crashes: dict[str, int] = {}
         self.status = ""
 
-    def start(self, holder: str) -> None:
-        """Count this delivery, say who holds the task, read the crashes so far."""
-        def once() -> list[Any]:
+    def start(self) -> None:
+        """Count this delivery and read the crashes so far. (Who holds the task the
+        worker's main process notes when it receives it: ``worker.startup``.)"""
+        key = task_deliveries_key(self.task_id)
+
+        def once() -> tuple[int, dict[Any, Any]]:
+            # The first delivery (nearly every one) is one command; only a delivery
+            # after a crash counts on and reads what the crashes left.
+            if self._client.set(key, 1, nx=True, ex=TASK_STATE_TTL_S):
+                return 1, {}
             pipe = self._client.pipeline(transaction=False)
-            pipe.incr(task_deliveries_key(self.task_id))
-            pipe.expire(task_deliveries_key(self.task_id), TASK_STATE_TTL_S)
-            pipe.set(task_holder_key(self.task_id), holder, ex=TASK_STATE_TTL_S)
+            pipe.incr(key)
             pipe.hgetall(task_crashes_key(self.task_id))
-            return list(pipe.execute())
-        deliveries, _, _, crashes = self._waiter.call(once)
+            count, found = pipe.execute()
+            return int(count), found
+        deliveries, crashes = self._waiter.call(once)
         self.deliveries = int(deliveries)
         for name, value in crashes.items():
             field = name.decode() if isinstance(name, bytes) else str(name)
@@ -100,45 +99,33 @@ class TaskLedger:
                     f"({status}); not tried again")
         return None
 
-    def holding(self, lease_name: str | None, token: str = "") -> None:
-        """Note the compile lease now held (``None``: none), so that when this process
-        dies the main process releases it at once instead of every worker waiting out
-        its time-to-live."""
-        def once() -> None:
-            if lease_name is None:
-                self._client.delete(task_lease_key(self.task_id))
-            else:
-                self._client.set(task_lease_key(self.task_id), f"{lease_name}\n{token}",
-                                 ex=TASK_STATE_TTL_S)
-        self._waiter.call(once)
+    def note(self, pipe: Any, id_hash: str, lease_name: str, token: str) -> None:
+        """Add to ``pipe`` (the round trip that tries the kernel's lease) the note of the
+        kernel in hand and of that lease: should this process die, the main process
+        blames the kernel and releases the lease at once instead of every worker waiting
+        out its time-to-live. A note of a lease not taken, or already released, is
+        harmless: releasing it again is a no-op (its token holds nothing)."""
+        pipe.set(task_kernel_key(self.task_id), kernel_note(id_hash, lease_name, token),
+                 ex=TASK_STATE_TTL_S)
 
-    def working_on(self, id_hash: str | None) -> None:
-        """Note the kernel now in hand (``None``: none), for the main process to blame."""
-        def once() -> None:
-            if id_hash is None:
-                self._client.delete(task_kernel_key(self.task_id))
-            else:
-                self._client.set(task_kernel_key(self.task_id), id_hash, ex=TASK_STATE_TTL_S)
-        self._waiter.call(once)
+    def finish(self) -> None:
+        """The chunk is done: no kernel in hand, no lease to release."""
+        self._waiter.call(lambda: self._client.delete(task_kernel_key(self.task_id)))
 
 
 def record_crash(client: redis.Redis, task_id: str, status: str) -> str | None:
     """In the main process, once a pool process died on ``task_id``: one crash more for
     the kernel it was working on. Returns that kernel's id hash (``None``: unknown)."""
-    kernel = client.get(task_kernel_key(task_id))
-    held = client.get(task_lease_key(task_id))
-    if held:
-        name, _, token = (held.decode() if isinstance(held, bytes) else str(held)).partition("\n")
+    id_hash, name, token = read_kernel_note(client.get(task_kernel_key(task_id)))
+    if name:
         release_lease(client, name, token)
-        client.delete(task_lease_key(task_id))
     pipe = client.pipeline(transaction=False)
-    if kernel:
-        id_hash = kernel.decode() if isinstance(kernel, bytes) else str(kernel)
+    if id_hash:
         pipe.hincrby(task_crashes_key(task_id), id_hash, 1)
     pipe.hset(task_crashes_key(task_id), STATUS_FIELD, status)
     pipe.expire(task_crashes_key(task_id), TASK_STATE_TTL_S)
     pipe.execute()
-    return id_hash if kernel else None
+    return id_hash or None
 
 
 def lost_status(exc: BaseException) -> str | None:

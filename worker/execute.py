@@ -4,11 +4,17 @@ Per kernel, the rules of :mod:`farm.compilation.obtain` (the same as an embedded
 
 1. the family must be registered here and give the build id the client computed, else
    the kernel fails with a version-skew error naming both ids (``store_key``);
-2. the key is in the store -> **Loaded** (digest verified, loaded on this device);
-3. lower; the source index knows the source -> **Rekeyed** (copy or move);
-4. take the compile lease for the source (:class:`WorkerSteps`): holding it, finalize,
-   load, store -> **Compiled**; when another worker holds it, wait for it to go and
-   look again, so a kernel in flight in two builds is compiled once.
+2. lower, then take the compile lease for the source (:class:`WorkerSteps`); when
+   another worker holds it, wait for it to go and take it, so a kernel in flight in two
+   builds is compiled once. Holding it, look once:
+3. the key is in the store -> **Loaded** (digest verified, loaded on this device);
+4. the source index knows the source -> **Rekeyed** (copy or move);
+5. else finalize, load, store -> **Compiled**.
+
+Four MinIO requests a compiled kernel (two reads that miss, the index and the artifact
+written) and six Redis commands in four round trips (the lease taken and the kernel
+noted in one, the record sent, the lease released: an EVAL of a GET and a DEL):
+docs/OPERATIONS.md, "Capacity".
 
 A failing kernel is reported with its build log and nothing of it is stored.
 
@@ -29,7 +35,6 @@ import time
 from collections.abc import Iterator
 
 from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
-from farm.compilation.finalize import finalize_and_validate
 from farm.compilation.obtain import compiled_artifact, obtain, store_key
 from farm.core.errors import (
     ClusterError,
@@ -41,7 +46,7 @@ from farm.core.errors import (
 )
 from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.records.model import RequestedBy, Trip
-from worker.crashes import TaskLedger, holder_name
+from worker.crashes import TaskLedger
 from worker.state import WorkerState
 
 log = logging.getLogger(__name__)
@@ -62,7 +67,7 @@ def execute_job(request: CompileRequest, state: WorkerState,
     if task_id is not None and state.redis is not None and state.redis_waiter is not None:
         ledger = TaskLedger(state.redis, task_id, state.redis_waiter,
                             state.settings.crash_limit)
-        ledger.start(holder_name())
+        ledger.start()
     state.ledger = ledger
     from worker.programs import obtain_program  # imports this module: not at the top
 
@@ -75,8 +80,6 @@ def execute_job(request: CompileRequest, state: WorkerState,
             results.append(_failed(k, None, KernelFailure(kind="crashed", message=crashed),
                                    time.perf_counter()))
             continue
-        if ledger is not None:
-            ledger.working_on(k.artifact.id_hash)
         results.append(obtain_kernel(k, state, request.requested_by))
     for p in request.programs:
         id_hash = p.spec.key.id_hash
@@ -87,11 +90,9 @@ def execute_job(request: CompileRequest, state: WorkerState,
             results.append(KernelReply(id_hash=id_hash, failure=KernelFailure(
                 kind="crashed", message=crashed), host=socket.gethostname()))
             continue
-        if ledger is not None:
-            ledger.working_on(id_hash)
         results.append(obtain_program(p, state, request.requested_by))
     if ledger is not None:
-        ledger.working_on(None)
+        ledger.finish()
     state.ledger = None
     _flush_records(state)
     return CompileReply(results=results)
@@ -149,9 +150,8 @@ class WorkerSteps:
     def compile(self, lowered: Lowered) -> Artifact:
         # Validated on this device before storing: a refused binary is never stored.
         state = self.state
-        built = finalize_and_validate(state.ctx, state.cl_device, lowered,
-                                      "auto" if state.settings.native_binaries else None,
-                                      state.settings.pocl_ready)
+        built = state.backend.finalize(lowered, state.settings.native_binaries,
+                                       state.settings.pocl_ready)
         if not built.ok:
             error = LoadError if built.error_kind == "load" else CompileError
             raise error(built.error, build_log=built.build_log)
@@ -161,19 +161,15 @@ class WorkerSteps:
     @contextlib.contextmanager
     def lease(self, source_hash: str) -> Iterator[bool]:
         state = self.state
-        lease = state.leases.try_acquire(state.ns, source_hash)
+        # the kernel and its lease noted for the crash ledger in the same round trip
+        lease = state.leases.try_acquire(state.ns, source_hash,
+                                         state.lease_note(self.req.artifact.id_hash))
         if lease is None:  # another worker compiles it: wait for it to let go
             state.leases.wait_released(state.ns, source_hash, LEASE_WAIT_S)
             yield False
             return
         with lease:
-            if state.ledger is not None:
-                state.ledger.holding(lease.name, lease.token)
-            try:
-                yield True
-            finally:
-                if state.ledger is not None:
-                    state.ledger.holding(None)
+            yield True
 
     def record(self, outcome: Outcome, lowered: Lowered | None) -> None:
         state = self.state

@@ -75,21 +75,16 @@ def _resolve(spec: ProgramSpec, key: Key, state: WorkerState,
     while True:
         if _loads(key, state):
             return Outcome.LOADED
-        lease = state.leases.try_acquire(state.ns, key.id_hash)
+        # the program and its lease noted for the crash ledger in the same round trip
+        lease = state.leases.try_acquire(state.ns, key.id_hash, state.lease_note(key.id_hash))
         if lease is None:
             state.leases.wait_released(state.ns, key.id_hash, LEASE_WAIT_S)
             continue
         with lease:
-            if state.ledger is not None:
-                state.ledger.holding(lease.name, lease.token)
-            try:
-                if _loads(key, state):
-                    return Outcome.LOADED
-                _compile(spec, key, state, requested_by, start)
-                return Outcome.COMPILED
-            finally:
-                if state.ledger is not None:
-                    state.ledger.holding(None)
+            if _loads(key, state):
+                return Outcome.LOADED
+            _compile(spec, key, state, requested_by, start)
+            return Outcome.COMPILED
 
 
 def _compile(spec: ProgramSpec, key: Key, state: WorkerState,

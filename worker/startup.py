@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from farm.cluster.celery_app import make_app
 from farm.cluster.workers import Heartbeat, WorkerInfo
-from farm.core.device import DeviceInfo, discover_devices, resolve_fingerprint
+from farm.compilation.backend import discover
+from farm.core.device import DeviceInfo, resolve_fingerprint
 from farm.core.errors import DeviceError
 from farm.core.keys import TASK_STATE_TTL_S, queue_name, task_holder_key
 from farm.core.outage import OutageError, redis_waiter
@@ -131,7 +132,7 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
 
     events = settings.worker_events if options.events is None else options.events
     heartbeat = settings.worker_heartbeat if options.heartbeat is None else options.heartbeat
-    devices = pick_devices(discover_devices(), options.fingerprint)
+    devices = pick_devices(discover(settings), options.fingerprint)
     fp = devices[0].fingerprint
     queue_list = options.queues or [queue_name(fp)]
     app = make_app(settings.model_copy(update={"worker_events": events}))

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from farm.cluster.lease import Leases
+from farm.cluster.lease import Also, Leases
+from farm.compilation.backend import DeviceBackend, OpenCLBackend, open_backend
 from farm.compilation.finalize import worker_name
-from farm.compilation.load import LoadedBinary, load_binary
+from farm.compilation.load import LoadedBinary
 from farm.compilation.obtain import Obtainer
-from farm.core.device import DeviceInfo, open_device
+from farm.core.device import DeviceInfo
+from farm.core.errors import FarmError
 from farm.core.keys import Namespace
 from farm.core.outage import Waiter, redis_waiter
 from farm.core.settings import Settings
@@ -36,8 +38,9 @@ class WorkerState:
     settings: Settings
     registry: Registry
     device: DeviceInfo
-    ctx: cl.Context
-    cl_device: cl.Device
+    #: compiles and loads on the device (OpenCL; a simulated one in the control-plane
+    #: benchmark: farm/compilation/backend.py)
+    backend: DeviceBackend
     store: ArtifactStore
     leases: Leases
     recorder: Recorder
@@ -58,8 +61,33 @@ class WorkerState:
         return Obtainer(self.store, self.ns, self._load)
 
     def _load(self, binary: bytes, kernel_names: tuple[str, ...] = ()) -> LoadedBinary:
-        return load_binary(self.ctx, self.cl_device, binary, kernel_names,
-                           arch=self.device.native_arch)
+        return self.backend.load(binary, kernel_names)
+
+    @property
+    def ctx(self) -> cl.Context:
+        """The OpenCL context, for what only OpenCL does (an application's programs)."""
+        return self._opencl().ctx
+
+    @property
+    def cl_device(self) -> cl.Device:
+        return self._opencl().cl_device
+
+    def _opencl(self) -> OpenCLBackend:
+        if not isinstance(self.backend, OpenCLBackend):
+            raise FarmError("this worker's device is simulated (FARM_DEVICE_BACKEND): it "
+                            "has no OpenCL context for programs")
+        return self.backend
+
+    def lease_note(self, id_hash: str) -> Also | None:
+        """What the round trip taking a lease for ``id_hash`` adds: the crash ledger's
+        note of the kernel (or program) in hand and of that lease."""
+        ledger = self.ledger
+        if ledger is None:
+            return None
+
+        def note(pipe: Any, name: str, token: str) -> None:
+            ledger.note(pipe, id_hash, name, token)
+        return note
 
     def close(self) -> None:
         self.recorder.close()
@@ -76,14 +104,14 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     from farm.store.signing import with_signatures
 
     device = devices[index % len(devices)]
-    ctx, cl_device = open_device(device)
+    backend = open_backend(settings, device)
     assert settings.redis_url, "a worker needs FARM_REDIS_URL"
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
                                        socket_connect_timeout=5)
     waiter = redis_waiter(settings.redis_url, settings.outage_limit)
     return WorkerState(
         settings=settings, registry=Registry.load(settings.family_modules), device=device,
-        ctx=ctx, cl_device=cl_device,
+        backend=backend,
         store=InstrumentedStore(with_signatures(MinioStore.from_settings(settings), settings),
                                 tier="minio"),
         leases=TimedLeases(client, ttl_s=settings.lease_ttl, waiter=waiter),

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from farm.cluster.lease import release_lease
+from farm.cluster.lease import read_kernel_note, release_lease
 from farm.cluster.payloads import CompileReply
 from farm.cluster.workers import WorkerInfo
 from farm.compilation.batch import KernelResult
-from farm.core.keys import TASK_NAME, queue_name, task_holder_key, task_lease_key, workers_key
+from farm.core.keys import TASK_NAME, queue_name, task_holder_key, task_kernel_key, workers_key
 from farm.core.model import KernelFailure
 from farm.core.outage import Say, Waiter
 from farm.core.settings import Settings
@@ -146,8 +146,11 @@ class Gatherer:
         if self._set is None:
             self._set = ResultSet([self._results[t] for t in self.pending], app=self.line.app)
         try:
+            # interval=0: Celery's look at the stored results (one MGET) otherwise sleeps
+            # half a second after it, before listening: 500 ms added to every reply
+            # that comes after the wait starts (bench/bench_control_plane.py found it)
             for task_id, meta in self.line.app.backend.iter_native(
-                    self._set, timeout=self.check_interval_s):
+                    self._set, timeout=self.check_interval_s, interval=0):
                 chunk = self.pending.pop(task_id, None)
                 if chunk is None:  # a reply already applied (or of a task re-sent since)
                     continue
@@ -246,10 +249,8 @@ class Gatherer:
         client = self.line.redis
 
         def release() -> None:
-            held = client.get(task_lease_key(task_id))
-            if held:
-                text = held.decode() if isinstance(held, bytes) else str(held)
-                name, _, token = text.partition("\n")
+            _, name, token = read_kernel_note(client.get(task_kernel_key(task_id)))
+            if name:
                 release_lease(client, name, token)
 
         self.line.waiter.call(release)

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from farm.core.keys import Namespace, lease_key
 
@@ -87,6 +87,24 @@ def release_lease(client: redis.Redis, name: str, token: str) -> bool:
     return bool(client.eval(_RELEASE, 1, name, token))
 
 
+#: more commands for the round trip that takes a lease: (pipeline, lease name, token)
+Also = Callable[[Any, str, str], None]
+
+
+def kernel_note(id_hash: str, lease_name: str, token: str) -> str:
+    """What a pool process notes for its task when it takes a kernel's lease: the kernel
+    (to blame should the process die) and the lease (to release at once then)."""
+    return f"{id_hash}\n{lease_name}\n{token}"
+
+
+def read_kernel_note(raw: bytes | str | None) -> tuple[str, str, str]:
+    """(id hash, lease name, token) of a note; empty strings for what it lacks."""
+    text = raw.decode() if isinstance(raw, bytes) else (raw or "")
+    id_hash, _, rest = text.partition("\n")
+    name, _, token = rest.partition("\n")
+    return id_hash, name, token
+
+
 class Leases:
     """Takes and waits on compile leases."""
 
@@ -99,11 +117,21 @@ class Leases:
     def _call(self, fn: Callable[[], T]) -> T:
         return self._waiter.call(fn) if self._waiter is not None else fn()
 
-    def try_acquire(self, ns: Namespace, source_hash: str) -> Lease | None:
+    def try_acquire(self, ns: Namespace, source_hash: str,
+                    also: Also | None = None) -> Lease | None:
+        """Take the lease if nobody holds it. ``also(pipeline, name, token)`` adds
+        commands sent in the same round trip (a note of the attempt for the crash
+        ledger), whether or not the lease is taken."""
         name = lease_key(ns, source_hash)
         token = uuid.uuid4().hex
-        if self._call(lambda: self._client.set(name, token, nx=True,
-                                               px=int(self.ttl_s * 1000))):
+
+        def once() -> bool:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.set(name, token, nx=True, px=int(self.ttl_s * 1000))
+            if also is not None:
+                also(pipe, name, token)
+            return bool(pipe.execute()[0])
+        if self._call(once):
             return Lease(self._client, name, token, self.ttl_s)
         return None
 

@@ -2,9 +2,9 @@
 
 Every path that obtains kernels applies these rules and no others: the embedded batch
 (:mod:`farm.compilation.batch`: in bulk, lowering and compiling in parallel), a cluster
-worker (``worker.execute``: one kernel at a time, under a compile lease, through
-:func:`obtain`), and the loader (through the batch, and :func:`store_key` for its
-look-ups). A rule fixed here is fixed for all of them.
+worker (``worker.execute``: one kernel at a time, its look-ups and compile under a
+compile lease, through :func:`obtain`), and the loader (through the batch, and
+:func:`store_key` for its look-ups). A rule fixed here is fixed for all of them.
 
 1. **The key** (:func:`store_key`): the kernel id's hash and the family's build id
    *here*; a build id computed elsewhere that differs is version skew, never stored.
@@ -111,13 +111,6 @@ class Obtainer:
         art = self.store.get(self.ns, key)
         return self._accepted(key, art, names) if art is not None else None
 
-    def stored_since(self, key: Key, names: Names = ()) -> Found | None:
-        """:meth:`stored` for a key looked for before (under a lease, after waiting for
-        another process): a listing first, so a kernel compiled here is one read of the
-        store (one miss in the metrics), not one per look."""
-        if key not in self.store.existing(self.ns, [key]):
-            return None
-        return self.stored(key, names)
 
     def reusable(self, key: Key, family: str, lowered: Lowered) -> Found | None:
         """The Rekeyed rule: an artifact of ``lowered``'s source under another key."""
@@ -223,29 +216,26 @@ class Steps(Protocol):
 
 
 def obtain(key: Key, family: str, rules: Obtainer, steps: Steps) -> Outcome:
-    """Obtain one kernel: Loaded, else (lowered) Rekeyed, else Compiled under the lease.
+    """Obtain one kernel: lowered, then under the source's compile lease Loaded, else
+    Rekeyed, else Compiled.
 
-    While another process holds the source's lease this waits for it and looks again,
-    so a kernel in flight in two builds is compiled once. Raises the step's error when
-    the kernel cannot be obtained; nothing of it is stored then.
+    The store is looked at once, under the lease: a worker is asked for a kernel because
+    its client just found it missing, so looking before the lease as well cost two
+    MinIO reads for every compile and saved nothing (six requests a compiled kernel
+    instead of four: bench/bench_control_plane.py). While another process holds the
+    lease this waits for it to let go and takes it, then looks, so a kernel in flight in
+    two builds is compiled once. Raises the step's error when the kernel cannot be
+    obtained; nothing of it is stored then.
     """
-    if rules.stored(key) is not None:
-        steps.record(Outcome.LOADED, None)
-        return Outcome.LOADED
     lowered = steps.lower()
     while True:
-        reuse = rules.reusable(key, family, lowered)
-        if reuse is not None:
-            steps.record(Outcome.REKEYED, lowered)
-            rules.keep_reused(reuse, key, family, lowered)
-            return Outcome.REKEYED
         with steps.lease(lowered.source_hash) as held:
-            if rules.stored_since(key, lowered.kernel_names) is not None:  # another
-                # process compiled this very key
+            if not held:
+                continue  # another process had it: take it now, then look
+            if rules.stored(key, lowered.kernel_names) is not None:  # another build
+                # stored this very key: loaded as exactly the kernels the family declares
                 steps.record(Outcome.LOADED, None)
                 return Outcome.LOADED
-            if not held:
-                continue  # stored under another key (reused above), or it failed: again
             reuse = rules.reusable(key, family, lowered)
             if reuse is not None:
                 steps.record(Outcome.REKEYED, lowered)

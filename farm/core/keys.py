@@ -54,11 +54,12 @@ Redis (broker and farm state)::
     farm:dead                                     list of task messages a worker refused as
                                                   malformed (JSON: reason, headers, body)
     farm:task:<task id>:deliveries                how often a compile task was started (TTL)
-    farm:task:<task id>:kernel                    id hash of the kernel it is working on now
+    farm:task:<task id>:kernel                    the kernel it is working on now and the
+                                                  compile lease taken for it (id hash, lease
+                                                  name, token; ``farm.cluster.lease``)
     farm:task:<task id>:crashes                   hash id hash -> times its compiling process
                                                   died; field ``status`` the last exit status
     farm:task:<task id>:holder                    the worker (host:pid) holding the task
-    farm:task:<task id>:lease                     the compile lease it holds (name, token)
 
 A record of kind ``records/v<N>/<name>`` travels on ``farm:records:<name>``
 (:func:`records_stream_for`): the stream has no version in its name, the entry carries
@@ -269,10 +270,6 @@ def task_crashes_key(task_id: str) -> str:
 
 def task_holder_key(task_id: str) -> str:
     return f"farm:task:{task_id}:holder"
-
-
-def task_lease_key(task_id: str) -> str:
-    return f"farm:task:{task_id}:lease"
 
 
 # -- embedded files and the bucket ------------------------------------------------------------

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     family_modules: list[str] = Field(default_factory=list, max_length=256)
     #: OpenCL device: fingerprint, prefix or name substring (FARM_DEVICE)
     device: str | None = Field(default=None, max_length=200)
+    #: benchmarks only: a module that simulates a worker's devices (FARM_DEVICE_BACKEND,
+    #: e.g. ``simdevice`` from bench/); unset: the OpenCL devices (farm/compilation/backend.py)
+    device_backend: str | None = Field(default=None, max_length=200)
     #: local compile processes (FARM_WORKERS); default: one per core
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=0, le=1024)
 
@@ -171,6 +174,13 @@ class Settings(BaseSettings):
         for name in value:
             if not isinstance(name, str) or len(name) > 200 or not _MODULE.fullmatch(name):
                 raise ValueError(f"{str(name)[:60]!r} is not a Python module name")
+        return value
+
+    @field_validator("device_backend")
+    @classmethod
+    def _backend_module(cls, value: str | None) -> str | None:
+        if value is not None and not _MODULE.fullmatch(value):
+            raise ValueError(f"{value[:60]!r} is not a Python module name")
         return value
 
     @field_validator("redis_url")

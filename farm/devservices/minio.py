@@ -109,9 +109,17 @@ class MinioServer(LocalServer):
     start_timeout = START_TIMEOUT_S
     poll_interval = 0.1
 
-    def __init__(self, workdir: Path | None = None) -> None:
-        """`workdir` is where the server's temporary folder is made (system temp if None)."""
+    def __init__(self, workdir: Path | None = None,
+                 settings: dict[str, str] | None = None) -> None:
+        """`workdir` is where the server's temporary folder is made (system temp if None);
+        `settings` are more `MINIO_*` variables for the server (a benchmark's
+        `MINIO_PROMETHEUS_AUTH_TYPE=public`), given here because the caller's own
+        environment never reaches it."""
         super().__init__(workdir)
+        bad = [name for name in settings or {} if not name.startswith("MINIO_")]
+        if bad:
+            raise ServiceError(f"MinIO settings must be MINIO_* variables: {bad}")
+        self._settings = dict(settings or {})
         self._access_key: str | None = None
         self._secret_key: str | None = None
 
@@ -150,6 +158,7 @@ class MinioServer(LocalServer):
             self._secret_key = secrets.token_urlsafe(24)
         # Only the settings given here: a developer's own MINIO_* must not leak in.
         env = {key: value for key, value in os.environ.items() if not key.startswith("MINIO_")}
+        env.update(self._settings)
         env.update(
             MINIO_ROOT_USER=self._access_key,
             MINIO_ROOT_PASSWORD=self._secret_key,

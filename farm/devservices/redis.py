@@ -7,6 +7,7 @@ entries, visibility timeouts) are exactly what a fake would get wrong.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 from pathlib import Path
@@ -18,7 +19,17 @@ START_TIMEOUT_S = 20.0
 
 
 def ensure_redis() -> Path:
-    """Return the path of `redis-server`, installing Debian's package when it is missing."""
+    """Return the path of `redis-server`, installing Debian's package when it is missing.
+
+    `FARM_REDIS_BIN` names a server the user chose (it must exist): on a host with no
+    network, the one `bench/host_kit.sh` carried there.
+    """
+    chosen = os.environ.get("FARM_REDIS_BIN")
+    if chosen:
+        path = Path(chosen)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ServiceError(f"FARM_REDIS_BIN={chosen} is not an executable file")
+        return path
     found = shutil.which("redis-server")
     if found is None:
         apt_install("redis-server")
