@@ -158,9 +158,7 @@ def test_worker_metrics_tell_the_truth(redis_server: Any, minio_server: Any,
         assert built["summary"]["compiled"] == 3 and built["summary"]["failed"] == 1
         requests = _samples(port, "farm_store_requests_total")
         misses = sum(v for k, v in requests.items() if 'result="miss"' in k)
-        # one read per compiled kernel (none twice); the kernel that does not lower
-        # never reads the store
-        assert misses == 3, requests
+        assert misses == 4, requests  # one per kernel asked for, none twice
         kernels = _samples(port, "farm_kernels_total")
         failed = {k: v for k, v in kernels.items() if 'outcome="failed"' in k}
         assert list(failed.values()) == [1.0] and 'kind="compile"' in next(iter(failed)), kernels

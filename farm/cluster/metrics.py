@@ -38,6 +38,8 @@ from farm.core.model import Artifact, Key, Lowered, Outcome
 from farm.store.base import ArtifactStore, PutResult, WrappedStore
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
     import redis
     from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -185,7 +187,7 @@ class Served:
     """A running ``/metrics`` listener: its registry and its server."""
 
     registry: CollectorRegistry
-    server: Any
+    server: WSGIServer
 
     def close_inherited(self) -> None:
         """In a forked child (a Celery pool process): close this process's copy of the

@@ -25,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -40,6 +40,14 @@ MAX_SECONDS = 60.0
 _OWN = "farm.families.builtin"
 
 
+class Family(Protocol):
+    """What the boundary needs of a family: its name (its ``time_limit_s`` is read if it
+    has one)."""
+
+    @property
+    def name(self) -> str: ...
+
+
 class _Abandoned(BaseException):
     """Raised inside a plugin's thread that outlived its time (it should stop there)."""
 
@@ -49,7 +57,7 @@ def say(text: object) -> str:
     return printable(" ".join(str(text).split()))
 
 
-def call(family: Any, what: str, fn: Callable[[], T]) -> T:
+def call(family: Family, what: str, fn: Callable[[], T]) -> T:
     """``fn()`` (code of ``family``): its result, or a :class:`PluginError` (or the
     :class:`FarmError` it raised on purpose, its message trimmed). ``pydantic``'s
     ``ValidationError`` passes through: it is the caller's to word."""
@@ -76,7 +84,7 @@ def call(family: Any, what: str, fn: Callable[[], T]) -> T:
     return box["value"]
 
 
-def _guarded(family: Any, what: str, fn: Callable[[], T]) -> T:
+def _guarded(family: Family, what: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except (ValidationError, KeyboardInterrupt, _Abandoned):
@@ -100,7 +108,7 @@ def _stop(thread: threading.Thread) -> None:
                                                    ctypes.py_object(_Abandoned))
 
 
-def checked_lowered(family: Any, value: object) -> Lowered:
+def checked_lowered(family: Family, value: object) -> Lowered:
     """``value`` as a :class:`Lowered` that passed validation: ``lower()`` may return
     one built with ``model_construct`` (nothing checked) or something else entirely."""
     if not isinstance(value, Lowered):
