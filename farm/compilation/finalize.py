@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Literal, cast
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
 from farm.compilation.load import BuiltProgram, load
-from farm.compilation.ready import applies, ready_binary
+from farm.compilation.ready import (
+    applies,
+    private_option,
+    program_binary,
+    program_route,
+    program_route_applies,
+    ready_binary,
+)
 from farm.core.errors import LoadError
 from farm.core.model import Lowered
 
@@ -167,14 +174,23 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
     With ``ready``, where the device makes machine code at a kernel's first launch
     (PoCL's CPU drivers) and a family's ``lowered`` declares a launch, the binary is
     taken after one launch and carries that launch's machine code
-    (:mod:`farm.compilation.ready`). An application's program declares none.
+    (:mod:`farm.compilation.ready`). An application's program declares none: its binary
+    is taken without the generic machine code PoCL would make for every kernel first
+    (:func:`farm.compilation.ready.program_binary`).
     """
     import pyopencl as cl
 
     start = time.perf_counter()
+    route = isinstance(lowered, RawSource) and ready and program_route_applies(device)
+    made = None
     try:
-        with farm_compiling():
-            program = _start_build(ctx, device, lowered, extra_options)
+        with farm_compiling(), program_route() if route else contextlib.nullcontext(
+                time.time()) as since:
+            program = _start_build(ctx, device, lowered,
+                                   (*extra_options, private_option()) if route
+                                   else extra_options)
+            if route:
+                made = program_binary(program, since)
     except _Failed as exc:
         log = _build_log(exc.program, device) or str(exc)
         return FinalizeResult(error=f"the platform compiler refused the source: "
@@ -183,7 +199,15 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
                               worker=worker_name())
     spec = error = ""
     declared = lowered.ready if isinstance(lowered, Lowered) else None
-    if ready and declared is not None and applies(device):
+    if made is not None:
+        binary, error = made.binary, made.error
+        if error:
+            logger.info("program binary taken the plain way (%s)", error)
+        if not binary:
+            return FinalizeResult(error=error, error_kind="validation",
+                                  work_s=time.perf_counter() - start,
+                                  host=socket.gethostname(), worker=worker_name())
+    elif ready and declared is not None and applies(device):
         made = ready_binary(ctx, device, program, declared)
         binary, spec, error = made.binary, made.spec, made.error
         if error:  # stored all the same: its first launch compiles, as before

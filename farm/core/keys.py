@@ -30,11 +30,14 @@ SQLite store: table ``artifacts`` with columns (namespace, id_hash, build_id, ..
 
 Programs (``farm.programs``: OpenCL programs an application builds from its own source)
 are artifacts like any other, under ``<namespace>/artifacts/<program key>/<program build
-id>`` with family :data:`PROGRAM_FAMILY`. The program key is a SHA-256 over the source's
-digest, the normalised build options and the digests of every header the source can
-include (``farm.programs.spec``); the fingerprint is in the namespace. ``blobs/`` sits
-one level above the namespaces, so a namespace listing (three levels of prefixes)
-never mistakes it for one.
+id>`` with family :data:`PROGRAM_FAMILY`. On PoCL the work-group functions their launches
+made are stored beside them as artifacts of family :data:`PROGRAM_FUNCTIONS_FAMILY`, in
+the same namespace, slot by slot (:func:`program_functions_key`: 62 digits of a SHA-256
+of the program's key and its binary's build hash, then the slot number in two). The
+program key is a SHA-256 over the source's digest, the normalised build options and the
+digests of every header the source can include (``farm.programs.spec``); the
+fingerprint is in the namespace. ``blobs/`` sits one level above the namespaces, so a
+namespace listing (three levels of prefixes) never mistakes it for one.
 
 Redis (broker and farm state)::
 
@@ -90,6 +93,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from farm.core.hashing import sha256_hex
 from farm.core.model import Key
 
 BACKEND = "opencl"
@@ -180,6 +184,20 @@ BLOBS_PREFIX = "blobs/"
 
 #: the family name program artifacts are stored under (never a registered family's)
 PROGRAM_FAMILY = "program"
+#: the family name of a program's work-group function records (farm.programs.supplements)
+PROGRAM_FUNCTIONS_FAMILY = "program-wg"
+#: records a program may have (slots 0 to this - 1)
+PROGRAM_FUNCTION_SLOTS = 32
+
+
+def program_functions_key(program: Key, base: str, slot: int) -> Key:
+    """The key of slot ``slot`` of the work-group function records of ``program`` whose
+    stored binary is named ``base`` (its PoCL build hash). Every slot of a program shares
+    the first 62 digits, so one listing of that prefix finds them all."""
+    if not 0 <= slot < PROGRAM_FUNCTION_SLOTS:
+        raise ValueError(f"slot {slot} outside 0..{PROGRAM_FUNCTION_SLOTS - 1}")
+    digest = sha256_hex(f"{PROGRAM_FUNCTIONS_FAMILY}\n{program}\n{base}")
+    return Key(id_hash=f"{digest[:62]}{slot:02x}", build_id=program.build_id)
 
 
 def blob_object(digest: str) -> str:

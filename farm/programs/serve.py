@@ -12,6 +12,11 @@ devices that share a fingerprint, in order:
    headers go into the store as blobs, so the cluster can build the program for other
    devices from their digests.
 
+On PoCL's CPU drivers the work-group functions stored beside the program
+(:mod:`~farm.programs.supplements`) are merged into its binary, so the first launch of
+a geometry some node already ran compiles nothing; and the functions this process's
+launches make are stored for the next node (:mod:`~farm.programs.harvest`).
+
 Then the program is made from the binaries for every device of the build
 (:mod:`~farm.programs.assemble`), and put into the application's ``Program``. Each
 program obtained is recorded in the process's records session (family ``program``).
@@ -36,17 +41,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from farm.compilation.finalize import RawSource, farm_compiling, finalize_and_validate
+from farm.compilation.native import unpack
 from farm.core.device import DeviceInfo, info_from_device
-from farm.core.errors import FarmError, LoadError
+from farm.core.errors import FarmError, LoadError, StoreError
 from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
 from farm.core.model import Artifact, Key, Lowered, Outcome
 from farm.core.settings import Settings, load_settings
 from farm.programs.assemble import Assembled, assemble
 from farm.programs.counts import RunCounts
+from farm.programs.harvest import Harvester
 from farm.programs.spec import Described, Unserved, describe
+from farm.programs.supplements import Prepared, fill_front, prepare
 from farm.records.model import Trip
-from farm.store.base import ArtifactStore
+from farm.store.base import ArtifactStore, PutResult
 from farm.store.tiers import tiers_of
 
 if TYPE_CHECKING:
@@ -97,6 +105,10 @@ class ProgramServer:
         self._lock = threading.Lock()
         self._key_locks: dict[tuple[str, Key], threading.Lock] = {}
         self._memory: GenerationCache[tuple[str, Key], Artifact] = GenerationCache()
+        #: per (fingerprint, key): the prepared binary, or (None,) where none applies
+        self._prepared: GenerationCache[tuple[str, Key], tuple[Prepared | None]] = \
+            GenerationCache()
+        self._harvester: Harvester | None = None
         self._devices: dict[int, DeviceInfo] = {}
         self._broken = ""
         self._warned: set[str] = set()
@@ -143,7 +155,11 @@ class ProgramServer:
                                      "programs are built the plain way from now on")
 
     def close(self) -> None:
-        """Close the store and recorder this server opened."""
+        """Store what the watched programs' launches made (PoCL), then close the store
+        and recorder this server opened."""
+        harvester, self._harvester = self._harvester, None
+        if harvester is not None:
+            harvester.close()
         with self._lock:
             if self._remote is not None:
                 self._remote.close()
@@ -197,6 +213,8 @@ class ProgramServer:
         logs: dict[int, str] = {}
         outcome = Outcome.LOADED
         by_fp: dict[str, tuple[Artifact, int]] = {}
+        prepared: dict[str, Prepared] = {}
+        stored: list[bytes] = []
         for dev in devs:
             info = self._info(dev)
             if info.fingerprint not in by_fp:
@@ -204,16 +222,66 @@ class ProgramServer:
                 by_fp[info.fingerprint] = art, tier
                 if got is Outcome.COMPILED:
                     outcome = got
+                prep = self._prepare(info, key, art)
+                if prep is not None:
+                    prepared[info.fingerprint] = prep
             art = by_fp[info.fingerprint][0]
-            binaries.append(art.binary)
+            prep = prepared.get(info.fingerprint)
+            binaries.append(prep.binary if prep is not None else art.binary)
+            stored.append(art.binary)
             logs[dev.int_ptr] = art.meta.build_log
         archs = [self._info(d).native_arch for d in devs]
-        assembled = assemble(ctx, devs, binaries, described.options, archs)
+        try:
+            assembled = assemble(ctx, devs, binaries, described.options, archs)
+        except LoadError:
+            if binaries == stored:
+                raise
+            self._warn("a program's stored work-group functions were refused; it is "
+                       "loaded without them")
+            assembled, prepared = assemble(ctx, devs, stored, described.options, archs), {}
         seconds = time.perf_counter() - start
         for fp, (art, tier) in by_fp.items():
-            self._fill_front(Namespace.for_fingerprint(fp), art, tier)
+            ns = Namespace.for_fingerprint(fp)
+            self._fill_front(ns, art, tier)
+            if fp in prepared:
+                self._watch(ns, key, prepared[fp], art, assembled.program)
         self._record(key, outcome, seconds, described, assembled.native_fallback)
         return Served(assembled, outcome, logs, seconds)
+
+    def _prepare(self, info: DeviceInfo, key: Key, art: Artifact) -> Prepared | None:
+        """On PoCL's CPU drivers, ``art``'s binary with the work-group functions stored
+        beside it (once per key in this process); ``None`` elsewhere."""
+        if (not info.compiles_at_launch or not self._settings().pocl_ready
+                or unpack(art.binary) is not None):
+            return None
+        mkey = (info.fingerprint, key)
+        with self._key_lock(mkey):
+            known = self._prepared.get(mkey)
+            if known is not None:
+                return known[0]
+            ns = Namespace.for_fingerprint(info.fingerprint)
+            tiers = [] if self._broken else tiers_of(self.store)
+            prep = prepare(tiers, ns, key, art.binary)
+            if prep is not None:
+                for why in prep.ignored:
+                    self._warn(f"work-group functions of a program: {why}")
+                fill_front(tiers, ns, prep.fills)
+                prep.fills.clear()
+            self._prepared.put(mkey, (prep,))
+            return prep
+
+    def _watch(self, ns: Namespace, key: Key, prep: Prepared, art: Artifact,
+               handle: Any) -> None:
+        with self._lock:
+            if self._harvester is None:
+                self._harvester = Harvester(self._harvest_store, self._warn)
+            harvester = self._harvester
+        harvester.watch(ns, key, prep, art.meta.source_hash, handle)
+
+    def _harvest_store(self) -> ArtifactStore:
+        if self._broken:
+            raise StoreError(f"the farm is unavailable ({self._broken})")
+        return self.store
 
     def _obtain(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
                 described: Described) -> tuple[Artifact, Outcome, int]:
@@ -284,7 +352,9 @@ class ProgramServer:
             if digest not in self._blobs_put:
                 store.put_blob(data)
                 self._blobs_put.add(digest)
-        store.put(Namespace.for_fingerprint(info.fingerprint), art)
+        ns = Namespace.for_fingerprint(info.fingerprint)
+        if store.put(ns, art) is PutResult.REFUSED:  # another process stored it first
+            return store.get(ns, key) or art  # theirs: the one every node loads
         return art
 
     def _record(self, key: Key, outcome: Outcome, seconds: float, described: Described,
