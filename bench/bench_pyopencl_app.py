@@ -112,7 +112,8 @@ def machine(device: str) -> dict[str, str]:
         [sys.executable, "-c", "import sys, pyopencl as cl\n"
          "for p in cl.get_platforms():\n"
          "    for d in p.get_devices():\n"
-         "        if not sys.argv[1] or sys.argv[1].lower() in f'{p.name} {p.vendor} {d.name}'.lower():\n"
+         "        name = f'{p.name} {p.vendor} {d.name}'.lower()\n"
+         "        if not sys.argv[1] or sys.argv[1].lower() in name:\n"
          "            print(f'{d.name} on {p.name} {p.version}, driver {d.driver_version}')\n"
          "            raise SystemExit\n", device],
         capture_output=True, text=True, check=False)

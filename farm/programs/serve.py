@@ -198,6 +198,14 @@ class ProgramServer:
         self.counts.bump("fallbacks")
         return result
 
+    def _warn_once(self, what: str, text: str) -> None:
+        """``text``, the first time something of kind ``what`` is said in this run."""
+        with self._lock:
+            if what in self._warned:
+                return
+            self._warned.add(what)
+        self._warn(text)
+
     def _warn(self, text: str) -> None:
         with self._lock:
             if text in self._warned:
@@ -262,9 +270,9 @@ class ProgramServer:
             ns = Namespace.for_fingerprint(info.fingerprint)
             tiers = [] if self._broken else tiers_of(self.store)
             prep = prepare(tiers, ns, key, art.binary)
-            if prep is not None:
-                for why in prep.ignored:
-                    self._warn(f"work-group functions of a program: {why}")
+            if prep is not None and prep.ignored:  # said once a run: what and why
+                self._warn_once("ignored", "work-group functions stored for a program were "
+                                f"ignored ({prep.ignored[0]}); its first launches compile")
                 fill_front(tiers, ns, prep.fills)
                 prep.fills.clear()
             self._prepared.put(mkey, (prep,))
