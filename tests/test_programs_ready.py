@@ -28,6 +28,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,14 @@ from farm.compilation.poclbin import (
 )
 from farm.core.keys import PROGRAM_FUNCTIONS_FAMILY, Namespace, program_functions_key
 from farm.core.model import Artifact, Key
-from farm.programs.supplements import MAGIC, SupplementError, decode, encode, prepare
+from farm.programs.supplements import (
+    MAGIC,
+    SlotReader,
+    SupplementError,
+    decode,
+    encode,
+    prepare,
+)
 from farm.store.memory import MemoryStore
 from farm.store.tiers import Tier
 
@@ -244,7 +252,7 @@ def test_damaged_records_are_refused_or_read_never_anything_else(
 
 def _put(store: MemoryStore, ns: Namespace, base: str, slot: int, data: bytes,
          family: str = PROGRAM_FUNCTIONS_FAMILY) -> None:
-    store.put(ns, Artifact.create(program_functions_key(PROGRAM, base, slot), family, data,
+    store.put(ns, Artifact.create(program_functions_key(PROGRAM, slot), family, data,
                                   "0" * 64))
 
 
@@ -260,15 +268,19 @@ def test_prepare_merges_what_it_accepts_and_skips_the_rest(base_binary: bytes,
                                                     real_function}), family="program")
     _put(store, ns, base, 3, encode(PROGRAM, base, {("scale", "32-1-1-goffs0"):
                                                     real_function}))
-    prep = prepare([Tier("local", store)], ns, PROGRAM, base_binary)
+    _put(store, ns, base, 4, HOSTILE["another program's binary"](base, real_function))
+    with ThreadPoolExecutor(4) as pool:  # slots read ahead, two at a time
+        prep = prepare(SlotReader([Tier("local", store)], ns, PROGRAM, pool), PROGRAM,
+                       base_binary)
     assert prep is not None
-    assert prep.merged == 2 and prep.next_slot == 4 and len(prep.ignored) == 2, prep.ignored
+    # slot 4 is stale (a record of another binary of the program): skipped in silence
+    assert prep.merged == 2 and prep.next_slot == 5 and len(prep.ignored) == 2, prep.ignored
     files = kernel_file_data(prep.binary)["scale"]
     assert files[function_path("scale", "16-1-1-goffs0-smallgrid")] == real_function
     assert function_path("scale", "32-1-1-goffs0") in files
     assert build_hash(prep.binary) == base  # the same folder: the same program
     layout(prep.binary)
-    assert prepare([Tier("local", store)], ns, PROGRAM, b"not a binary") is None
+    assert prepare(SlotReader([], ns, PROGRAM), PROGRAM, b"not a binary") is None
 
 
 def test_a_merged_binary_loads_and_runs_the_stored_function(
@@ -400,7 +412,7 @@ def test_a_run_stores_the_work_group_functions_its_launches_made(
     functions: dict[str, set[str]] = {}
     for rec in records:
         program = next(p for p in programs if rec.meta.key == program_functions_key(
-            p.meta.key, build_hash(p.binary), int(rec.meta.key.id_hash[-2:], 16)))
+            p.meta.key, int(rec.meta.key.id_hash[-2:], 16)))
         base = build_hash(program.binary)
         for (kernel, spec) in decode(rec.binary, program.meta.key, base,
                                      frozenset(kernel_files(program.binary))):
@@ -447,7 +459,7 @@ def test_hostile_records_are_ignored_and_the_run_behaves_as_a_plain_one(
             store.put(ns, art)
             base = build_hash(art.binary)
             data = HOSTILE[kinds[i % len(kinds)]](base, real_function)
-            store.put(ns, Artifact.create(program_functions_key(art.meta.key, base, 0),
+            store.put(ns, Artifact.create(program_functions_key(art.meta.key, 0),
                                           PROGRAM_FUNCTIONS_FAMILY, data, "0" * 64))
     finally:
         store.close()

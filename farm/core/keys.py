@@ -33,7 +33,7 @@ are artifacts like any other, under ``<namespace>/artifacts/<program key>/<progr
 id>`` with family :data:`PROGRAM_FAMILY`. On PoCL the work-group functions their launches
 made are stored beside them as artifacts of family :data:`PROGRAM_FUNCTIONS_FAMILY`, in
 the same namespace, slot by slot (:func:`program_functions_key`: 62 digits of a SHA-256
-of the program's key and its binary's build hash, then the slot number in two). The
+of the program's key, then the slot number in two). The
 program key is a SHA-256 over the source's digest, the normalised build options and the
 digests of every header the source can include (``farm.programs.spec``); the
 fingerprint is in the namespace. ``blobs/`` sits one level above the namespaces, so a
@@ -190,13 +190,14 @@ PROGRAM_FUNCTIONS_FAMILY = "program-wg"
 PROGRAM_FUNCTION_SLOTS = 32
 
 
-def program_functions_key(program: Key, base: str, slot: int) -> Key:
-    """The key of slot ``slot`` of the work-group function records of ``program`` whose
-    stored binary is named ``base`` (its PoCL build hash). Every slot of a program shares
-    the first 62 digits, so one listing of that prefix finds them all."""
+def program_functions_key(program: Key, slot: int) -> Key:
+    """The key of slot ``slot`` of ``program``'s work-group function records. It depends
+    on the program's key alone, so a reader asks for the first slots while the program's
+    own artifact is still on its way (each record names the binary it belongs to). Every
+    slot of a program shares the first 62 digits: one listing of that prefix finds them."""
     if not 0 <= slot < PROGRAM_FUNCTION_SLOTS:
         raise ValueError(f"slot {slot} outside 0..{PROGRAM_FUNCTION_SLOTS - 1}")
-    digest = sha256_hex(f"{PROGRAM_FUNCTIONS_FAMILY}\n{program}\n{base}")
+    digest = sha256_hex(f"{PROGRAM_FUNCTIONS_FAMILY}\n{program}")
     return Key(id_hash=f"{digest[:62]}{slot:02x}", build_id=program.build_id)
 
 

@@ -146,7 +146,7 @@ class Harvester:
         while new and prep.next_slot < PROGRAM_FUNCTION_SLOTS and rounds > 0:
             rounds -= 1
             slot = prep.next_slot
-            there = store.get(w.ns, program_functions_key(w.program, prep.base, slot))
+            there = store.get(w.ns, program_functions_key(w.program, slot))
             if there is not None:
                 try:
                     held = read_slot(there, w.program, prep.base, slot, names)

@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,7 @@ from farm.programs.assemble import Assembled, assemble
 from farm.programs.counts import RunCounts
 from farm.programs.harvest import Harvester
 from farm.programs.spec import Described, Unserved, describe
-from farm.programs.supplements import Prepared, fill_front, prepare
+from farm.programs.supplements import READ_AHEAD, Prepared, SlotReader, fill_front, prepare
 from farm.records.model import Trip
 from farm.store.base import ArtifactStore, PutResult
 from farm.store.tiers import tiers_of
@@ -109,6 +110,7 @@ class ProgramServer:
         self._prepared: GenerationCache[tuple[str, Key], tuple[Prepared | None]] = \
             GenerationCache()
         self._harvester: Harvester | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._devices: dict[int, DeviceInfo] = {}
         self._broken = ""
         self._warned: set[str] = set()
@@ -160,6 +162,9 @@ class ProgramServer:
         harvester, self._harvester = self._harvester, None
         if harvester is not None:
             harvester.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
         with self._lock:
             if self._remote is not None:
                 self._remote.close()
@@ -226,11 +231,12 @@ class ProgramServer:
         for dev in devs:
             info = self._info(dev)
             if info.fingerprint not in by_fp:
+                reader = self._read_ahead(info, key)  # while the artifact is fetched
                 art, got, tier = self._obtain(ctx, dev, info, described)
                 by_fp[info.fingerprint] = art, tier
                 if got is Outcome.COMPILED:
                     outcome = got
-                prep = self._prepare(info, key, art)
+                prep = self._prepare(info, key, art, reader)
                 if prep is not None:
                     prepared[info.fingerprint] = prep
             art = by_fp[info.fingerprint][0]
@@ -256,7 +262,22 @@ class ProgramServer:
         self._record(key, outcome, seconds, described, assembled.native_fallback)
         return Served(assembled, outcome, logs, seconds)
 
-    def _prepare(self, info: DeviceInfo, key: Key, art: Artifact) -> Prepared | None:
+    def _read_ahead(self, info: DeviceInfo, key: Key) -> SlotReader | None:
+        """A reader of the program's work-group function records, its first slots on
+        their way (PoCL's CPU drivers, the first time this process serves the key)."""
+        if (not info.compiles_at_launch or not self._settings().pocl_ready or self._broken
+                or self._prepared.get((info.fingerprint, key)) is not None):
+            return None
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(2 * READ_AHEAD,
+                                                thread_name_prefix="kernel-farm records")
+            pool = self._pool
+        return SlotReader(tiers_of(self.store), Namespace.for_fingerprint(info.fingerprint),
+                          key, pool)
+
+    def _prepare(self, info: DeviceInfo, key: Key, art: Artifact,
+                 reader: SlotReader | None) -> Prepared | None:
         """On PoCL's CPU drivers, ``art``'s binary with the work-group functions stored
         beside it (once per key in this process); ``None`` elsewhere."""
         if (not info.compiles_at_launch or not self._settings().pocl_ready
@@ -269,7 +290,7 @@ class ProgramServer:
                 return known[0]
             ns = Namespace.for_fingerprint(info.fingerprint)
             tiers = [] if self._broken else tiers_of(self.store)
-            prep = prepare(tiers, ns, key, art.binary)
+            prep = prepare(reader or SlotReader(tiers, ns, key), key, art.binary)
             if prep is not None and prep.ignored:  # said once a run: what and why
                 self._warn_once("ignored", "work-group functions stored for a program were "
                                 f"ignored ({prep.ignored[0]}); its first launches compile")

@@ -13,14 +13,18 @@ function and compiles nothing.
 
 A record is an ordinary artifact, so it is digest-verified, signed where signing is
 configured and bound to its namespace like every other one. Its key is slot ``n`` of
-the program's records (:func:`farm.core.keys.program_functions_key`: the program's key,
-its binary's build hash, the slot), family ``program-wg``; slots are taken in order,
-first writer wins, and a reader probes them in order until one is missing. Its bytes::
+the program's records (:func:`farm.core.keys.program_functions_key`: the program's key
+and the slot), family ``program-wg``; slots are taken in order, first writer wins, and
+a reader reads them in order until one is missing, :data:`READ_AHEAD` at a time, the
+first ones while the program's artifact is still on its way (:class:`SlotReader`). Its
+bytes::
 
     b"KFWGSUP1" | u32 big endian N | N bytes of JSON (:class:`Header`) | the functions
 
-the header naming the program, the binary's build hash, and for each function its kernel,
-specialisation, size and SHA-256, in the order their bytes follow.
+the header naming the program, the build hash of the binary the functions were made
+from, and for each function its kernel, specialisation, size and SHA-256, in the order
+their bytes follow. A record of another binary of the same program (the artifact was
+removed and compiled again since) is stale: skipped in silence, its slot stays taken.
 
 What a reader accepts, and nothing else (anything else makes the whole record a miss,
 never an error and never a crash): the record's program and build hash are the ones
@@ -40,6 +44,7 @@ import json
 import sqlite3
 import struct
 from collections.abc import Mapping
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -73,6 +78,8 @@ MAX_FUNCTIONS = 256
 #: bytes of functions one record holds at most
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 _MAX_HEADER = 256 * 1024
+#: slots read at once (most programs have one record: the first two answer in one trip)
+READ_AHEAD = 2
 #: what a store may raise that only means "no records this time"
 _UNAVAILABLE = (FarmError, OSError, sqlite3.Error)
 
@@ -98,6 +105,10 @@ class SupplementError(ValueError):
     """A record that is not one this reader accepts (see the module docstring)."""
 
 
+class StaleRecord(SupplementError):
+    """A record of another binary of the same program."""
+
+
 def encode(program: Key, base: str, functions: Mapping[Pair, bytes]) -> bytes:
     """A record of ``functions`` for ``program``'s binary named ``base``."""
     items = sorted(functions.items())
@@ -120,8 +131,10 @@ def decode(data: bytes, program: Key, base: str, kernels: frozenset[str]
         header = Header.model_validate(json.loads(data[start:start + size]))
     except (ValidationError, ValueError) as exc:
         raise SupplementError(f"record header does not validate: {exc}"[:200]) from None
-    if header.program != str(program) or header.base != base:
+    if header.program != str(program):
         raise SupplementError("record of another program")
+    if header.base != base:
+        raise StaleRecord(f"record of binary {header.base}, not {base}")
     out: dict[Pair, bytes] = {}
     at = start + size
     for fn in header.functions:
@@ -143,7 +156,7 @@ def decode(data: bytes, program: Key, base: str, kernels: frozenset[str]
 def record(program: Key, base: str, slot: int, functions: Mapping[Pair, bytes],
            source_hash: str, **meta: str) -> Artifact:
     """The artifact of one record (``source_hash``: the program artifact's)."""
-    return Artifact.create(program_functions_key(program, base, slot),
+    return Artifact.create(program_functions_key(program, slot),
                            PROGRAM_FUNCTIONS_FAMILY, encode(program, base, functions),
                            source_hash, **meta)
 
@@ -152,7 +165,7 @@ def read_slot(art: Artifact, program: Key, base: str, slot: int,
               kernels: frozenset[str]) -> dict[Pair, bytes]:
     """The functions of a stored record; :class:`SupplementError` for one refused."""
     if (art.meta.family != PROGRAM_FUNCTIONS_FAMILY
-            or art.meta.key != program_functions_key(program, base, slot)):
+            or art.meta.key != program_functions_key(program, slot)):
         raise SupplementError("an artifact of another kind in a record's slot")
     return decode(art.binary, program, base, kernels)
 
@@ -177,9 +190,46 @@ class Prepared:
     ignored: list[str] = field(default_factory=list)
 
 
-def prepare(tiers: list[Tier], ns: Namespace, program: Key, binary: bytes) -> Prepared | None:
-    """``binary`` (``program``'s stored one) with its records merged; ``None`` where
-    records do not apply (a binary this farm did not name, or cannot walk)."""
+class SlotReader:
+    """A program's record slots, read in order from the first tier that holds each,
+    :data:`READ_AHEAD` at a time on ``pool`` (one at a time without a pool)."""
+
+    def __init__(self, tiers: list[Tier], ns: Namespace, program: Key,
+                 pool: Executor | None = None) -> None:
+        self._tiers, self._ns, self._program, self._pool = tiers, ns, program, pool
+        self._ahead: dict[int, Future[tuple[Artifact | None, int]]] = {}
+        self._read_ahead(0)
+
+    def _read_ahead(self, first: int) -> None:
+        if self._pool is None:
+            return
+        for slot in range(first, min(first + READ_AHEAD, PROGRAM_FUNCTION_SLOTS)):
+            if slot not in self._ahead:
+                self._ahead[slot] = self._pool.submit(self._read, slot)
+
+    def _read(self, slot: int) -> tuple[Artifact | None, int]:
+        key = program_functions_key(self._program, slot)
+        for i, tier in enumerate(self._tiers):
+            art = tier.store.get(self._ns, key)
+            if art is not None:
+                return art, i
+        return None, 0
+
+    def get(self, slot: int) -> tuple[Artifact | None, int]:
+        """Slot ``slot``'s record and the index of the tier that held it; what a store
+        raises comes out here."""
+        ahead = self._ahead.pop(slot, None)
+        if ahead is None:
+            return self._read(slot)
+        if slot + 1 not in self._ahead:
+            self._read_ahead(slot + 1)
+        return ahead.result()
+
+
+def prepare(reader: SlotReader, program: Key, binary: bytes) -> Prepared | None:
+    """``binary`` (``program``'s stored one) with its records (from ``reader``) merged;
+    ``None`` where records do not apply (a binary this farm did not name, or cannot
+    walk)."""
     try:
         base = build_hash(binary)
         files = kernel_file_data(binary)
@@ -194,7 +244,7 @@ def prepare(tiers: list[Tier], ns: Namespace, program: Key, binary: bytes) -> Pr
     adding: dict[str, dict[str, bytes]] = {}
     for slot in range(PROGRAM_FUNCTION_SLOTS):
         try:
-            art, tier = _first(tiers, ns, program_functions_key(program, base, slot))
+            art, tier = reader.get(slot)
         except _UNAVAILABLE as exc:
             out.ignored.append(f"records not read ({' '.join(str(exc).split())[:200]})")
             break
@@ -203,6 +253,8 @@ def prepare(tiers: list[Tier], ns: Namespace, program: Key, binary: bytes) -> Pr
         out.next_slot = slot + 1
         try:
             functions = read_slot(art, program, base, slot, names)
+        except StaleRecord:
+            continue
         except SupplementError as exc:
             out.ignored.append(f"record {slot} ignored: {exc}")
             continue
@@ -220,14 +272,6 @@ def prepare(tiers: list[Tier], ns: Namespace, program: Key, binary: bytes) -> Pr
             out.ignored.append(f"functions not merged: {exc}")
             out.known -= {(k, function_folder(p)) for k, v in adding.items() for p in v}
     return out
-
-
-def _first(tiers: list[Tier], ns: Namespace, key: Key) -> tuple[Artifact | None, int]:
-    for i, tier in enumerate(tiers):
-        art = tier.store.get(ns, key)
-        if art is not None:
-            return art, i
-    return None, 0
 
 
 def fill_front(tiers: list[Tier], ns: Namespace, fills: list[tuple[int, Artifact]]) -> None:
