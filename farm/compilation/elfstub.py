@@ -26,7 +26,6 @@ Only little-endian 64-bit hosts this module knows (x86-64, AArch64); elsewhere
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import platform
@@ -109,6 +108,8 @@ def stubs_load() -> bool:
     """Whether this process's dynamic loader accepts a stub and finds its symbol (tried
     once, with ctypes, before PoCL is ever handed one: a stub PoCL could not open would
     abort the application)."""
+    import ctypes  # here: a process that only checks files never needs it
+
     data = stub("kernel_farm_probe")
     if data is None:
         return False

@@ -21,14 +21,13 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
+from farm.compilation.compiling import farm_compiling, in_farm_compile  # noqa: F401 (theirs)
 from farm.compilation.load import BuiltProgram, load
 from farm.compilation.ready import (
     applies,
@@ -112,25 +111,6 @@ class RawSource:
     source: bytes
     options: bytes
     kernel_names: tuple[str, ...] = ()
-
-
-_BUILDING = threading.local()
-
-
-@contextlib.contextmanager
-def farm_compiling() -> Iterator[None]:
-    """Mark this thread as running the farm's own build (see the module docstring)."""
-    outer = getattr(_BUILDING, "active", False)
-    _BUILDING.active = True
-    try:
-        yield
-    finally:
-        _BUILDING.active = outer
-
-
-def in_farm_compile() -> bool:
-    """Whether this thread is inside :func:`farm_compiling`."""
-    return bool(getattr(_BUILDING, "active", False))
 
 
 def _start_build(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,

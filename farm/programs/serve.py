@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from farm.compilation.finalize import RawSource, farm_compiling, finalize_and_validate
+from farm.compilation.compiling import farm_compiling
 from farm.compilation.native import unpack
 from farm.core.device import DeviceInfo, info_from_device
 from farm.core.errors import FarmError, LoadError, StoreError
@@ -365,6 +365,9 @@ class ProgramServer:
 
     def _compile(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
                  described: Described) -> Artifact:
+        # the compile path loads only in a process that compiles (a served one never does)
+        from farm.compilation.finalize import RawSource, finalize_and_validate
+
         settings = self._settings()
         built = finalize_and_validate(ctx, dev, RawSource(described.source, described.options),
                                       "auto" if settings.native_binaries else None)
