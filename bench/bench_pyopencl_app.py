@@ -190,12 +190,13 @@ def report(info: dict[str, str], args: argparse.Namespace, filled: dict[str, Any
     fresh = [r["farm, fresh node"]["counts"] for r in rounds]
     print(f"{info['device']} | {info['cpus']} CPUs, {info['cpu']} | {info['date']}")
     print(f"store: {'bundle import (no MinIO)' if args.no_minio else 'MinIO'}; drivers' "
-          "caches off except in 'second run'; first launches included; medians of "
-          f"{len(rounds)} round(s)")
-    print(f"{'peer':<20} {'wall':>8} {'in app':>8}   rounds (wall)")
+          "caches off in 'cold', 'farm, cold' and '..., caches off', the defaults in "
+          "folders of each node's own elsewhere (empty on a fresh node); first launches "
+          f"included; medians of {len(rounds)} round(s)")
+    print(f"{'peer':<30} {'wall':>8} {'in app':>8}   rounds (wall)")
     for p in PEERS:
         walls = ", ".join(f"{r[p]['wall_s']:.2f}" for r in rounds)
-        print(f"{p:<20} {med[p]['wall_s']:>7.2f}s {med[p]['main_s']:>7.2f}s   {walls}")
+        print(f"{p:<30} {med[p]['wall_s']:>7.2f}s {med[p]['main_s']:>7.2f}s   {walls}")
     f, s, c = (med[p]["wall_s"] for p in ("farm, fresh node", "second run", "cold"))
     fc = med["farm, cold"]["wall_s"]
     print(f"farm fresh node / second run: {f / s:.2f} (goal <= 1.1); cold / farm fresh "
