@@ -126,6 +126,37 @@ def test_with_pocl_kernel_cache_on_the_private_folder_is_removed(tmp_path: Path)
     assert not [p for p in cache.rglob("*.so") if is_stub(p.read_bytes())]
 
 
+def test_a_binary_compiled_here_is_stored_only_once_the_application_loaded_it(
+        pocl: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """The application's own load is the validating one (no second load at compile
+    time): a compile whose binary the device refuses is built the plain way and nothing
+    is stored; one it loads is stored."""
+    import pyopencl as cl
+
+    from farm.compilation import finalize
+    from farm.core.settings import Settings
+    from farm.programs.serve import ProgramServer
+
+    ctx, _ = pocl
+    store = MemoryStore()
+    server = ProgramServer(Settings(home=tmp_path, device=None, records_url=None),
+                           store=store)
+    real = finalize.finalize_and_validate
+    monkeypatch.setattr(finalize, "finalize_and_validate", lambda *a, **k: real(
+        *a, **k).model_copy(update={"binary": b"garbage"}))
+    src = f"// {uuid.uuid4()}\n".encode() + SOURCE
+    program = cl.Program(ctx, src)
+    server.build(program, None, None, lambda: cl.Program.build(program))
+    assert server.counts.snapshot()["fallbacks"] == 1 and store.namespaces() == []
+    assert "refused" in capfd.readouterr().err
+    monkeypatch.setattr(finalize, "finalize_and_validate", real)
+    program = cl.Program(ctx, src + b"\n")
+    server.build(program, None, None, lambda: pytest.fail("built the plain way"))
+    assert server.counts.snapshot()["compiled"] == 1 and len(store.namespaces()) == 1
+    server.close()
+
+
 # -- the stub and the export check ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def real_function(pocl: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> bytes:

@@ -205,7 +205,7 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
 def finalize_and_validate(ctx: cl.Context, device: cl.Device,
                           lowered: Lowered | RawSource,
                           linker: NativeLinker | Literal["auto"] | None = "auto",
-                          ready: bool = True) -> FinalizeResult:
+                          ready: bool = True, validate: bool = True) -> FinalizeResult:
     """Compile, then load the binary where it was made, so nothing unloadable is stored.
 
     Validating in the compiling process keeps loads parallel: on NVIDIA a load from a
@@ -220,6 +220,11 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device,
     the plain binary, validated as before (``native_error`` says why).
 
     ``ready``: see :func:`finalize` (PoCL's CPU drivers; ``Settings.pocl_ready``).
+
+    Without ``validate`` a plain binary comes back unloaded (``validated`` False): for a
+    caller that loads it for its own use next and stores it only after that load (the
+    program hook: a second load here would cost as much again). Machine code from a
+    linker is always loaded here: which part of the container to keep depends on it.
     """
     from farm.compilation.native import linker_for
 
@@ -237,6 +242,8 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device,
         if converted.native_arch:
             return converted
         built = converted
+    if not validate:
+        return built
     start = time.perf_counter()
     try:
         load(ctx, device, built.binary, lowered.kernel_names,
@@ -244,9 +251,9 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device,
     except LoadError as exc:
         return built.model_copy(update={"error": str(exc), "error_kind": "load",
                                         "binary": b""})
-    validate = time.perf_counter() - start
-    return built.model_copy(update={"validated": True, "validate_s": validate,
-                                    "work_s": built.work_s + validate})
+    spent = time.perf_counter() - start
+    return built.model_copy(update={"validated": True, "validate_s": spent,
+                                    "work_s": built.work_s + spent})
 
 
 def _with_native(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,

@@ -8,9 +8,9 @@ devices that share a fingerprint, in order:
    verifies the digest; a later tier's hit is copied forward only after it loaded;
 3. **compile here**: the farm's own compile path (:func:`~farm.compilation.finalize.
    finalize_and_validate` on the application's context and device: the native linker on
-   NVIDIA, the validating load), then the store, first writer wins; the source and its
-   headers go into the store as blobs, so the cluster can build the program for other
-   devices from their digests.
+   NVIDIA), then the application's own load of the binary validates it, and only then
+   the store, first writer wins; the source and its headers go into the store as blobs,
+   so the cluster can build the program for other devices from their digests.
 
 On PoCL's CPU drivers the work-group functions stored beside the program
 (:mod:`~farm.programs.supplements`) are merged into its binary, so the first launch of
@@ -68,6 +68,9 @@ if TYPE_CHECKING:
 #: seconds a store outage is waited out inside an application (the farm's default of a
 #: minute would stall the application; past this its programs are built the plain way)
 APP_OUTAGE_LIMIT_S = 2.0
+
+#: the tier index :meth:`ProgramServer._obtain` gives a binary compiled here, not stored
+_UNSTORED = -1
 
 #: what the farm's own machinery raises when it cannot help
 _CANNOT_HELP = (FarmError, OSError, sqlite3.Error)
@@ -227,15 +230,18 @@ class ProgramServer:
         outcome = Outcome.LOADED
         by_fp: dict[str, tuple[Artifact, int]] = {}
         prepared: dict[str, Prepared] = {}
+        compiled: dict[str, Artifact] = {}  # compiled here: stored once it loaded
         stored: list[bytes] = []
         for dev in devs:
             info = self._info(dev)
             if info.fingerprint not in by_fp:
                 reader = self._read_ahead(info, key)  # while the artifact is fetched
                 art, got, tier = self._obtain(ctx, dev, info, described)
-                by_fp[info.fingerprint] = art, tier
+                by_fp[info.fingerprint] = art, max(tier, 0)
                 if got is Outcome.COMPILED:
                     outcome = got
+                if tier == _UNSTORED:
+                    compiled[info.fingerprint] = art
                 prep = self._prepare(info, key, art, reader)
                 if prep is not None:
                     prepared[info.fingerprint] = prep
@@ -253,6 +259,9 @@ class ProgramServer:
             self._warn("a program's stored work-group functions were refused; it is "
                        "loaded without them")
             assembled, prepared = assemble(ctx, devs, stored, described.options, archs), {}
+        for fp, art in compiled.items():  # it loaded: now it may be stored
+            if not self._keep(fp, described, art):
+                prepared.pop(fp, None)  # another binary won: harvest for that one
         seconds = time.perf_counter() - start
         for fp, (art, tier) in by_fp.items():
             ns = Namespace.for_fingerprint(fp)
@@ -315,7 +324,9 @@ class ProgramServer:
     def _obtain(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
                 described: Described) -> tuple[Artifact, Outcome, int]:
         """The artifact for ``dev``'s fingerprint, how it was got, and the index of the
-        store tier that served it (0 for memory and compiles: nothing to copy)."""
+        store tier that served it (0 for memory and the cluster's compiles: nothing to
+        copy; :data:`_UNSTORED` for a compile here, stored once the application's load
+        validated it)."""
         key = described.spec.key
         mkey = (info.fingerprint, key)
         with self._key_lock(mkey):
@@ -329,9 +340,9 @@ class ProgramServer:
                 if art is not None:
                     break
             if art is None:
-                art = self._on_cluster(info, described) or \
-                    self._compile(ctx, dev, info, described)
-                outcome, tier = Outcome.COMPILED, 0
+                outcome, art, tier = Outcome.COMPILED, self._on_cluster(info, described), 0
+                if art is None:
+                    art, tier = self._compile(ctx, dev, described), _UNSTORED
             self._memory.put(mkey, art)
             return art, outcome, tier
 
@@ -363,31 +374,34 @@ class ProgramServer:
         except RemoteRefused as exc:
             raise _CompileRefused(str(exc)) from None
 
-    def _compile(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
-                 described: Described) -> Artifact:
+    def _compile(self, ctx: cl.Context, dev: cl.Device, described: Described) -> Artifact:
+        """Compile here; the binary is not loaded here (the application's load that
+        follows validates it, and :meth:`_keep` stores it then)."""
         # the compile path loads only in a process that compiles (a served one never does)
         from farm.compilation.finalize import RawSource, finalize_and_validate
 
         settings = self._settings()
         built = finalize_and_validate(ctx, dev, RawSource(described.source, described.options),
-                                      "auto" if settings.native_binaries else None)
+                                      "auto" if settings.native_binaries else None,
+                                      ready=settings.pocl_ready, validate=False)
         if not built.ok:
             if built.error_kind == "compile":
                 raise _CompileRefused(built.error)
             raise LoadError(built.error)
-        key = described.spec.key
-        art = Artifact.create(key, PROGRAM_FAMILY, built.binary, described.spec.blob_digest,
-                              build_log=built.build_log, host=built.host, worker=built.worker,
-                              work_s=built.work_s)
+        return Artifact.create(described.spec.key, PROGRAM_FAMILY, built.binary,
+                               described.spec.blob_digest, build_log=built.build_log,
+                               host=built.host, worker=built.worker, work_s=built.work_s)
+
+    def _keep(self, fingerprint: str, described: Described, art: Artifact) -> bool:
+        """Store a binary compiled here that the application loaded: the sources first
+        (see the docstring), then the artifact, first writer wins. False when another
+        process's binary was there first."""
         store = self.store
-        for digest, data in described.blobs().items():  # sources first: see the docstring
+        for digest, data in described.blobs().items():
             if digest not in self._blobs_put:
                 store.put_blob(data)
                 self._blobs_put.add(digest)
-        ns = Namespace.for_fingerprint(info.fingerprint)
-        if store.put(ns, art) is PutResult.REFUSED:  # another process stored it first
-            return store.get(ns, key) or art  # theirs: the one every node loads
-        return art
+        return store.put(Namespace.for_fingerprint(fingerprint), art) is not PutResult.REFUSED
 
     def _record(self, key: Key, outcome: Outcome, seconds: float, described: Described,
                 native_fallback: str) -> None:
