@@ -252,7 +252,7 @@ def program_route() -> Iterator[float]:
         yield time.time()
 
 
-def program_binary(program: Any, since: float) -> ReadyBinary:
+def program_binary(program: BuiltProgram, since: float) -> ReadyBinary:
     """The binary of ``program`` (built after ``since`` with :func:`private_option`)
     without PoCL generating any generic work-group function, under a content-hash name;
     the plain binary, with ``error``, where its folder cannot be told for certain."""

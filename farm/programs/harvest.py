@@ -27,7 +27,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from farm.compilation.elfstub import exports
 from farm.compilation.poclcache import loaded_folder, work_group_functions
@@ -64,7 +63,8 @@ class Watched:
     #: the program artifact's source hash (a record names the same spec)
     source_hash: str
     folder: Path | None = None
-    held: list[Any] = field(default_factory=list)
+    #: the built programs kept alive until the last harvest (only held, never used)
+    held: list[object] = field(default_factory=list)
 
 
 class Harvester:
@@ -86,7 +86,7 @@ class Harvester:
         self.stored = 0
 
     def watch(self, ns: Namespace, program: Key, prepared: Prepared, source_hash: str,
-              handle: Any) -> None:
+              handle: object) -> None:
         """Harvest ``program`` (loaded from ``prepared``; ``handle`` its built program)."""
         with self._lock:
             w = self._watched.get((ns, program))

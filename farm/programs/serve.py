@@ -309,7 +309,7 @@ class ProgramServer:
             return prep
 
     def _watch(self, ns: Namespace, key: Key, prep: Prepared, art: Artifact,
-               handle: Any) -> None:
+               handle: object) -> None:
         with self._lock:
             if self._harvester is None:
                 self._harvester = Harvester(self._harvest_store, self._warn)

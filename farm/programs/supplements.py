@@ -154,11 +154,11 @@ def decode(data: bytes, program: Key, base: str, kernels: frozenset[str]
 
 
 def record(program: Key, base: str, slot: int, functions: Mapping[Pair, bytes],
-           source_hash: str, **meta: str) -> Artifact:
+           source_hash: str, host: str = "", worker: str = "") -> Artifact:
     """The artifact of one record (``source_hash``: the program artifact's)."""
     return Artifact.create(program_functions_key(program, slot),
                            PROGRAM_FUNCTIONS_FAMILY, encode(program, base, functions),
-                           source_hash, **meta)
+                           source_hash, host=host, worker=worker)
 
 
 def read_slot(art: Artifact, program: Key, base: str, slot: int,
