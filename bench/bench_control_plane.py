@@ -421,7 +421,9 @@ def main() -> None:
         client_main(args)
         return
     sys.path.insert(0, str(BENCH))
-    for name in [k for k in os.environ if k.startswith("FARM_")]:
+    # a clean farm configuration, but the servers' binaries (FARM_REDIS_BIN, FARM_MINIO_BIN:
+    # on a host with no network, the ones bench/host_kit.sh carried) stay chosen
+    for name in [k for k in os.environ if k.startswith("FARM_") and not k.endswith("_BIN")]:
         del os.environ[name]
     rtts = [float(r) for r in args.rtt_ms.split(",")]
     link = args.link

@@ -10,13 +10,22 @@ every round:
 * ``cold``: no cache anywhere (``PYOPENCL_NO_CACHE=1 POCL_KERNEL_CACHE=0
   CUDA_CACHE_DISABLE=1``): every node's first run today;
 * ``second run``: the application run a second time on the node that ran it, with the
-  drivers' default caches (PoCL's kernel cache, CUDA's compute cache on, each in a
-  folder of its own, filled by one untimed run first): what only the node that already
-  paid gets today (pyopencl keeps no cache of its own on PoCL or NVIDIA);
+  defaults (PoCL's kernel cache, CUDA's compute cache and pyopencl's own small caches
+  of generated code on, in folders of this node's own, filled by one untimed run
+  first): what only the node that already paid gets today (pyopencl keeps no binary
+  cache of its own on PoCL or NVIDIA);
 * ``farm, fresh node``: ``farm run -- python app`` on a node whose local caches are
-  empty (a new ``FARM_HOME``, the drivers' caches off) and whose programs are in MinIO
-  (filled once, untimed, by a run on another "node");
-* ``farm, same node``: ``farm run`` again on that node (the local tier holds them).
+  all empty (a new ``FARM_HOME``; the same defaults as the second run, in new empty
+  folders: ``POCL_CACHE_DIR``, ``CUDA_CACHE_PATH``, ``XDG_CACHE_HOME``) and whose
+  programs are in MinIO (put there once, untimed, by a ``farm run`` on another "node",
+  with its drivers' caches off: that run also stores the work-group functions its
+  launches made on PoCL);
+* ``farm, same node``: ``farm run`` again on that node (its local tier holds the
+  programs, and its drivers' caches what the first run left);
+* ``farm, fresh node, caches off``: as ``farm, fresh node`` with the drivers' caches
+  off (``PYOPENCL_NO_CACHE=1 POCL_KERNEL_CACHE=0 CUDA_CACHE_DISABLE=1``);
+* ``farm, cold``: ``farm run`` with an empty store and the drivers' caches off: the
+  farm's own compile of every program, against ``cold`` (its goal: no dearer).
 
 Ratios: farm fresh node / second run (goal <= 1.1) and cold / farm fresh node (goal
 >= 4). MinIO is started here (``farm.devservices.MinioServer``: ``FARM_MINIO_BIN`` or a
@@ -49,14 +58,22 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 APP = HERE / "apps" / "pyopencl_array_app.py"
 OFF = {"PYOPENCL_NO_CACHE": "1", "POCL_KERNEL_CACHE": "0", "CUDA_CACHE_DISABLE": "1"}
-PEERS = ("cold", "second run", "farm, fresh node", "farm, same node")
+PEERS = ("cold", "second run", "farm, fresh node", "farm, same node",
+         "farm, fresh node, caches off", "farm, cold")
 
 
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FARM_", "PYOPENCL_", "POCL_CACHE", "POCL_KERNEL", "CUDA_CACHE"))}
+           if not k.startswith(("FARM_", "PYOPENCL_", "POCL_CACHE", "POCL_KERNEL", "CUDA_CACHE",
+                                "XDG_CACHE"))}
     env.update(extra)
     return env
+
+
+def node_caches(folder: Path) -> dict[str, str]:
+    """The defaults, every cache of a node in folders of its own under ``folder``."""
+    return {"POCL_CACHE_DIR": str(folder / "pocl"), "CUDA_CACHE_PATH": str(folder / "cuda"),
+            "XDG_CACHE_HOME": str(folder / "xdg")}
 
 
 def farm_cmd() -> list[str]:
@@ -95,7 +112,8 @@ def machine(device: str) -> dict[str, str]:
         [sys.executable, "-c", "import sys, pyopencl as cl\n"
          "for p in cl.get_platforms():\n"
          "    for d in p.get_devices():\n"
-         "        if not sys.argv[1] or sys.argv[1].lower() in f'{p.name} {d.name}'.lower():\n"
+         "        name = f'{p.name} {p.vendor} {d.name}'.lower()\n"
+         "        if not sys.argv[1] or sys.argv[1].lower() in name:\n"
          "            print(f'{d.name} on {p.name} {p.version}, driver {d.driver_version}')\n"
          "            raise SystemExit\n", device],
         capture_output=True, text=True, check=False)
@@ -114,18 +132,21 @@ def one_round(work: Path, i: int, device: str, store_env: dict[str, str],
     """Every peer once, in a fresh process each."""
     out: dict[str, dict[str, Any]] = {}
     out["cold"] = run_app(base_env(**OFF), device)
-    caches = work / f"driver-caches-{i}"
-    default = base_env(POCL_CACHE_DIR=str(caches / "pocl"),
-                       CUDA_CACHE_PATH=str(caches / "cuda"))
-    run_app(default, device)  # the node's first run fills its driver caches
+    out["farm, cold"] = run_app(base_env(**OFF, FARM_HOME=str(work / f"node-cold-{i}")),
+                                device, farm=work / f"cold-{i}.json")
+    default = base_env(**node_caches(work / f"driver-caches-{i}"))
+    run_app(default, device)  # the node's first run fills its caches
     out["second run"] = run_app(default, device)
-    node = work / f"node-{i}"
-    if seed is not None:  # no MinIO here: the programs reach the node by a bundle
-        subprocess.run([*farm_cmd(), "bundle", "import", str(seed)], check=True,
-                       env=base_env(FARM_HOME=str(node)), capture_output=True)
-    env = base_env(**store_env, **OFF, FARM_HOME=str(node))
-    out["farm, fresh node"] = run_app(env, device, farm=work / f"fresh-{i}.json")
-    out["farm, same node"] = run_app(env, device, farm=work / f"same-{i}.json")
+    for name, node, drivers in (("farm, fresh node", work / f"node-{i}", {}),
+                                ("farm, fresh node, caches off", work / f"node-off-{i}", OFF)):
+        if seed is not None:  # no MinIO here: the programs reach the node by a bundle
+            subprocess.run([*farm_cmd(), "bundle", "import", str(seed)], check=True,
+                           env=base_env(FARM_HOME=str(node)), capture_output=True)
+        env = base_env(**store_env, **node_caches(node / "caches"), **drivers,
+                       FARM_HOME=str(node))
+        out[name] = run_app(env, device, farm=work / f"{len(out)}-{i}.json")
+        if not drivers:
+            out["farm, same node"] = run_app(env, device, farm=work / f"same-{i}.json")
     return out
 
 
@@ -169,19 +190,22 @@ def report(info: dict[str, str], args: argparse.Namespace, filled: dict[str, Any
     fresh = [r["farm, fresh node"]["counts"] for r in rounds]
     print(f"{info['device']} | {info['cpus']} CPUs, {info['cpu']} | {info['date']}")
     print(f"store: {'bundle import (no MinIO)' if args.no_minio else 'MinIO'}; drivers' "
-          "caches off except in 'second run'; first launches included; medians of "
-          f"{len(rounds)} round(s)")
-    print(f"{'peer':<20} {'wall':>8} {'in app':>8}   rounds (wall)")
+          "caches off in 'cold', 'farm, cold' and '..., caches off', the defaults in "
+          "folders of each node's own elsewhere (empty on a fresh node); first launches "
+          f"included; medians of {len(rounds)} round(s)")
+    print(f"{'peer':<30} {'wall':>8} {'in app':>8}   rounds (wall)")
     for p in PEERS:
         walls = ", ".join(f"{r[p]['wall_s']:.2f}" for r in rounds)
-        print(f"{p:<20} {med[p]['wall_s']:>7.2f}s {med[p]['main_s']:>7.2f}s   {walls}")
+        print(f"{p:<30} {med[p]['wall_s']:>7.2f}s {med[p]['main_s']:>7.2f}s   {walls}")
     f, s, c = (med[p]["wall_s"] for p in ("farm, fresh node", "second run", "cold"))
+    fc = med["farm, cold"]["wall_s"]
     print(f"farm fresh node / second run: {f / s:.2f} (goal <= 1.1); cold / farm fresh "
-          f"node: {c / f:.2f} (goal >= 4)")
+          f"node: {c / f:.2f} (goal >= 4); farm cold / cold: {fc / c:.2f} (goal <= 1)")
     print(f"filling run: {filled['counts']}; fresh-node runs: {fresh}")
     print("BENCH_PYOPENCL_APP " + json.dumps({
         **info, "rounds": len(rounds), "store": "bundle" if args.no_minio else "minio",
         "median": med, "fresh_over_second": round(f / s, 3), "cold_over_fresh": round(c / f, 3),
+        "farm_cold_over_cold": round(fc / c, 3),
         "filled": filled["counts"], "fresh_counts": fresh, "raw": rounds}))
 
 

@@ -1,5 +1,5 @@
 """``python -m farm`` is the ``farm`` command."""
 
-from farm.cli.main import main
+from farm.cli.entry import main
 
 main()

@@ -95,7 +95,7 @@ def _compile(spec: ProgramSpec, key: Key, state: WorkerState,
         if data is not None:
             blobs[digest] = data
     built = compile_laid_out(state.ctx, state.cl_device, spec, blobs,
-                             state.settings.native_binaries)
+                             state.settings.native_binaries, state.settings.pocl_ready)
     if not built.ok:
         if built.error_kind == "validation":
             kind = "store" if "not in the store" in built.error else "validation"

@@ -28,7 +28,7 @@ from pyopencl.scan import InclusiveScanKernel  # noqa: E402
 def device(want: str) -> cl.Device:
     for platform in cl.get_platforms():
         for dev in platform.get_devices():
-            if not want or want.lower() in f"{platform.name} {dev.name}".lower():
+            if not want or want.lower() in f"{platform.name} {platform.vendor} {dev.name}".lower():
                 return dev
     raise SystemExit(f"no OpenCL device matches {want!r}")
 

@@ -21,16 +21,22 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
+from farm.compilation.compiling import farm_compiling, in_farm_compile  # noqa: F401 (theirs)
 from farm.compilation.load import BuiltProgram, load
-from farm.compilation.ready import applies, ready_binary
+from farm.compilation.ready import (
+    applies,
+    private_option,
+    program_binary,
+    program_route,
+    program_route_applies,
+    ready_binary,
+)
 from farm.core.errors import LoadError
 from farm.core.model import Lowered
 
@@ -107,25 +113,6 @@ class RawSource:
     kernel_names: tuple[str, ...] = ()
 
 
-_BUILDING = threading.local()
-
-
-@contextlib.contextmanager
-def farm_compiling() -> Iterator[None]:
-    """Mark this thread as running the farm's own build (see the module docstring)."""
-    outer = getattr(_BUILDING, "active", False)
-    _BUILDING.active = True
-    try:
-        yield
-    finally:
-        _BUILDING.active = outer
-
-
-def in_farm_compile() -> bool:
-    """Whether this thread is inside :func:`farm_compiling`."""
-    return bool(getattr(_BUILDING, "active", False))
-
-
 def _start_build(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
                  extra_options: tuple[str, ...]) -> BuiltProgram:
     """The program of ``lowered``, built on ``device``; raises ``pyopencl.Error``."""
@@ -167,14 +154,23 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
     With ``ready``, where the device makes machine code at a kernel's first launch
     (PoCL's CPU drivers) and a family's ``lowered`` declares a launch, the binary is
     taken after one launch and carries that launch's machine code
-    (:mod:`farm.compilation.ready`). An application's program declares none.
+    (:mod:`farm.compilation.ready`). An application's program declares none: its binary
+    is taken without the generic machine code PoCL would make for every kernel first
+    (:func:`farm.compilation.ready.program_binary`).
     """
     import pyopencl as cl
 
     start = time.perf_counter()
+    route = isinstance(lowered, RawSource) and ready and program_route_applies(device)
+    made = None
     try:
-        with farm_compiling():
-            program = _start_build(ctx, device, lowered, extra_options)
+        with farm_compiling(), program_route() if route else contextlib.nullcontext(
+                time.time()) as since:
+            program = _start_build(ctx, device, lowered,
+                                   (*extra_options, private_option()) if route
+                                   else extra_options)
+            if route:
+                made = program_binary(program, since)
     except _Failed as exc:
         log = _build_log(exc.program, device) or str(exc)
         return FinalizeResult(error=f"the platform compiler refused the source: "
@@ -183,7 +179,15 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
                               worker=worker_name())
     spec = error = ""
     declared = lowered.ready if isinstance(lowered, Lowered) else None
-    if ready and declared is not None and applies(device):
+    if made is not None:
+        binary, error = made.binary, made.error
+        if error:
+            logger.info("program binary taken the plain way (%s)", error)
+        if not binary:
+            return FinalizeResult(error=error, error_kind="validation",
+                                  work_s=time.perf_counter() - start,
+                                  host=socket.gethostname(), worker=worker_name())
+    elif ready and declared is not None and applies(device):
         made = ready_binary(ctx, device, program, declared)
         binary, spec, error = made.binary, made.spec, made.error
         if error:  # stored all the same: its first launch compiles, as before
@@ -201,7 +205,7 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
 def finalize_and_validate(ctx: cl.Context, device: cl.Device,
                           lowered: Lowered | RawSource,
                           linker: NativeLinker | Literal["auto"] | None = "auto",
-                          ready: bool = True) -> FinalizeResult:
+                          ready: bool = True, validate: bool = True) -> FinalizeResult:
     """Compile, then load the binary where it was made, so nothing unloadable is stored.
 
     Validating in the compiling process keeps loads parallel: on NVIDIA a load from a
@@ -216,6 +220,11 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device,
     the plain binary, validated as before (``native_error`` says why).
 
     ``ready``: see :func:`finalize` (PoCL's CPU drivers; ``Settings.pocl_ready``).
+
+    Without ``validate`` a plain binary comes back unloaded (``validated`` False): for a
+    caller that loads it for its own use next and stores it only after that load (the
+    program hook: a second load here would cost as much again). Machine code from a
+    linker is always loaded here: which part of the container to keep depends on it.
     """
     from farm.compilation.native import linker_for
 
@@ -233,6 +242,8 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device,
         if converted.native_arch:
             return converted
         built = converted
+    if not validate:
+        return built
     start = time.perf_counter()
     try:
         load(ctx, device, built.binary, lowered.kernel_names,
@@ -240,9 +251,9 @@ def finalize_and_validate(ctx: cl.Context, device: cl.Device,
     except LoadError as exc:
         return built.model_copy(update={"error": str(exc), "error_kind": "load",
                                         "binary": b""})
-    validate = time.perf_counter() - start
-    return built.model_copy(update={"validated": True, "validate_s": validate,
-                                    "work_s": built.work_s + validate})
+    spent = time.perf_counter() - start
+    return built.model_copy(update={"validated": True, "validate_s": spent,
+                                    "work_s": built.work_s + spent})
 
 
 def _with_native(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,

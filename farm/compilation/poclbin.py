@@ -138,7 +138,58 @@ def kernel_files(binary: bytes) -> dict[str, list[str]]:
             for k in found.kernels}
 
 
-def _folder(path: str) -> str:
+def kernel_file_data(binary: bytes) -> dict[str, dict[str, bytes]]:
+    """Each kernel's files with their contents: kernel -> {relative path: bytes}."""
+    found = layout(binary)
+    out: dict[str, dict[str, bytes]] = {}
+    for k in found.kernels:
+        files = out.setdefault(k.name, {})
+        for path, start, _ in entries(binary, k.files_start, k.end):
+            size_at = start + 4 + _u32(binary, start)
+            files[path] = binary[size_at + 4:size_at + 4 + _u32(binary, size_at)]
+    return out
+
+
+def function_path(kernel: str, spec: str) -> str:
+    """The relative path of ``kernel``'s work-group function for ``spec`` in a binary."""
+    return f"/{kernel}/{spec}/{kernel}.so"
+
+
+def add_files(binary: bytes, files: dict[str, dict[str, bytes]]) -> bytes:
+    """``binary`` with ``files`` (kernel -> {relative path: bytes}) added to those
+    kernels' records; a path the kernel already holds keeps its bytes, and the build
+    hash stays (the files belong in the same folder). Kernels the binary lacks are a
+    :class:`PoclBinaryError`: the caller decides what may be added, this only writes.
+    """
+    found = layout(binary)
+    names = {k.name for k in found.kernels}
+    if set(files) - names:
+        raise PoclBinaryError(f"no kernel {sorted(set(files) - names)[0]!r} in the binary")
+    out = [binary[:found.kernels_at]]
+    for k in found.kernels:
+        extra = files.get(k.name, {})
+        held = {p for p, _, _ in entries(binary, k.files_start, k.end)}
+        added = b"".join(_entry(p, d) for p, d in sorted(extra.items()) if p not in held)
+        if not added:
+            out.append(binary[k.start:k.end])
+            continue
+        meta = binary[k.start + 16:k.files_start]
+        body = binary[k.files_start:k.end] + added
+        out.append(_U64.pack(16 + len(meta) + len(body)) + _U64.pack(len(body)) + meta
+                   + body)
+    merged = b"".join(out)
+    layout(merged)  # what was written walks exactly, or this raises
+    return merged
+
+
+def _entry(path: str, data: bytes) -> bytes:
+    raw = path.encode("utf-8")
+    if not raw or not data:
+        raise PoclBinaryError("an empty file entry")  # PoCL asserts on either
+    return _U32.pack(len(raw)) + raw + _U32.pack(len(data)) + data
+
+
+def function_folder(path: str) -> str:
     """The work-group function's folder of ``path`` (``/k/16-1-1-goffs0/k.so``)."""
     parts = path.strip("/").split("/")
     return parts[-2] if len(parts) >= 2 else ""
@@ -161,7 +212,7 @@ def rewrite(binary: bytes, drop_generic: frozenset[str]) -> bytes:
             out.append(binary[k.start:k.end])
             continue
         files = b"".join(binary[a:b] for path, a, b in entries(binary, k.files_start, k.end)
-                         if _folder(path) != GENERIC)
+                         if function_folder(path) != GENERIC)
         meta = binary[k.start + 16:k.files_start]
         out.append(_U64.pack(16 + len(meta) + len(files)) + _U64.pack(len(files))
                    + meta + files)

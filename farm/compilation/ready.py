@@ -26,6 +26,20 @@ The work-group function stored is byte for byte the one a plain build's first la
 the same geometry makes. Anything unexpected (no new function found, a binary layout
 this farm cannot walk) keeps the binary PoCL returned: an artifact like before, never a
 wrong one. NVIDIA and other devices never come here.
+
+**An application's program** (:mod:`farm.programs`) declares no launch, so nothing can
+be launched before its binary is taken (a worker never runs opaque kernels on made-up
+buffers). What is left is the waste: taking the binary would generate a generic
+work-group function for every kernel of the program. :func:`program_binary` puts a stub
+there instead (:mod:`farm.compilation.elfstub`: a file PoCL opens and finds the kernel's
+symbol in, holding no code), takes the binary, removes the stubs, drops their entries and
+names the program by its content, as above. It needs the folder PoCL built the program
+in, which PoCL does not tell: the build gets a private folder (:data:`PRIVATE_MACRO`
+defined, so its folder is new even with PoCL's kernel cache on, and no other program
+uses it) and :func:`farm.compilation.poclcache.built_folder` finds it, or says it cannot
+be sure, and then the binary is taken the plain way. The work-group functions the
+application's launches make are stored later, beside the artifact
+(:mod:`farm.programs.supplements`).
 """
 
 from __future__ import annotations
@@ -33,12 +47,24 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
+import shutil
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from farm.compilation.poclbin import GENERIC, PoclBinaryError, rewrite
+from farm.compilation.elfstub import MARKER, is_stub, stub, stubs_load
+from farm.compilation.poclbin import (
+    GENERIC,
+    PoclBinaryError,
+    function_folder,
+    kernel_file_data,
+    rewrite,
+)
+from farm.compilation.poclcache import KERNEL, built_folder
 from farm.core.model import ReadyLaunch
 
 if TYPE_CHECKING:
@@ -48,6 +74,13 @@ if TYPE_CHECKING:
 
 #: PoCL's ``grid_width_specialization_limit`` on CPU devices (``USHRT_MAX``)
 GRID_LIMIT = 65535
+#: defined (with a random suffix) on the build of an application's program, so that
+#: PoCL's folder for it is new and private (its name hashes the options); no source
+#: can mean it, and PoCL keeps no trace of options in the binary
+PRIVATE_MACRO = "__KERNEL_FARM_PRIVATE_BUILD_"
+#: one program build and binary at a time in a process on that route: its folder is
+#: then told from this process's other builds by time alone
+_PROGRAM_ROUTE = threading.Lock()
 #: a work-group function's folder: local size, zero offset, small grid
 _SPEC = re.compile(r"^\d+-\d+-\d+(-goffs0)?(-smallgrid)?$")
 _MAPS = Path("/proc/self/maps")
@@ -199,3 +232,91 @@ def _binary(program: BuiltProgram) -> bytes:
 
     binaries: Any = program.get_info(cl.program_info.BINARIES)
     return bytes(binaries[0])
+
+
+# -- an application's program: no launch, no generic functions -----------------------------
+def program_route_applies(device: cl.Device) -> bool:
+    """A PoCL CPU device, on a host whose loader accepts the stubs."""
+    return applies(device) and stubs_load()
+
+
+def private_option() -> str:
+    """The option that gives one build its own folder (see :data:`PRIVATE_MACRO`)."""
+    return f"-D{PRIVATE_MACRO}{secrets.token_hex(8)}"
+
+
+@contextlib.contextmanager
+def program_route() -> Iterator[float]:
+    """Hold the route for one build and its binary; yields the time before the build."""
+    with _PROGRAM_ROUTE:
+        yield time.time()
+
+
+def program_binary(program: BuiltProgram, since: float) -> ReadyBinary:
+    """The binary of ``program`` (built after ``since`` with :func:`private_option`)
+    without PoCL generating any generic work-group function, under a content-hash name;
+    the plain binary, with ``error``, where its folder cannot be told for certain."""
+    import pyopencl as cl
+
+    names = tuple(n for n in str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")
+                  if n)
+    if not names:  # PoCL generates nothing for a program without kernels
+        return _named(_binary(program))
+    folder = built_folder(since, names)
+    if isinstance(folder, str):
+        return ReadyBinary(_binary(program), error=f"program folder not found: {folder}")
+    try:
+        with _generic_stubs(folder, names):
+            raw = _binary(program)
+    finally:
+        if not folder.name.startswith("_UNCACHED_"):  # PoCL's kernel cache keeps it
+            shutil.rmtree(folder, ignore_errors=True)  # private: nobody else reads it
+    try:
+        files = kernel_file_data(raw)
+        stubbed = frozenset(k for k, held in files.items()
+                            if any(is_stub(data) for path, data in held.items()
+                                   if function_folder(path) == GENERIC))
+        return ReadyBinary(rewrite(raw, stubbed))
+    except PoclBinaryError as exc:
+        # A layout this farm cannot walk: fetch again, the stubs gone. PoCL keeps the
+        # handles it opened, so nothing is generated, and no stub is in the bytes.
+        again = _binary(program)
+        if MARKER in again:
+            return ReadyBinary(b"", error=f"binary not rewritten, stubs in it: {exc}")
+        return ReadyBinary(again, error=f"binary not rewritten: {exc}")
+
+
+def _named(binary: bytes) -> ReadyBinary:
+    """``binary`` under its content-hash name (as is, if it cannot be walked)."""
+    try:
+        return ReadyBinary(rewrite(binary, frozenset()))
+    except PoclBinaryError as exc:
+        return ReadyBinary(binary, error=f"binary not rewritten: {exc}")
+
+
+@contextlib.contextmanager
+def _generic_stubs(folder: Path, names: tuple[str, ...]) -> Iterator[None]:
+    """A stub at each kernel's generic work-group function for the duration; what this
+    made is removed (files first, then the folders it created)."""
+    made: list[Path] = []
+    try:
+        for name in names:
+            data = stub(name) if KERNEL.match(name) else None
+            if data is None:
+                continue  # PoCL then generates that kernel's generic itself
+            target = folder / name / GENERIC / f"{name}.so"
+            for parent in (target.parent.parent, target.parent):
+                if not parent.exists():
+                    parent.mkdir()
+                    made.append(parent)
+            try:
+                with open(target, "xb") as fh:
+                    fh.write(data)
+            except FileExistsError:
+                continue
+            made.append(target)
+        yield
+    finally:
+        for path in reversed(made):
+            with contextlib.suppress(OSError):
+                path.unlink() if path.is_file() else path.rmdir()

@@ -35,11 +35,14 @@ id_hash, build_id, digest, reason, at, meta, binary): the namespace is a column;
 
 Programs (``farm.programs``: OpenCL programs an application builds from its own source)
 are artifacts like any other, under ``<namespace>/artifacts/<program key>/<program build
-id>`` with family :data:`PROGRAM_FAMILY`. The program key is a SHA-256 over the source's
-digest, the normalised build options and the digests of every header the source can
-include (``farm.programs.spec``); the fingerprint is in the namespace. ``blobs/`` sits
-one level above the namespaces, so a namespace listing (three levels of prefixes)
-never mistakes it for one.
+id>`` with family :data:`PROGRAM_FAMILY`. On PoCL the work-group functions their launches
+made are stored beside them as artifacts of family :data:`PROGRAM_FUNCTIONS_FAMILY`, in
+the same namespace, slot by slot (:func:`program_functions_key`: 62 digits of a SHA-256
+of the program's key, then the slot number in two). The
+program key is a SHA-256 over the source's digest, the normalised build options and the
+digests of every header the source can include (``farm.programs.spec``); the
+fingerprint is in the namespace. ``blobs/`` sits one level above the namespaces, so a
+namespace listing (three levels of prefixes) never mistakes it for one.
 
 Redis (broker and farm state)::
 
@@ -95,6 +98,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from farm.core.hashing import sha256_hex
 from farm.core.model import Key
 
 BACKEND = "opencl"
@@ -201,6 +205,21 @@ BLOBS_PREFIX = "blobs/"
 
 #: the family name program artifacts are stored under (never a registered family's)
 PROGRAM_FAMILY = "program"
+#: the family name of a program's work-group function records (farm.programs.supplements)
+PROGRAM_FUNCTIONS_FAMILY = "program-wg"
+#: records a program may have (slots 0 to this - 1)
+PROGRAM_FUNCTION_SLOTS = 32
+
+
+def program_functions_key(program: Key, slot: int) -> Key:
+    """The key of slot ``slot`` of ``program``'s work-group function records. It depends
+    on the program's key alone, so a reader asks for the first slots while the program's
+    own artifact is still on its way (each record names the binary it belongs to). Every
+    slot of a program shares the first 62 digits: one listing of that prefix finds them."""
+    if not 0 <= slot < PROGRAM_FUNCTION_SLOTS:
+        raise ValueError(f"slot {slot} outside 0..{PROGRAM_FUNCTION_SLOTS - 1}")
+    digest = sha256_hex(f"{PROGRAM_FUNCTIONS_FAMILY}\n{program}")
+    return Key(id_hash=f"{digest[:62]}{slot:02x}", build_id=program.build_id)
 
 
 def blob_object(digest: str) -> str:

@@ -58,8 +58,10 @@ def check_inputs(spec: ProgramSpec, blobs: Mapping[str, bytes]) -> str:
 
 
 def compile_laid_out(ctx: cl.Context, device: cl.Device, spec: ProgramSpec,
-                     blobs: Mapping[str, bytes], native: bool = True) -> FinalizeResult:
-    """Compile ``spec`` from ``blobs`` on ``device``; errors come back as values."""
+                     blobs: Mapping[str, bytes], native: bool = True,
+                     ready: bool = True) -> FinalizeResult:
+    """Compile ``spec`` from ``blobs`` on ``device``; errors come back as values.
+    ``ready``: ``Settings.pocl_ready`` (see :func:`~farm.compilation.finalize.finalize`)."""
     why = check_inputs(spec, blobs)
     if why:
         return FinalizeResult(error=why, error_kind="validation")
@@ -72,7 +74,7 @@ def compile_laid_out(ctx: cl.Context, device: cl.Device, spec: ProgramSpec,
             try:
                 return finalize_and_validate(ctx, device,
                                              RawSource(blobs[spec.source], options),
-                                             "auto" if native else None)
+                                             "auto" if native else None, ready)
             finally:
                 os.chdir(before)
 
@@ -82,6 +84,8 @@ class ProgramJob(Frozen):
 
     spec: ProgramSpec
     blobs: dict[str, bytes]
+    #: ``Settings.pocl_ready`` of the process that asked
+    ready: bool = True
 
     @field_serializer("blobs", when_used="json")
     def _b64(self, value: dict[str, bytes]) -> dict[str, str]:
@@ -99,4 +103,5 @@ class ProgramJob(Frozen):
 def pool_compile(ctx: Any, device: Any, native: bool, job_json: str) -> str:
     """:data:`~farm.compilation.compiler.PoolJob` of a :class:`ProgramJob`."""
     job = ProgramJob.model_validate_json(job_json)
-    return compile_laid_out(ctx, device, job.spec, job.blobs, native).model_dump_json()
+    return compile_laid_out(ctx, device, job.spec, job.blobs, native,
+                            job.ready).model_dump_json()

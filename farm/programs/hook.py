@@ -7,7 +7,7 @@ clmath, reductions, scans, clrandom, reikna and loopy use) with a function that 
 through untouched: a program made from binaries or IL, a second ``build`` of a program
 already built, an attribute access that made the program before ``build`` (pyopencl then
 builds ``_prg`` itself), and every build the farm itself runs (its compiles run inside
-:func:`~farm.compilation.finalize.farm_compiling`, so the hook never recurses into the
+:func:`~farm.compilation.compiling.farm_compiling`, so the hook never recurses into the
 farm). ``Program.compile``, ``link_program`` and pyopencl's own binary cache are not
 touched (none of the three libraries calls them on a build).
 
@@ -30,8 +30,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm.compilation.finalize import in_farm_compile
-from farm.programs.capture import CaptureLog, write_capture
+from farm.compilation.compiling import in_farm_compile
 from farm.programs.counts import summary_line, write_json
 from farm.programs.serve import ProgramServer
 
@@ -57,7 +56,12 @@ def install(settings: Settings | None = None, *, capture: Path | None = None,
         if "server" in _STATE:
             server: ProgramServer = _STATE["server"]
             return server
-        server = ProgramServer(settings, capture=CaptureLog() if capture else None)
+        log = None
+        if capture:  # the capture's models load only when a capture is asked for
+            from farm.programs.capture import CaptureLog
+
+            log = CaptureLog()
+        server = ProgramServer(settings, capture=log)
         original_build = cl.Program.build
         original_info = cl.Program.get_build_info
 
@@ -126,6 +130,8 @@ def _at_exit() -> None:
         if json_path is not None:
             write_json(json_path, counts)
         if capture is not None and server.capture is not None:
+            from farm.programs.capture import write_capture
+
             write_capture(capture, server.capture.to_file())
     except OSError as exc:
         print(f"kernel-farm: error: {exc.filename or ''}: {exc.strerror or exc}",

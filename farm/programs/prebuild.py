@@ -103,7 +103,8 @@ def build_here(settings: Settings, device: DeviceInfo, capture: CaptureFile, *,
         try:
             futures: dict[Future[FinalizeResult], tuple[KernelResult, ProgramSpec]] = {}
             for res, spec in misses:
-                job = ProgramJob(spec=spec, blobs={d: capture.blob(d) for d in spec.digests()})
+                job = ProgramJob(spec=spec, blobs={d: capture.blob(d) for d in spec.digests()},
+                                 ready=settings.pocl_ready)
                 futures[pool.submit_job(pool_compile, job.model_dump_json())] = res, spec
             for fut in as_completed(futures):
                 res, spec = futures[fut]

@@ -19,14 +19,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from farm.core.errors import FarmError, InputError
 from farm.programs.autoinstall import RUN_CAPTURE, RUN_DIR, shim_dir
-from farm.programs.capture import CaptureError, CaptureFile, merge, read_capture
-from farm.programs.counts import KEYS, RunCounts, read_json
+from farm.programs.counts import KEYS, RunCounts, read_json, summary_line, write_json
+
+if TYPE_CHECKING:  # the capture's models (pydantic) load only when a capture is asked for
+    from farm.programs.capture import CaptureFile
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,34 @@ def run_served(command: list[str], *, capture: bool = False) -> RunResult:
         return _gather(Path(run_dir), code, capture)
 
 
+def run_and_report(command: list[str], json_path: Path | None, capture: Path | None) -> int:
+    """``farm run``: run ``command`` served, print the run's line (and what was written)
+    on stderr, write ``json_path`` and ``capture`` if given; the command's exit status.
+    :class:`~farm.core.errors.FarmError` for what cannot be run."""
+    for target in (json_path, capture):
+        if target is not None and not target.parent.is_dir():
+            raise FarmError(f"{target}: its folder does not exist")
+    result = run_served(command, capture=capture is not None)
+    print(summary_line(result.counts), file=sys.stderr, flush=True)
+    if result.unreadable:
+        print(f"kernel-farm: warning: {result.unreadable} process(es) left counts or a "
+              "capture that could not be read (killed while writing?)", file=sys.stderr)
+    if json_path is not None:
+        write_json(json_path, result.counts)
+    if capture is not None and result.capture is not None:
+        from farm.programs.capture import write_capture
+
+        write_capture(capture, result.capture)
+        print(f"kernel-farm: captured {len(result.capture.programs)} program(s) for "
+              f"{', '.join(result.capture.fingerprints()) or 'no device'} in {capture}",
+              file=sys.stderr)
+    if result.returncode:
+        name = signal_name(result.returncode)
+        if name:
+            print(f"kernel-farm: the command was killed by {name}", file=sys.stderr)
+    return result.returncode
+
+
 def _gather(run_dir: Path, code: int, capture: bool) -> RunResult:
     total = RunCounts()
     unreadable = 0
@@ -73,6 +105,8 @@ def _gather(run_dir: Path, code: int, capture: bool) -> RunResult:
             unreadable += 1
     parts: list[CaptureFile] = []
     if capture:
+        from farm.programs.capture import CaptureError, merge, read_capture
+
         for path in sorted(run_dir.glob("capture-*.json")):
             try:
                 parts.append(read_capture(path))

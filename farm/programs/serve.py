@@ -8,9 +8,14 @@ devices that share a fingerprint, in order:
    verifies the digest; a later tier's hit is copied forward only after it loaded;
 3. **compile here**: the farm's own compile path (:func:`~farm.compilation.finalize.
    finalize_and_validate` on the application's context and device: the native linker on
-   NVIDIA, the validating load), then the store, first writer wins; the source and its
-   headers go into the store as blobs, so the cluster can build the program for other
-   devices from their digests.
+   NVIDIA), then the application's own load of the binary validates it, and only then
+   the store, first writer wins; the source and its headers go into the store as blobs,
+   so the cluster can build the program for other devices from their digests.
+
+On PoCL's CPU drivers the work-group functions stored beside the program
+(:mod:`~farm.programs.supplements`) are merged into its binary, so the first launch of
+a geometry some node already ran compiles nothing; and the functions this process's
+launches make are stored for the next node (:mod:`~farm.programs.harvest`).
 
 Then the program is made from the binaries for every device of the build
 (:mod:`~farm.programs.assemble`), and put into the application's ``Program``. Each
@@ -32,21 +37,25 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from farm.compilation.finalize import RawSource, farm_compiling, finalize_and_validate
+from farm.compilation.compiling import farm_compiling
+from farm.compilation.native import unpack
 from farm.core.device import DeviceInfo, info_from_device
-from farm.core.errors import FarmError, LoadError
+from farm.core.errors import FarmError, LoadError, StoreError
 from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
 from farm.core.model import Artifact, Key, Lowered, Outcome
 from farm.core.settings import Settings, load_settings
 from farm.programs.assemble import Assembled, assemble
 from farm.programs.counts import RunCounts
+from farm.programs.harvest import Harvester
 from farm.programs.spec import Described, Unserved, describe
+from farm.programs.supplements import READ_AHEAD, Prepared, SlotReader, fill_front, prepare
 from farm.records.model import Trip
-from farm.store.base import ArtifactStore
+from farm.store.base import ArtifactStore, PutResult
 from farm.store.tiers import tiers_of
 
 if TYPE_CHECKING:
@@ -59,6 +68,9 @@ if TYPE_CHECKING:
 #: seconds a store outage is waited out inside an application (the farm's default of a
 #: minute would stall the application; past this its programs are built the plain way)
 APP_OUTAGE_LIMIT_S = 2.0
+
+#: the tier index :meth:`ProgramServer._obtain` gives a binary compiled here, not stored
+_UNSTORED = -1
 
 #: what the farm's own machinery raises when it cannot help
 _CANNOT_HELP = (FarmError, OSError, sqlite3.Error)
@@ -97,6 +109,11 @@ class ProgramServer:
         self._lock = threading.Lock()
         self._key_locks: dict[tuple[str, Key], threading.Lock] = {}
         self._memory: GenerationCache[tuple[str, Key], Artifact] = GenerationCache()
+        #: per (fingerprint, key): the prepared binary, or (None,) where none applies
+        self._prepared: GenerationCache[tuple[str, Key], tuple[Prepared | None]] = \
+            GenerationCache()
+        self._harvester: Harvester | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._devices: dict[int, DeviceInfo] = {}
         self._broken = ""
         self._warned: set[str] = set()
@@ -143,7 +160,14 @@ class ProgramServer:
                                      "programs are built the plain way from now on")
 
     def close(self) -> None:
-        """Close the store and recorder this server opened."""
+        """Store what the watched programs' launches made (PoCL), then close the store
+        and recorder this server opened."""
+        harvester, self._harvester = self._harvester, None
+        if harvester is not None:
+            harvester.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
         with self._lock:
             if self._remote is not None:
                 self._remote.close()
@@ -182,6 +206,14 @@ class ProgramServer:
         self.counts.bump("fallbacks")
         return result
 
+    def _warn_once(self, what: str, text: str) -> None:
+        """``text``, the first time something of kind ``what`` is said in this run."""
+        with self._lock:
+            if what in self._warned:
+                return
+            self._warned.add(what)
+        self._warn(text)
+
     def _warn(self, text: str) -> None:
         with self._lock:
             if text in self._warned:
@@ -197,28 +229,104 @@ class ProgramServer:
         logs: dict[int, str] = {}
         outcome = Outcome.LOADED
         by_fp: dict[str, tuple[Artifact, int]] = {}
+        prepared: dict[str, Prepared] = {}
+        compiled: dict[str, Artifact] = {}  # compiled here: stored once it loaded
+        stored: list[bytes] = []
         for dev in devs:
             info = self._info(dev)
             if info.fingerprint not in by_fp:
+                reader = self._read_ahead(info, key)  # while the artifact is fetched
                 art, got, tier = self._obtain(ctx, dev, info, described)
-                by_fp[info.fingerprint] = art, tier
+                by_fp[info.fingerprint] = art, max(tier, 0)
                 if got is Outcome.COMPILED:
                     outcome = got
+                if tier == _UNSTORED:
+                    compiled[info.fingerprint] = art
+                prep = self._prepare(info, key, art, reader)
+                if prep is not None:
+                    prepared[info.fingerprint] = prep
             art = by_fp[info.fingerprint][0]
-            binaries.append(art.binary)
+            prep = prepared.get(info.fingerprint)
+            binaries.append(prep.binary if prep is not None else art.binary)
+            stored.append(art.binary)
             logs[dev.int_ptr] = art.meta.build_log
         archs = [self._info(d).native_arch for d in devs]
-        assembled = assemble(ctx, devs, binaries, described.options, archs)
+        try:
+            assembled = assemble(ctx, devs, binaries, described.options, archs)
+        except LoadError:
+            if binaries == stored:
+                raise
+            self._warn("a program's stored work-group functions were refused; it is "
+                       "loaded without them")
+            assembled, prepared = assemble(ctx, devs, stored, described.options, archs), {}
+        for fp, art in compiled.items():  # it loaded: now it may be stored
+            if not self._keep(fp, described, art):
+                prepared.pop(fp, None)  # another binary won: harvest for that one
         seconds = time.perf_counter() - start
         for fp, (art, tier) in by_fp.items():
-            self._fill_front(Namespace.for_fingerprint(fp), art, tier)
+            ns = Namespace.for_fingerprint(fp)
+            self._fill_front(ns, art, tier)
+            if fp in prepared:
+                self._watch(ns, key, prepared[fp], art, assembled.program)
         self._record(key, outcome, seconds, described, assembled.native_fallback)
         return Served(assembled, outcome, logs, seconds)
+
+    def _read_ahead(self, info: DeviceInfo, key: Key) -> SlotReader | None:
+        """A reader of the program's work-group function records, its first slots on
+        their way (PoCL's CPU drivers, the first time this process serves the key)."""
+        if (not info.compiles_at_launch or not self._settings().pocl_ready or self._broken
+                or self._prepared.get((info.fingerprint, key)) is not None):
+            return None
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(2 * READ_AHEAD,
+                                                thread_name_prefix="kernel-farm records")
+            pool = self._pool
+        return SlotReader(tiers_of(self.store), Namespace.for_fingerprint(info.fingerprint),
+                          key, pool)
+
+    def _prepare(self, info: DeviceInfo, key: Key, art: Artifact,
+                 reader: SlotReader | None) -> Prepared | None:
+        """On PoCL's CPU drivers, ``art``'s binary with the work-group functions stored
+        beside it (once per key in this process); ``None`` elsewhere."""
+        if (not info.compiles_at_launch or not self._settings().pocl_ready
+                or unpack(art.binary) is not None):
+            return None
+        mkey = (info.fingerprint, key)
+        with self._key_lock(mkey):
+            known = self._prepared.get(mkey)
+            if known is not None:
+                return known[0]
+            ns = Namespace.for_fingerprint(info.fingerprint)
+            tiers = [] if self._broken else tiers_of(self.store)
+            prep = prepare(reader or SlotReader(tiers, ns, key), key, art.binary)
+            if prep is not None and prep.ignored:  # said once a run: what and why
+                self._warn_once("ignored", "work-group functions stored for a program were "
+                                f"ignored ({prep.ignored[0]}); its first launches compile")
+                fill_front(tiers, ns, prep.fills)
+                prep.fills.clear()
+            self._prepared.put(mkey, (prep,))
+            return prep
+
+    def _watch(self, ns: Namespace, key: Key, prep: Prepared, art: Artifact,
+               handle: object) -> None:
+        with self._lock:
+            if self._harvester is None:
+                self._harvester = Harvester(self._harvest_store, self._warn)
+            harvester = self._harvester
+        harvester.watch(ns, key, prep, art.meta.source_hash, handle)
+
+    def _harvest_store(self) -> ArtifactStore:
+        if self._broken:
+            raise StoreError(f"the farm is unavailable ({self._broken})")
+        return self.store
 
     def _obtain(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
                 described: Described) -> tuple[Artifact, Outcome, int]:
         """The artifact for ``dev``'s fingerprint, how it was got, and the index of the
-        store tier that served it (0 for memory and compiles: nothing to copy)."""
+        store tier that served it (0 for memory and the cluster's compiles: nothing to
+        copy; :data:`_UNSTORED` for a compile here, stored once the application's load
+        validated it)."""
         key = described.spec.key
         mkey = (info.fingerprint, key)
         with self._key_lock(mkey):
@@ -232,9 +340,9 @@ class ProgramServer:
                 if art is not None:
                     break
             if art is None:
-                art = self._on_cluster(info, described) or \
-                    self._compile(ctx, dev, info, described)
-                outcome, tier = Outcome.COMPILED, 0
+                outcome, art, tier = Outcome.COMPILED, self._on_cluster(info, described), 0
+                if art is None:
+                    art, tier = self._compile(ctx, dev, described), _UNSTORED
             self._memory.put(mkey, art)
             return art, outcome, tier
 
@@ -266,26 +374,34 @@ class ProgramServer:
         except RemoteRefused as exc:
             raise _CompileRefused(str(exc)) from None
 
-    def _compile(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
-                 described: Described) -> Artifact:
+    def _compile(self, ctx: cl.Context, dev: cl.Device, described: Described) -> Artifact:
+        """Compile here; the binary is not loaded here (the application's load that
+        follows validates it, and :meth:`_keep` stores it then)."""
+        # the compile path loads only in a process that compiles (a served one never does)
+        from farm.compilation.finalize import RawSource, finalize_and_validate
+
         settings = self._settings()
         built = finalize_and_validate(ctx, dev, RawSource(described.source, described.options),
-                                      "auto" if settings.native_binaries else None)
+                                      "auto" if settings.native_binaries else None,
+                                      ready=settings.pocl_ready, validate=False)
         if not built.ok:
             if built.error_kind == "compile":
                 raise _CompileRefused(built.error)
             raise LoadError(built.error)
-        key = described.spec.key
-        art = Artifact.create(key, PROGRAM_FAMILY, built.binary, described.spec.blob_digest,
-                              build_log=built.build_log, host=built.host, worker=built.worker,
-                              work_s=built.work_s)
+        return Artifact.create(described.spec.key, PROGRAM_FAMILY, built.binary,
+                               described.spec.blob_digest, build_log=built.build_log,
+                               host=built.host, worker=built.worker, work_s=built.work_s)
+
+    def _keep(self, fingerprint: str, described: Described, art: Artifact) -> bool:
+        """Store a binary compiled here that the application loaded: the sources first
+        (see the docstring), then the artifact, first writer wins. False when another
+        process's binary was there first."""
         store = self.store
-        for digest, data in described.blobs().items():  # sources first: see the docstring
+        for digest, data in described.blobs().items():
             if digest not in self._blobs_put:
                 store.put_blob(data)
                 self._blobs_put.add(digest)
-        store.put(Namespace.for_fingerprint(info.fingerprint), art)
-        return art
+        return store.put(Namespace.for_fingerprint(fingerprint), art) is not PutResult.REFUSED
 
     def _record(self, key: Key, outcome: Outcome, seconds: float, described: Described,
                 native_fallback: str) -> None:

@@ -1,0 +1,201 @@
+"""Harvesting the work-group functions an application's launches made on PoCL, and
+storing the new ones beside their program (:mod:`farm.programs.supplements`).
+
+Nothing is done at launch time: the application's launches are never hooked or slowed.
+A work-group function exists only once a launch has *executed* (PoCL makes it when the
+command runs), so the harvest looks afterwards, at what the program's folder holds
+(:func:`farm.compilation.poclcache.work_group_functions`: one directory listing per
+kernel), on a background thread every :data:`INTERVAL_S` seconds and once more when the
+process ends (:meth:`Harvester.close`, which the hook calls at exit). Only pairs the
+program's binary did not carry are read, checked
+(:func:`farm.compilation.elfstub.exports`) and stored, in as few records as their size
+allows; before writing a slot the harvest reads it, so what another process stored
+meanwhile is not stored twice.
+
+With PoCL's kernel cache off, PoCL deletes a program's folder when the program is
+released, so the harvester keeps the programs it watches alive until the last harvest
+(at most :data:`MAX_HELD`; a process that makes more than that has the later ones
+harvested while they live).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from farm.compilation.elfstub import exports
+from farm.compilation.poclcache import loaded_folder, work_group_functions
+from farm.core.errors import FarmError
+from farm.core.keys import PROGRAM_FUNCTION_SLOTS, Namespace, program_functions_key
+from farm.core.model import Key
+from farm.programs.supplements import (
+    MAX_FUNCTIONS,
+    MAX_RECORD_BYTES,
+    Pair,
+    Prepared,
+    SupplementError,
+    read_slot,
+    record,
+)
+from farm.store.base import ArtifactStore, PutResult
+
+#: seconds between two harvests of a running process
+INTERVAL_S = 20.0
+#: programs kept alive for the last harvest, at most
+MAX_HELD = 1024
+#: seconds the last harvest waits for one in progress on the thread
+_JOIN_S = 30.0
+_UNAVAILABLE = (FarmError, OSError, sqlite3.Error)
+
+
+@dataclass
+class Watched:
+    """One program (per fingerprint) this process loaded, as the harvest sees it."""
+
+    ns: Namespace
+    program: Key
+    prepared: Prepared
+    #: the program artifact's source hash (a record names the same spec)
+    source_hash: str
+    folder: Path | None = None
+    #: the built programs kept alive until the last harvest (only held, never used)
+    held: list[object] = field(default_factory=list)
+
+
+class Harvester:
+    """Watches the programs a :class:`~farm.programs.serve.ProgramServer` served on PoCL
+    and stores the work-group functions their launches made. Thread-safe."""
+
+    def __init__(self, store: Callable[[], ArtifactStore], warn: Callable[[str], None],
+                 interval: float = INTERVAL_S) -> None:
+        self._store = store
+        self._warn = warn
+        self._interval = interval
+        self._lock = threading.Lock()  # the watch list
+        self._harvesting = threading.Lock()  # one harvest at a time
+        self._watched: dict[tuple[Namespace, Key], Watched] = {}
+        self._held = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: functions stored by this process (for tests and summaries)
+        self.stored = 0
+
+    def watch(self, ns: Namespace, program: Key, prepared: Prepared, source_hash: str,
+              handle: object) -> None:
+        """Harvest ``program`` (loaded from ``prepared``; ``handle`` its built program)."""
+        with self._lock:
+            w = self._watched.get((ns, program))
+            if w is None:
+                w = self._watched[(ns, program)] = Watched(ns, program, prepared, source_hash)
+            if self._held < MAX_HELD:
+                w.held.append(handle)
+                self._held += 1
+            if self._thread is None and self._interval > 0:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="kernel-farm harvest")
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.harvest()
+
+    def close(self) -> int:
+        """The last harvest; then let the programs go. Returns functions stored in all."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(_JOIN_S)
+        self.harvest()
+        with self._lock:
+            for w in self._watched.values():
+                w.held.clear()
+            self._watched.clear()
+        return self.stored
+
+    def harvest(self) -> int:
+        """Store what the watched programs' folders hold that their binaries did not;
+        returns how many functions were stored."""
+        with self._lock:
+            watched = list(self._watched.values())
+        stored = 0
+        with self._harvesting:
+            for w in watched:
+                new = _new_functions(w)
+                if new:
+                    try:
+                        stored += self._store_new(w, new)
+                    except _UNAVAILABLE as exc:
+                        self._warn("work-group functions not stored "
+                                   f"({' '.join(str(exc).split())[:200]})")
+                        break
+            self.stored += stored
+        return stored
+
+    def _store_new(self, w: Watched, new: dict[Pair, bytes]) -> int:
+        """Put ``new`` into the program's next free slots; what a slot already holds
+        (another process's harvest) is not put again."""
+        store = self._store()
+        prep = w.prepared
+        names = frozenset(prep.kernels)
+        stored = 0
+        rounds = 2 * PROGRAM_FUNCTION_SLOTS  # a slot refused and then not found, forever
+        while new and prep.next_slot < PROGRAM_FUNCTION_SLOTS and rounds > 0:
+            rounds -= 1
+            slot = prep.next_slot
+            there = store.get(w.ns, program_functions_key(w.program, slot))
+            if there is not None:
+                try:
+                    held = read_slot(there, w.program, prep.base, slot, names)
+                except SupplementError:
+                    held = {}
+                prep.known.update(held)
+                new = {p: d for p, d in new.items() if p not in held}
+                prep.next_slot += 1
+                continue
+            chunk = _chunk(new)
+            art = record(w.program, prep.base, slot, chunk, w.source_hash,
+                         host=socket.gethostname(), worker=f"{socket.gethostname()}:"
+                                                           f"{os.getpid()}")
+            if store.put(w.ns, art) is PutResult.REFUSED:
+                continue  # another harvest took the slot: read it next round
+            prep.known.update(chunk)
+            prep.next_slot += 1
+            stored += len(chunk)
+            new = {p: d for p, d in new.items() if p not in chunk}
+        return stored
+
+
+def _new_functions(w: Watched) -> dict[Pair, bytes]:
+    """The functions ``w``'s folder holds that its binary did not, checked."""
+    if w.folder is None:
+        w.folder = loaded_folder(w.prepared.base)
+        if w.folder is None:
+            return {}
+    found = work_group_functions(w.folder, w.prepared.kernels)
+    out: dict[Pair, bytes] = {}
+    for pair, path in sorted(found.items()):
+        if pair in w.prepared.known:
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue  # released meanwhile (PoCL's cache off): nothing to keep
+        if exports(data, pair[0]):
+            out[pair] = data
+    return out
+
+
+def _chunk(new: dict[Pair, bytes]) -> dict[Pair, bytes]:
+    """As many of ``new`` as one record holds (at least one)."""
+    out: dict[Pair, bytes] = {}
+    size = 0
+    for pair, data in sorted(new.items()):
+        if out and (len(out) >= MAX_FUNCTIONS or size + len(data) > MAX_RECORD_BYTES):
+            break
+        out[pair] = data
+        size += len(data)
+    return out
