@@ -6,11 +6,21 @@ unless the scenario says otherwise) builds the manifest from a fresh client whil
 fault is injected by hand, as an operator would:
 
 * ``baseline``: no fault;
-* ``redis``: Redis stopped for ``--outage`` seconds once the first task succeeded, then
-  started again on the same port with its data;
-* ``minio``: the same for MinIO;
+* ``redis-sigterm``, ``redis-sigstop``, ``redis-sigkill``: Redis stopped cleanly,
+  frozen, or killed for ``--outage`` seconds once the first chunk is done, then started
+  again (thawed) on the same port with its data (``redis`` is ``redis-sigterm``);
+* ``minio-sigterm``, ``minio-sigstop``, ``minio-sigkill``: the same for MinIO;
+* ``redis-past-sigterm``, ``redis-past-sigstop``, ``redis-past-sigkill``: Redis away
+  for good with ``FARM_OUTAGE_LIMIT=--limit``: when the first worker and the client exit
+  after the fault, the worker's log lines after it, and its tracebacks;
 * ``worker-kill``: the whole of one worker (main process and pool) SIGKILLed once it
   received a task; the client re-sends its chunk after ``FARM_DEAD_WORKER_GRACE``;
+* ``broken-workers``: next to the good workers, one with a wrong MinIO secret, one with
+  a MinIO user that may read but not write, and one started while MinIO was down (then
+  MinIO is started again): no kernel fails, the broken ones say why;
+* ``orphans``: a client that queued the whole manifest (workers paused) is SIGKILLed,
+  the workers go on after its heartbeat expired; then a fresh client builds 4 other
+  kernels: how long it waited, and how many chunks the workers dropped;
 * ``crash-loop``: the manifest plus one kernel whose compile aborts its process
   (``tests/faults``' fault-injection family); it fails as ``crashed`` after
   ``FARM_CRASH_LIMIT`` deaths and the rest builds;
@@ -20,7 +30,7 @@ fault is injected by hand, as an operator would:
 Caches off (``PYOPENCL_NO_CACHE=1 POCL_KERNEL_CACHE=0 CUDA_CACHE_DISABLE=1``).
 
     .venv/bin/python bench/bench_faults.py [--manifest tiny] [--workers 2] [--outage 10]
-        [--only redis,minio]
+        [--limit 15] [--only redis-sigstop,minio-sigkill]
 
 Prints one line per scenario, then one JSON line (``{"bench": "faults", ...}``).
 """
@@ -28,28 +38,38 @@ Prints one line per scenario, then one JSON line (``{"bench": "faults", ...}``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "faults"
 CACHES_OFF = {"PYOPENCL_NO_CACHE": "1", "POCL_KERNEL_CACHE": "0", "CUDA_CACHE_DISABLE": "1"}
-SCENARIOS = ("baseline", "redis", "minio", "worker-kill", "crash-loop", "poison")
+SIGNALS = ("sigterm", "sigstop", "sigkill")
+SCENARIOS = ("baseline", *(f"{s}-{g}" for s in ("redis", "minio") for g in SIGNALS),
+             *(f"redis-past-{g}" for g in SIGNALS), "worker-kill", "broken-workers",
+             "orphans", "crash-loop", "poison")
+#: how a server fails and comes back (farm.devservices.server.LocalServer's methods)
+BREAK = {"sigterm": ("halt", "resume"), "sigstop": ("freeze", "thaw"),
+         "sigkill": ("kill", "resume")}
 
 
-def _wait_for(path: Path, text: str, count: int = 1, timeout: float = 300) -> None:
+def _wait_for(path: Path, text: str, count: int = 1, timeout: float = 300) -> float:
     deadline = time.monotonic() + timeout
     while path.read_text(errors="replace").count(text) < count:
         if time.monotonic() > deadline:
             sys.exit(f"{text!r} never appeared in {path}")
         time.sleep(0.05)
+    return time.monotonic()
 
 
 def _manifest(name: str, work: Path, crash: bool) -> str:
@@ -64,59 +84,171 @@ def _manifest(name: str, work: Path, crash: bool) -> str:
     return str(path)
 
 
+def _build(c: Any, manifest: str, home: Path, *extra: str, **env: str) -> Any:
+    return subprocess.Popen([sys.executable, "-m", "farm", "build", manifest, "--cluster",
+                             "--json", *extra], env=c.env(home, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _row(kind: str, proc: Any, out: str, err: str, wall: float, c: Any) -> dict[str, Any]:
+    report = json.loads(out) if out.strip() else {}
+    lines = [line for line in err.splitlines() if line.strip()]
+    return {"scenario": kind, "exit": proc.returncode, "wall_s": round(wall, 2),
+            **{k: report.get("summary", {}).get(k) for k in (
+                "kernels", "compiled", "loaded", "failed", "tasks_sent")},
+            "failures": sorted({f["kind"] for f in report.get("failures", [])}),
+            "workers_alive": sum(1 for w in c.workers if w.process.poll() is None),
+            "stderr": lines[:4]}
+
+
+@contextlib.contextmanager
+def _paused(workers: list[Any]) -> Iterator[None]:
+    for w in workers:
+        os.killpg(w.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for w in workers:
+            os.killpg(w.pid, signal.SIGCONT)
+
+
 def scenario(kind: str, args: argparse.Namespace, redis: Any, minio: Any,
              work: Path, db: int) -> dict[str, Any]:
     from farm.devservices.cluster import local_cluster
 
     env = {"PYTHONPATH": str(FAULTS), "FARM_FAULT_INJECT": "1",
            "FARM_FAMILY_MODULES": '["faultfam"]'}
+    if kind.startswith("redis-past"):
+        env["FARM_OUTAGE_LIMIT"] = f"{args.limit:g}"
     with local_cluster(work / kind, redis=redis, minio=minio,
                        bucket=f"bench-{uuid.uuid4().hex[:12]}", redis_db=db, **env) as c:
         workers = [c.start_worker(concurrency=1) for _ in range(args.workers)]
         c.wait_ready()
         manifest = _manifest(args.manifest, work, kind == "crash-loop")
+        if kind == "broken-workers":
+            return _broken_workers(c, manifest, minio, work)
+        if kind == "orphans":
+            return _orphans(c, manifest, workers, work)
         extra: dict[str, Any] = {}
         if kind == "poison":
-            sys.path.insert(0, str(ROOT / "tests"))
-            import redis as redis_py
-            from test_faults import _publish_poison  # the test's messages, not a copy
-
-            from farm.core.keys import DEAD_LETTERS
-            served = json.loads(subprocess.run(
-                [sys.executable, "-m", "farm", "workers", "--json"], env=c.env(),
-                capture_output=True, text=True, check=True).stdout)
-            t0 = time.perf_counter()
-            sent = _publish_poison(c, f"farm.{next(iter(served))}")
-            client = redis_py.Redis.from_url(c.redis_url)
-            while client.llen(DEAD_LETTERS) < sent:
-                time.sleep(0.02)
-            extra["dead_lettered"] = sent
-            extra["dead_letter_s"] = round(time.perf_counter() - t0, 2)
+            extra = _poison(c)
         logs = [w.log for w in workers]
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "farm", "build", manifest, "--cluster",
-                                 "--json"], env=c.env(work / f"{kind}-client"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if kind in ("redis", "minio"):
-            _wait_for(logs[0], "succeeded in")
-            server = redis if kind == "redis" else minio
-            server.halt()
-            time.sleep(args.outage)
-            server.resume()
-            extra["outage_s"] = args.outage
+        proc = _build(c, manifest, work / f"{kind}-client")
+        service, _, fault = kind.rpartition("-")
+        if service in ("redis", "minio", "redis-past"):
+            _wait_for(logs[0], "chunk ")
+            server = minio if service == "minio" else redis
+            before = logs[0].read_text(errors="replace").count("\n")
+            failed_at = time.monotonic()
+            getattr(server, BREAK[fault][0])()
+            if service == "redis-past":
+                extra |= _past_limit(workers[0], proc, before, failed_at)
+            else:
+                time.sleep(args.outage)
+                extra["outage_s"] = args.outage
+            getattr(server, BREAK[fault][1])()
         elif kind == "worker-kill":
             _wait_for(logs[0], "received")
             workers[0].kill_all()
         out, err = proc.communicate(timeout=3600)
-        wall = time.perf_counter() - start
-        report = json.loads(out) if out.strip() else {}
-        alive = sum(1 for w in c.workers if w.process.poll() is None)
-        lines = [line for line in err.splitlines() if line.strip()]
-        return {"scenario": kind, "exit": proc.returncode, "wall_s": round(wall, 2),
-                **{k: report.get("summary", {}).get(k) for k in (
-                    "kernels", "compiled", "loaded", "failed", "tasks_sent")},
-                "failures": sorted({f["kind"] for f in report.get("failures", [])}),
-                "workers_alive": alive, "stderr": lines[:4], **extra}
+        return {**_row(kind, proc, out, err, time.perf_counter() - start, c), **extra}
+
+
+def _past_limit(worker: Any, client: Any, before: int, failed_at: float) -> dict[str, Any]:
+    """Redis away for good: when the worker and the client end, what the worker said."""
+    worker.process.wait(timeout=600)
+    worker_s = time.monotonic() - failed_at
+    client.wait(timeout=600)
+    client_s = time.monotonic() - failed_at
+    after = worker.log.read_text(errors="replace").splitlines()[before:]
+    return {"worker_exit_s": round(worker_s, 1), "client_exit_s": round(client_s, 1),
+            "worker_lines_after": len(after),
+            "worker_tracebacks": sum("Traceback" in line for line in after),
+            "worker_error_lines": sum("error: Redis at" in line for line in after)}
+
+
+def _broken_workers(c: Any, manifest: str, minio: Any, work: Path) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from cluster_helpers import read_only_user
+
+    access, secret = read_only_user(c)
+    broken = [c.start_worker(FARM_MINIO_SECRET_KEY="not-the-secret-of-this-minio"),
+              c.start_worker(FARM_MINIO_ACCESS_KEY=access, FARM_MINIO_SECRET_KEY=secret)]
+    minio.halt()
+    broken.append(c.start_worker())
+    _wait_for(broken[-1].log, "not consuming")
+    minio.resume()
+    c.wait_ready(workers=broken[1:])
+    start = time.perf_counter()
+    proc = _build(c, manifest, work / "broken-client")
+    out, err = proc.communicate(timeout=3600)
+    row = _row("broken-workers", proc, out, err, time.perf_counter() - start, c)
+    texts = [w.log.read_text(errors="replace") for w in broken]
+    return {**row, "chunks_taken_by_wrong_secret": texts[0].count(" received"),
+            "chunks_given_back_by_read_only": texts[1].count("goes back to its queue"),
+            "not_consuming_lines": [t.count("not consuming") for t in texts],
+            "key_errors": sum(t.count("KeyError") for t in texts)}
+
+
+def _orphans(c: Any, manifest: str, workers: list[Any], work: Path) -> dict[str, Any]:
+    import redis as redis_py
+
+    from farm.cluster.queues import queue_depth
+    from farm.core.settings import load_settings
+
+    fp = str(next(iter(json.loads(subprocess.run(
+        [sys.executable, "-m", "farm", "workers", "--json"], env=c.env(),
+        capture_output=True, text=True, check=True).stdout))))
+    client = redis_py.Redis.from_url(c.redis_url)
+    with _paused(workers):
+        dead = _build(c, manifest, work / "orphan-client", "--wait-for-workers",
+                      "--fingerprint", fp)
+        while queue_depth(client, fp) < _chunks(manifest):
+            time.sleep(0.05)
+        queued = queue_depth(client, fp)
+        dead.kill()
+        dead.wait(timeout=30)
+        time.sleep(load_settings().dead_worker_grace + 1)  # its heartbeat key expires
+    rerun = work / "rerun.toml"
+    rerun.write_text('format = 1\nname = "rerun"\n' + "".join(
+        f'\n[[kernels]]\nfamily = "reduce"\nparams = {{ op = "sum", cols = {9000 + i} }}\n'
+        for i in range(4)))
+    start = time.perf_counter()
+    proc = _build(c, str(rerun), work / "rerun-client")
+    out, err = proc.communicate(timeout=3600)
+    row = _row("orphans", proc, out, err, time.perf_counter() - start, c)
+    return {**row, "orphaned_chunks": queued,
+            "dropped": sum(w.log.read_text(errors="replace").count(": dropped ")
+                           for w in workers)}
+
+
+def _chunks(manifest: str) -> int:
+    """Chunks a client sends for the whole of ``manifest`` (nothing stored yet)."""
+    from farm.core.settings import load_settings
+    from farm.families import Registry
+    from farm.manifest import expand, load_manifest, resolve_manifest
+
+    kernels = len(expand(load_manifest(resolve_manifest(manifest)), Registry.load([])))
+    size = load_settings().chunk_size
+    return -(-kernels // size)
+
+
+def _poison(c: Any) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import redis as redis_py
+    from test_faults import _publish_poison  # the test's messages, not a copy
+
+    from farm.core.keys import DEAD_LETTERS
+    served = json.loads(subprocess.run(
+        [sys.executable, "-m", "farm", "workers", "--json"], env=c.env(),
+        capture_output=True, text=True, check=True).stdout)
+    t0 = time.perf_counter()
+    sent = _publish_poison(c, f"farm.{next(iter(served))}")
+    client = redis_py.Redis.from_url(c.redis_url)
+    while client.llen(DEAD_LETTERS) < sent:
+        time.sleep(0.02)
+    return {"dead_lettered": sent, "dead_letter_s": round(time.perf_counter() - t0, 2)}
 
 
 def main() -> None:
@@ -124,6 +256,8 @@ def main() -> None:
     parser.add_argument("--manifest", default="tiny")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--outage", type=float, default=10.0)
+    parser.add_argument("--limit", type=float, default=15.0,
+                        help="FARM_OUTAGE_LIMIT of the redis-past-* scenarios")
     parser.add_argument("--only", default=",".join(SCENARIOS))
     args = parser.parse_args()
     for name in [k for k in os.environ if k.startswith("FARM_")]:
@@ -135,13 +269,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="farm-bench-faults-") as tmp, \
             RedisServer(Path(tmp)) as redis, MinioServer(Path(tmp)) as minio:
         for db, kind in enumerate(args.only.split(","), start=1):
+            kind = {"redis": "redis-sigterm", "minio": "minio-sigterm"}.get(kind, kind)
             row = scenario(kind, args, redis, minio, Path(tmp), db)
             results.append(row)
-            print(f"{kind:12s} exit {row['exit']}  wall {row['wall_s']:7.2f} s  "
+            print(f"{kind:18s} exit {row['exit']}  wall {row['wall_s']:7.2f} s  "
                   f"compiled {row['compiled']} loaded {row['loaded']} failed {row['failed']} "
                   f"{row['failures']}  workers alive {row['workers_alive']}  "
-                  + "  ".join(f"{k}={row[k]}" for k in ("outage_s", "dead_letter_s")
-                              if k in row), flush=True)
+                  + "  ".join(f"{k}={v}" for k, v in row.items() if k not in (
+                      "scenario", "exit", "wall_s", "kernels", "compiled", "loaded",
+                      "failed", "tasks_sent", "failures", "workers_alive", "stderr")),
+                  flush=True)
     print(json.dumps({"bench": "faults", "manifest": args.manifest, "workers": args.workers,
                       "results": results}))
 

@@ -52,3 +52,24 @@ def minio_store(cluster: Any) -> MinioStore:
 
 def namespace(fingerprint: str) -> Namespace:
     return Namespace.for_fingerprint(fingerprint)
+
+
+def read_only_user(cluster: Any) -> tuple[str, str]:
+    """A MinIO user of ``cluster`` that may list and read but not write (a worker given
+    the wrong, least-privilege credentials): its access and secret key."""
+    import secrets
+
+    from minio.credentials import StaticProvider
+    from minio.minioadmin import MinioAdmin
+
+    admin = MinioAdmin(endpoint=cluster.minio_endpoint, secure=False,
+                       credentials=StaticProvider(cluster.minio_access_key,
+                                                  cluster.minio_secret_key))
+    access, secret = f"reader-{secrets.token_hex(4)}", secrets.token_urlsafe(18)
+    admin.user_add(access, secret)
+    name = f"reads-only-{secrets.token_hex(4)}"
+    admin.policy_add(name, policy={"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Resource": ["arn:aws:s3:::*"],
+        "Action": ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"]}]})
+    admin.attach_policy([name], user=access)
+    return access, secret

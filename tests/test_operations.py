@@ -289,7 +289,7 @@ def test_farm_workers_shows_queue_depth_and_chunks_in_flight(ops: Ops,
             proc = farm(env, "workers", "--json")
             assert proc.returncode == 0, proc.stderr
             listed = json.loads(proc.stdout)
-            assert listed[NOWHERE] == {"workers": [], "depth": 2, "in_flight": 1}
+            assert listed[NOWHERE] == {"workers": [], "depth": 2, "in_flight": 1, "stale": 0}
             assert len(listed[built["fingerprint"]]["workers"]) == 1
             table = farm(env, "workers")
             assert "2 chunk(s) waiting, 1 in flight" in table.stdout and NOWHERE in table.stdout

@@ -2,6 +2,12 @@
 
 The app itself (its settings and why) lives in the core, so that clients reach it
 without importing the worker.
+
+What a chunk becomes (docs/RELIABILITY.md): built, its kernels' own failures in the
+reply; dropped, when its client is gone; or given back to its queue (Celery's ``Reject``
+with requeue, at the back of the queue, for any worker of the pool) when this worker
+cannot build it for reasons that are not its kernels' (``InfrastructureError``: the
+store, Redis, this process's own state). See :mod:`worker.chunks`.
 """
 
 from __future__ import annotations
@@ -17,52 +23,87 @@ from farm.cluster.metrics import outcome_label
 from farm.core.keys import TASK_NAME
 
 if TYPE_CHECKING:
+    import redis
     from celery.worker.request import Request
 
+    from farm.cluster.payloads import CompileReply, CompileRequest
     from worker.state import WorkerState
 
 log = logging.getLogger(__name__)
 
+#: what a task may raise that is the farm's trouble, never its kernels'
+_TRANSIENT: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
 
 
 def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
-                   request_cls: type[Request] | None = None) -> None:
-    """Register the compile task; ``get_state()`` gives the process's ``WorkerState``;
-    ``request_cls`` is the worker's Celery ``Request`` (crash bookkeeping).
+                   request_cls: type[Request] | None = None,
+                   redis_of: Callable[[], redis.Redis] | None = None,
+                   worker_field: str = "") -> None:
+    """Register the compile task; ``get_state()`` gives the process's ``WorkerState``
+    (or raises ``WorkerUnavailable``); ``request_cls`` is the worker's Celery ``Request``
+    (crash bookkeeping, readiness); ``redis_of()`` the process's Redis client for the
+    chunk bookkeeping of :mod:`worker.chunks`; ``worker_field`` this worker's
+    ``host:pid``.
 
     Each chunk is counted in the worker's metrics (``farm.cluster.metrics``) and logged as one
     line of counts: Celery's own "succeeded" line, which carries the whole reply, is
     kept at DEBUG (see ``worker.startup``).
     """
-    from celery.exceptions import SoftTimeLimitExceeded
+    from celery.exceptions import Reject, SoftTimeLimitExceeded
 
     from farm.cluster.metrics import worker_metrics
     from farm.cluster.payloads import parse_request
+    from farm.core.errors import InfrastructureError, one_line
+    from worker import chunks
     from worker.execute import execute_job
 
-    transient: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
-
     options = {"Request": request_cls} if request_cls is not None else {}
+    farms: tuple[type[BaseException], ...] = (InfrastructureError, *_TRANSIENT)
 
-    @app.task(name=TASK_NAME, bind=True, max_retries=5, acks_late=True, **options)
+    def settle(task_id: str, request: CompileRequest) -> CompileReply | None:
+        """A reply without building: the client is gone, or the chunk went back too often."""
+        if redis_of is None:
+            return None
+        client = redis_of()
+        if chunks.client_gone(client, request):
+            return chunks.dropped(task_id, request)
+        return chunks.given_up(client, task_id, request)
+
+    @app.task(name=TASK_NAME, bind=True, acks_late=True, **options)
     def compile_task(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
         request = parse_request(payload)  # a bad payload: one line back to the client
         metrics = worker_metrics()
+        task_id = self.request.id
+        if redis_of is not None and chunks.avoided(redis_of(), request, worker_field):
+            chunks.note_return(redis_of(), task_id, request, worker_field, None)
+            metrics.task(request.fingerprint, "avoided")
+            log.info("chunk %s goes back to its queue: its client sends this worker no "
+                     "more of build %s", task_id, request.build)
+            raise Reject("avoided by its client", requeue=True)
         try:
-            reply = execute_job(request, get_state(), task_id=self.request.id)
+            reply = settle(task_id, request)
+            if reply is None:
+                reply = execute_job(request, get_state(), task_id=task_id)
         except SoftTimeLimitExceeded:
             metrics.timed_out(request.fingerprint, len(request.kernels))
             raise
-        except transient as exc:  # store or broker hiccup: retry, never for a bad kernel
-            metrics.task(request.fingerprint, "retry")
-            raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
+        except farms as exc:  # the farm's trouble, not the kernels'
+            metrics.task(request.fingerprint, "returned")
+            reason = f"{type(exc).__name__}: {one_line(exc)}"
+            if redis_of is not None:
+                chunks.note_return(redis_of(), task_id, request, worker_field, reason)
+            log.warning("chunk %s goes back to its queue: %s", task_id, reason)
+            raise Reject(reason, requeue=True) from None
         except BaseException:
             metrics.task(request.fingerprint, "failure")
             raise
+        if reply.dropped:
+            metrics.task(request.fingerprint, "dropped")
+            return reply.model_dump(mode="json")
         metrics.task(request.fingerprint, "success")
         metrics.reply(request.fingerprint, reply)
         counts = Counter(outcome_label(k.outcome, k.failure.kind if k.failure else None)
                          for k in reply.results)
-        log.info("chunk %s: %s", self.request.id,
+        log.info("chunk %s: %s", task_id,
                  ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
         return reply.model_dump(mode="json")

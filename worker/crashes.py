@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery.worker.request import Request
 
@@ -46,6 +46,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATUS_FIELD = "status"
+
+
+class ChunkOutcomes(Protocol):
+    """Who hears, in the main process, what became of each chunk (``Readiness``)."""
+
+    def chunk_went_back(self, reason: str) -> None: ...
+
+    def chunk_done(self) -> None: ...
 _STATUS = re.compile(r"prematurely:\s*(.*?)(?:\s+Job:\s*\d+)?\.?$")
 
 
@@ -86,6 +94,18 @@ class TaskLedger:
                 self.status = text
             elif text.isdigit():
                 self.crashes[field] = int(text)
+
+    def given_back(self) -> None:
+        """This delivery gave the chunk back (infrastructure): it counts no delivery,
+        so that a chunk passed between broken workers never fails as ``crashed``, and
+        nothing is being worked on. Best effort: Redis may be what failed."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.decr(task_deliveries_key(self.task_id))
+        pipe.delete(task_kernel_key(self.task_id))
+        try:
+            pipe.execute()
+        except Exception as exc:  # Redis away: a later delivery may count one too many
+            log.warning("task %s: could not uncount a delivery: %s", self.task_id, exc)
 
     def crashed(self, id_hash: str, kernels: int) -> str | None:
         """Why the kernel is not to be tried again, or ``None``."""
@@ -138,14 +158,29 @@ def lost_status(exc: BaseException) -> str | None:
     return found.group(1) if found else str(exc)
 
 
-def crash_request_class(client: redis.Redis) -> type[Request]:
-    """A Celery ``Request`` that books a crash before Celery re-queues the task."""
+def crash_request_class(client: redis.Redis, outcomes: ChunkOutcomes | None = None
+                        ) -> type[Request]:
+    """A Celery ``Request`` that books a crash before Celery re-queues the task, and
+    tells ``outcomes`` (the worker's ``Readiness``) of every chunk given back
+    (``chunk_went_back(reason)``) or built (``chunk_done()``)."""
+    from celery.exceptions import Reject
 
     class CrashAwareRequest(Request):
+        def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+            failed, _, _ = failed__retval__runtime
+            if not failed and outcomes is not None:
+                outcomes.chunk_done()
+            return super().on_success(failed__retval__runtime, **kwargs)
+
         def on_failure(self, exc_info: Any, send_failed_event: bool = True,
                        return_ok: bool = False) -> Any:
             exc = getattr(exc_info, "exception", None)
             exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
+            if isinstance(exc, Reject):  # a chunk given back (worker.app): no crash
+                if outcomes is not None:
+                    outcomes.chunk_went_back(str(exc.reason))
+                return super().on_failure(exc_info, send_failed_event=send_failed_event,
+                                          return_ok=return_ok)
             if isinstance(exc, SystemExit | KeyboardInterrupt):
                 status: str | None = None if (self._already_cancelled
                                               or self._already_revoked) else "exited"

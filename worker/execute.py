@@ -20,10 +20,13 @@ A failing kernel is reported with its build log and nothing of it is stored.
 
 Faults (docs/RELIABILITY.md): a kernel that killed its compiling process ``crash_limit``
 times fails as ``crashed`` untouched (``worker.crashes``); Redis and MinIO outages are
-waited out up to ``outage_limit`` (``farm.core.outage``), past it the kernel fails as
-``store`` or ``error`` rather than as bad input; a compile's (or rekey's) record is sent
-to the records stream *before* the store is written, so a process killed at any moment
-never leaves an artifact whose record never came.
+waited out up to ``outage_limit`` (``farm.core.outage``). Only a kernel's own failure
+(``KernelError``, bad input about it) fails it: an ``InfrastructureError`` (the store,
+Redis past the limit, this worker's own state) leaves ``execute_job``, and the task gives
+the whole chunk back to its queue for another worker (``worker.app``); that delivery
+does not count towards the crash limit. A compile's (or rekey's) record is sent to the
+records stream *before* the store is written, so a process killed at any moment never
+leaves an artifact whose record never came.
 """
 
 from __future__ import annotations
@@ -37,12 +40,12 @@ from collections.abc import Iterator
 from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
 from farm.compilation.obtain import compiled_artifact, obtain, store_key
 from farm.core.errors import (
-    ClusterError,
     CompileError,
     FarmError,
+    InfrastructureError,
     KernelError,
     LoadError,
-    StoreError,
+    WorkerUnavailable,
 )
 from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.records.model import RequestedBy, Trip
@@ -59,16 +62,34 @@ def execute_job(request: CompileRequest, state: WorkerState,
                 task_id: str | None = None) -> CompileReply:
     """Obtain every kernel of ``request`` on this worker's device.
 
-    ``task_id`` (the Celery task's) turns on crash-loop bookkeeping (``TaskLedger``)."""
+    ``task_id`` (the Celery task's) turns on crash-loop bookkeeping (``TaskLedger``).
+    Raises :class:`InfrastructureError` when the chunk cannot be built here for reasons
+    that are not its kernels' (see the module docstring)."""
     if request.fingerprint != state.device.fingerprint:
-        raise FarmError(f"task for fingerprint {request.fingerprint} reached a worker of "
-                        f"{state.device.fingerprint}")
+        raise WorkerUnavailable(f"task for fingerprint {request.fingerprint} reached a "
+                                f"worker of {state.device.fingerprint}")
     ledger = None
     if task_id is not None and state.redis is not None and state.redis_waiter is not None:
         ledger = TaskLedger(state.redis, task_id, state.redis_waiter,
                             state.settings.crash_limit)
         ledger.start()
     state.ledger = ledger
+    try:
+        results = _obtain_all(request, state, ledger)
+        if ledger is not None:
+            ledger.finish()
+    except InfrastructureError:
+        if ledger is not None:
+            ledger.given_back()
+        raise
+    finally:
+        state.ledger = None
+        _flush_records(state)
+    return CompileReply(results=results)
+
+
+def _obtain_all(request: CompileRequest, state: WorkerState,
+                ledger: TaskLedger | None) -> list[KernelReply]:
     from worker.programs import obtain_program  # imports this module: not at the top
 
     results = []
@@ -91,11 +112,7 @@ def execute_job(request: CompileRequest, state: WorkerState,
                 kind="crashed", message=crashed), host=socket.gethostname()))
             continue
         results.append(obtain_program(p, state, request.requested_by))
-    if ledger is not None:
-        ledger.finish()
-    state.ledger = None
-    _flush_records(state)
-    return CompileReply(results=results)
+    return results
 
 
 def _flush_records(state: WorkerState) -> None:
@@ -109,7 +126,8 @@ def _flush_records(state: WorkerState) -> None:
 def obtain_kernel(req: KernelRequest, state: WorkerState,
                   requested_by: RequestedBy | None = None) -> KernelReply:
     """Obtain one kernel of a task on this worker (the rules of ``farm.compilation.obtain``);
-    a kernel that cannot be obtained is a reply with its failure, never an exception."""
+    a kernel that cannot be obtained is a reply with its failure, never an exception,
+    unless the farm failed, not the kernel (``InfrastructureError``: raised)."""
     start = time.perf_counter()
     key: Key | None = None
     try:
@@ -119,10 +137,8 @@ def obtain_kernel(req: KernelRequest, state: WorkerState,
     except KernelError as exc:
         failure = KernelFailure(kind=exc.kind, message=str(exc), build_log=exc.build_log)
         return _failed(req, key, failure, start)
-    except StoreError as exc:
-        return _failed(req, key, KernelFailure(kind="store", message=str(exc)), start)
-    except ClusterError as exc:  # Redis unreachable past the outage limit
-        return _failed(req, key, KernelFailure(kind="error", message=str(exc)), start)
+    except InfrastructureError:  # not the kernel's failure: the chunk goes back
+        raise
     except FarmError as exc:
         return _failed(req, key, KernelFailure(kind="validation", message=str(exc)), start)
     return KernelReply(id_hash=req.artifact.id_hash, key=str(key), outcome=outcome,

@@ -25,7 +25,13 @@ import time
 from farm.cluster.payloads import KernelReply, ProgramRequest
 from farm.compilation.load import LoadedBinary, load_binary
 from farm.compilation.obtain import Obtainer, compiled_artifact
-from farm.core.errors import CompileError, FarmError, KernelError, LoadError, StoreError
+from farm.core.errors import (
+    CompileError,
+    FarmError,
+    InfrastructureError,
+    KernelError,
+    LoadError,
+)
 from farm.core.keys import PROGRAM_FAMILY
 from farm.core.model import KernelFailure, Key, Lowered, Outcome
 from farm.programs.compile import compile_laid_out
@@ -45,8 +51,8 @@ def obtain_program(req: ProgramRequest, state: WorkerState,
         outcome = _resolve(spec, key, state, requested_by, start)
     except KernelError as exc:
         return _failed(key, exc.kind, str(exc), exc.build_log, start)
-    except StoreError as exc:
-        return _failed(key, "store", str(exc), "", start)
+    except InfrastructureError:  # not the program's failure: the chunk goes back
+        raise
     except FarmError as exc:
         return _failed(key, "error", str(exc), "", start)
     work = time.perf_counter() - start

@@ -5,11 +5,14 @@ the main process learns its devices and fingerprints from a short-lived child
 (``farm.core.device.discover_devices``) and only the pool processes create contexts, once
 each, in ``worker_process_init``.
 
-Faults (docs/RELIABILITY.md): the consumer refuses malformed messages
-(``worker.poison``), the task's ``Request`` books crashes of pool processes
-(``worker.crashes``), the main process says which worker holds each task it receives
-(so a client can re-send the chunks of a worker that died), and a Redis outage at start
-or longer than ``FARM_OUTAGE_LIMIT`` later stops the worker with one line and exit 1.
+Faults (docs/RELIABILITY.md): the worker consumes its queues only while it can serve
+them (``worker.readiness``: its pool processes opened their state, the store answers);
+the consumer refuses malformed messages (``worker.poison``); the task's ``Request``
+books crashes of pool processes (``worker.crashes``); the main process says which worker
+holds each task it receives (so a client can re-send the chunks of a worker that died)
+and, in its heartbeat, which tasks it still holds; and a Redis outage at start or longer
+than ``FARM_OUTAGE_LIMIT`` later stops the worker with one line and exit 1
+(``worker.stopping``), promptly, pool included.
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import socket
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,13 +30,15 @@ from farm.cluster.workers import Heartbeat, WorkerInfo
 from farm.compilation.backend import discover
 from farm.core.device import DeviceInfo, resolve_fingerprint
 from farm.core.errors import DeviceError
-from farm.core.keys import TASK_STATE_TTL_S, queue_name, task_holder_key
-from farm.core.outage import OutageError, redis_waiter
+from farm.core.keys import DEFAULT_QUEUE, TASK_STATE_TTL_S, queue_name, task_holder_key
+from farm.core.outage import redis_client, redis_waiter
 from farm.core.settings import Settings
 from farm.version import __version__
 from worker.app import register_tasks
 from worker.crashes import crash_request_class
-from worker.state import WorkerState, open_state
+from worker.process import PoolProcess, held_tasks, store_probe
+from worker.readiness import ProcessReports, Readiness
+from worker.stopping import ignore_cancel_notice, quiet_celery_outages, stop_now
 
 if TYPE_CHECKING:
     from celery.worker import WorkController
@@ -67,19 +70,6 @@ def _pool_pids(controller: WorkController) -> list[int]:
         return [int(pid) for pid in controller.pool.info.get("processes", [])]
     except Exception:  # no pool yet, or one being restarted: the next beat has it
         return []
-
-
-class _QuietSuccess(logging.Filter):
-    """Celery logs every task's full return value at INFO ("succeeded in ...: {...}"):
-    a chunk's reply is kilobytes of JSON. Keep that line for DEBUG; the compile task
-    logs a one-line count per chunk instead (``worker.app``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        from celery.app.trace import LOG_SUCCESS
-
-        if record.msg == LOG_SUCCESS:
-            return logging.getLogger().isEnabledFor(logging.DEBUG)
-        return True
 
 
 def celery_argv(*, concurrency: int, queues: list[str], loglevel: str, hostname: str,
@@ -114,7 +104,8 @@ class WorkerOptions:
 
 
 def run_worker(settings: Settings, options: WorkerOptions) -> None:
-    """Run a Celery worker for one fingerprint until it is stopped."""
+    """Run a Celery worker for one fingerprint until it is stopped. It consumes its
+    queues only while its checks pass (``worker.readiness``)."""
     import tempfile
 
     port = options.metrics_port if options.metrics_port is not None else settings.metrics_port
@@ -125,7 +116,6 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
 
         prepare_multiprocess(metrics_dir)
 
-    import redis
     from celery import signals
 
     from farm.cluster.health import HealthFiles
@@ -136,36 +126,23 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
     fp = devices[0].fingerprint
     queue_list = options.queues or [queue_name(fp)]
     app = make_app(settings.model_copy(update={"worker_events": events}))
-    holder: dict[str, WorkerState] = {}
     health = HealthFiles(settings.health_dir) if settings.health_dir else None
     if health is not None:
         health.reset()
+    reports = ProcessReports(Path(tempfile.gettempdir()) / f"farm-worker-{os.getpid()}")
+    reports.reset()
+    served: list[Served] = []  # the metrics listeners, closed in each forked process
+    process = PoolProcess(settings, devices, reports, inherited=served)
 
-    def get_state() -> WorkerState:
-        return holder["state"]
-
-    served: list[Served] = []
-
-    def init_process(**_: object) -> None:
-        from billiard import current_process
-
-        for listener in served:  # forked with the metrics socket: not this process's
-            listener.close_inherited()
-        logging.getLogger("celery.app.trace").addFilter(_QuietSuccess())
-        index = getattr(current_process(), "index", 0) or 0
-        holder["state"] = open_state(settings, devices, index)
-        log.info("process %s opened %s", os.getpid(), holder["state"].device.fingerprint)
-
-    def close_process(**_: object) -> None:
-        state = holder.pop("state", None)
-        if state is not None:
-            state.close()
-
-    client = redis.Redis.from_url(settings.redis_url or "", socket_timeout=10,
-                                  socket_connect_timeout=5)
+    client = redis_client(settings.redis_url or "", settings.socket_timeout)
     info = WorkerInfo(host=socket.gethostname(), pid=os.getpid(), fingerprint=fp,
                       device_name=devices[0].device_name, processes=options.concurrency,
                       version=__version__, queues=queue_list, device=devices[0])
+    readiness = Readiness(
+        queues=queue_list, reports=reports, processes=options.concurrency,
+        probe=store_probe(settings, fp), interval_s=settings.heartbeat_interval,
+        on_change=(lambda ready: health.ready() if ready else health.not_ready())
+        if health is not None else None)
 
     def received(request: Request, **_: object) -> None:
         try:  # best effort: without it a dead worker's chunk comes back by the timeout
@@ -176,23 +153,23 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
     controller: dict[str, Any] = {}  # Celery's WorkController, for its pool's pids
     signals.worker_init.connect(lambda sender=None, **_: controller.update(wc=sender),
                                 weak=False)
-    signals.worker_process_init.connect(init_process, weak=False)
-    signals.worker_process_shutdown.connect(close_process, weak=False)
+    signals.worker_process_init.connect(process.open, weak=False)
+    signals.worker_process_shutdown.connect(process.close, weak=False)
     signals.task_received.connect(received, weak=False)
+    signals.worker_ready.connect(lambda sender=None, **_: readiness.attach(sender), weak=False)
+    signals.worker_ready.connect(lambda **_: ignore_cancel_notice(), weak=False)
     if health is not None:
-        def on_ready(**_: object) -> None:
-            health.ready()
-            health.alive()
-
-        signals.worker_ready.connect(on_ready, weak=False)
+        signals.worker_ready.connect(lambda **_: health.alive(), weak=False)
         signals.worker_shutting_down.connect(lambda **_: health.not_ready(), weak=False)
         if heartbeat:  # the consumer's own heartbeat: proves its event loop turns
             signals.heartbeat_sent.connect(lambda **_: health.alive(), weak=False)
-    register_tasks(app, get_state, request_cls=crash_request_class(client))
+    register_tasks(app, process.state, request_cls=crash_request_class(client, readiness),
+                   redis_of=process.redis, worker_field=info.field)
     app.conf.worker_consumer = "worker.poison:GuardedConsumer"
     # How long the pool waits for a dead process's result before declaring it lost
     # (Celery's default, 10 s, is added to every crash of a crash loop).
     app.conf.worker_lost_wait = 1.0
+    quiet_celery_outages(settings.outage_limit)
 
     if port:
         from farm.cluster.metrics import ClusterCollector, serve
@@ -201,34 +178,32 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
                             addr=settings.metrics_address))
         log.info("metrics on %s port %d", settings.metrics_address, port)
 
-    gave_up: list[str] = []
-
-    def give_up(line: str) -> None:
-        log.critical("%s: stopping the worker", line)
-        gave_up.append(line)
-        os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown
-        # ... and if that hangs on the missing broker, stop anyway
-        stopper = threading.Timer(30.0, os._exit, (1,))
-        stopper.daemon = True
-        stopper.start()
-
-    waiter = redis_waiter(settings.redis_url or "", settings.outage_limit)
-    on_beat = health.alive if health is not None and not heartbeat else None
-    beat = Heartbeat(client, info, interval_s=settings.heartbeat_interval,
-                     stale_s=settings.dead_worker_grace, waiter=waiter, on_give_up=give_up,
-                     on_beat=on_beat)
-    beat.pool_of = lambda: _pool_pids(controller.get("wc"))
-    beat.start()  # OutageError (one line, exit 1) when Redis stays away past the limit
-    try:
-        app.worker_main(argv=celery_argv(
-            concurrency=options.concurrency, queues=queue_list, loglevel=options.loglevel,
-            hostname=f"farm-{os.getpid()}@{socket.gethostname()}", events=events,
-            heartbeat=heartbeat, extra=options.extra_args))
-    finally:
-        beat.stop()
+    def cleanup() -> None:
         if health is not None:
             health.reset()
         if port:
             shutil.rmtree(metrics_dir, ignore_errors=True)
-        if gave_up:  # also over Celery's own SystemExit: this line is what to report
-            raise OutageError(gave_up[0])
+        reports.remove()
+
+    def pool() -> list[int]:
+        return _pool_pids(controller.get("wc"))
+
+    waiter = redis_waiter(settings.redis_url or "", settings.outage_limit)
+    on_beat = health.alive if health is not None and not heartbeat else None
+    beat = Heartbeat(client, info, interval_s=settings.heartbeat_interval,
+                     stale_s=settings.dead_worker_grace, waiter=waiter,
+                     on_give_up=lambda line: stop_now(line, pool(), cleanup), on_beat=on_beat)
+    beat.pool_of = pool
+    beat.status_of = readiness.status
+    beat.tasks_of = held_tasks
+    beat.start()  # OutageError (one line, exit 1) when Redis stays away past the limit
+    readiness.start()
+    try:
+        app.worker_main(argv=celery_argv(
+            concurrency=options.concurrency, queues=[DEFAULT_QUEUE],
+            loglevel=options.loglevel, hostname=f"farm-{os.getpid()}@{socket.gethostname()}",
+            events=events, heartbeat=heartbeat, extra=options.extra_args))
+    finally:
+        readiness.stop()
+        beat.stop()
+        cleanup()

@@ -21,7 +21,7 @@ from farm.compilation.validate import IsolatedValidator, ValidatorError
 from farm.core.device import DeviceInfo
 from farm.core.errors import DeviceError, FarmError
 from farm.core.keys import Namespace
-from farm.core.outage import Waiter, redis_waiter
+from farm.core.outage import Waiter, redis_client, redis_waiter
 from farm.core.settings import Settings
 from farm.families import Registry
 from farm.records import Recorder
@@ -113,8 +113,6 @@ class WorkerState:
 
 def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> WorkerState:
     """Open process ``index``'s device (round-robin over ``devices``) and connections."""
-    import redis
-
     from farm.cluster.metrics import InstrumentedStore, TimedLeases
     from farm.records.open import open_recorder
     from farm.store.minio import MinioStore
@@ -123,14 +121,15 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     device = devices[index % len(devices)]
     backend = open_backend(settings, device)
     assert settings.redis_url, "a worker needs FARM_REDIS_URL"
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
-                                       socket_connect_timeout=5)
+    client = redis_client(settings.redis_url, settings.socket_timeout)
     waiter = redis_waiter(settings.redis_url, settings.outage_limit)
     return WorkerState(
         settings=settings, registry=Registry.load(settings.family_modules), device=device,
         backend=backend,
-        store=InstrumentedStore(with_signatures(MinioStore.from_settings(settings), settings),
-                                tier="minio"),
+        # no request at process start: the main process checks the store before it
+        # consumes (worker.readiness), and a process start must not wait on MinIO
+        store=InstrumentedStore(with_signatures(
+            MinioStore.from_settings(settings, ensure_bucket=False), settings), tier="minio"),
         leases=TimedLeases(client, ttl_s=settings.lease_ttl, waiter=waiter),
         recorder=open_recorder(settings, label=f"worker {worker_name()}"),
         name=worker_name(), redis=client, redis_waiter=waiter)

@@ -76,19 +76,19 @@ def workers(json_out: Annotated[bool, typer.Option("--json", help="as JSON")] = 
                             "cluster on this machine, run `farm cluster up` and source "
                             "the settings it prints")
     from farm.core.errors import ClusterError
-    from farm.core.outage import redis_failure
+    from farm.core.outage import redis_client, redis_failure
 
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10,
-                                  socket_connect_timeout=5)
+    client = redis_client(settings.redis_url, settings.socket_timeout)
     try:
         found = served(client, settings.dead_worker_grace)
     except redis.exceptions.RedisError as exc:  # down, a wrong password, untrusted TLS
         raise ClusterError(redis_failure(settings.redis_url, exc)) from None
-    queues = queue_stats(client)
+    queues = queue_stats(client, settings.dead_worker_grace)
     if json_out:
-        # One entry per fingerprint that has live workers, waiting or in-flight chunks.
+        # One entry per fingerprint that has live workers, waiting or in-flight chunks
+        # (``stale``: taken by a worker now dead, back by the broker's visibility timeout)
         print_json({fp: {"workers": [w.model_dump(mode="json") for w in found.get(fp, [])],
-                         "depth": q.depth, "in_flight": q.in_flight}
+                         "depth": q.depth, "in_flight": q.in_flight, "stale": q.stale}
                     for fp, q in sorted(queues.items())})
         return
     print_served(found, queues)
@@ -109,9 +109,13 @@ def print_served(found: dict[str, list[WorkerInfo]], queues: dict[str, QueueStat
         out.print(Text(fp, style="bold", overflow="fold"))
         if ws:
             out.print(Text(f"  {ws[0].device_name}"))
+        stale = f", {q.stale} held by dead workers" if q and q.stale else ""
         out.print(Text(f"  {len(ws)} worker(s), {sum(w.processes for w in ws)} process(es); "
                        f"{q.depth if q else 0} chunk(s) waiting, "
-                       f"{q.in_flight if q else 0} in flight"))
+                       f"{q.in_flight if q else 0} in flight{stale}"))
+        for w in ws:
+            if not w.ready:
+                out.print(Text(f"  {w.field} is not consuming: {w.why}", overflow="fold"))
         if ws:
             print_table([Column("worker"), Column("pool processes (host:pid)", wrap=True),
                          Column("version")],

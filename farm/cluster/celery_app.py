@@ -21,13 +21,19 @@ Why these settings:
 * ``visibility_timeout``: with Redis as broker, a message taken by a worker whose main
   process is killed comes back only after this timeout, so it is a setting, chosen
   longer than the hard time limit (see ``Settings``), not an inherited default.
+* socket timeouts (``FARM_SOCKET_TIMEOUT``) on the broker's and the result backend's
+  connections, and health-check pings: kombu's and redis-py's defaults wait for ever on
+  a frozen Redis (SIGSTOP, a dead network path), which no outage limit can then bound.
+* the result backend's own retries (``result_backend_always_retry``) wait out a short
+  outage, but are bounded to about the outage limit: past it the worker stops anyway
+  (``worker.stopping``), and each retry logged a traceback.
 
 A client's app (``client=True``, :class:`farm.cluster.client.ClusterClient`) waits for
 replies on the result backend's publish/subscribe channel. Its result backend does not
 retry a lost connection itself (``retry_policy`` of no retries) and gives up a silent
-socket after 10 s: the client's own outage waiter retries, says once what it waits for,
-and gives up at ``FARM_OUTAGE_LIMIT`` with one line; Celery's own retries would block
-inside a wait for up to 20 tries, with a log line each.
+socket after ``FARM_SOCKET_TIMEOUT``: the client's own outage waiter retries, says once
+what it waits for, and gives up at ``FARM_OUTAGE_LIMIT`` with one line; Celery's own
+retries would block inside a wait for up to 20 tries, with a log line each.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ def make_app(settings: Settings, *, client: bool = False) -> Celery:
                             "FARM_COMPILE_HARD_TIME_LIMIT, or running tasks are re-delivered")
     app = Celery("kernel_farm", broker=settings.redis_url, backend=settings.redis_url,
                  set_as_current=False)
+    timeout = settings.socket_timeout
+    transport = {"visibility_timeout": settings.visibility_timeout,
+                 "socket_timeout": timeout, "socket_connect_timeout": min(timeout, 3.0),
+                 "health_check_interval": max(1, int(timeout))}
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -60,14 +70,25 @@ def make_app(settings: Settings, *, client: bool = False) -> Celery:
         worker_prefetch_multiplier=1,
         task_soft_time_limit=settings.compile_soft_time_limit,
         task_time_limit=settings.compile_hard_time_limit,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
-        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_transport_options=transport,
+        result_backend_transport_options=transport,
+        redis_socket_timeout=timeout,
+        redis_socket_connect_timeout=min(timeout, 3.0),
+        redis_backend_health_check_interval=max(1, int(timeout)),
+        broker_connection_timeout=min(timeout, 3.0),
         result_expires=24 * 3600,
         broker_connection_retry_on_startup=True,
-        # A Redis outage is waited out, not turned into a lost result (RELIABILITY.md).
+        # A Redis outage is waited out, not turned into a lost result (RELIABILITY.md):
+        # Celery sleeps a random 0 to 1 s (full jitter) between retries once past its
+        # first few, so 3 retries a second of the limit last about 1.5 times the limit
+        # (the worker itself stops at the limit: worker.stopping).
         result_backend_always_retry=True,
-        result_backend_max_retries=int(settings.outage_limit) + 10,
-        result_backend_max_sleep_between_retries_ms=2000,
+        result_backend_max_retries=3 * int(settings.outage_limit) + 10,
+        result_backend_max_sleep_between_retries_ms=1000,
+        # A compile under way when the broker connection drops finishes (its result
+        # waits out the outage; a duplicate delivery is harmless: first writer wins),
+        # as Celery 5 does by default; said explicitly to keep Celery 6's change away.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_hijack_root_logger=False,
         worker_send_task_events=settings.worker_events,
         task_send_sent_event=settings.worker_events,
@@ -76,11 +97,7 @@ def make_app(settings: Settings, *, client: bool = False) -> Celery:
     )
     if client:
         app.conf.update(
-            result_backend_transport_options={
-                "visibility_timeout": settings.visibility_timeout,
-                "retry_policy": {"max_retries": 0}},
-            redis_socket_timeout=10.0,
-            redis_socket_connect_timeout=5.0,
+            result_backend_transport_options={**transport, "retry_policy": {"max_retries": 0}},
         )
         _quiet_result_reconnects()
     return app

@@ -46,7 +46,7 @@ from farm.core.device import DeviceInfo
 from farm.core.errors import ClusterError, FarmError, SettingsError, UnsupportedFeature
 from farm.core.keys import Namespace
 from farm.core.model import ArtifactId, KernelFailure, Outcome
-from farm.core.outage import Say, redis_waiter
+from farm.core.outage import Say, redis_client, redis_waiter
 from farm.core.settings import Settings
 from farm.families import Registry
 from farm.records.model import RequestedBy
@@ -119,10 +119,8 @@ class ClusterClient:
     def redis(self) -> redis.Redis:
         """The Redis client (made on first use)."""
         if self._redis is None:
-            import redis
-
-            self._redis = redis.Redis.from_url(self.settings.redis_url or "",
-                                               socket_timeout=10, socket_connect_timeout=5)
+            self._redis = redis_client(self.settings.redis_url or "",
+                                       self.settings.socket_timeout)
         return self._redis
 
     @property
@@ -181,14 +179,24 @@ class ClusterClient:
         if recorder is not None:
             requested_by = RequestedBy(session=recorder.session.id,
                                        batch=recorder.reserve_seq())
+            if misses:  # the workers' records will name this session (docs/RECORDS.md)
+                recorder.referenced()
         gather = Gatherer(self, fingerprint, notify, status, self.check_interval_s)
         size = self.settings.chunk_size
-        for i in range(0, len(misses), size):
-            chunk = misses[i:i + size]
-            payload = CompileRequest(fingerprint=fingerprint, kernels=[r for _, r in chunk],
-                                     requested_by=requested_by)
-            gather.send(payload.model_dump(mode="json"), [res for res, _ in chunk])
-        gather.run(options.timeout_s)
+        try:
+            for i in range(0, len(misses), size):
+                chunk = misses[i:i + size]
+                payload = CompileRequest(fingerprint=fingerprint,
+                                         kernels=[r for _, r in chunk],
+                                         requested_by=requested_by, build=gather.build)
+                gather.send(payload.model_dump(mode="json"), [res for res, _ in chunk])
+            gather.run(options.timeout_s)
+        finally:
+            gather.close()
+        farms = sum(1 for r in results if r.failure is not None and r.failure.infrastructure)
+        if farms:
+            self.say(f"{farms} kernel(s) failed for the farm's reasons, not their own (see "
+                     "docs/RELIABILITY.md): build again once the cluster is healthy")
 
         report = BatchReport(results=results, wall_s=time.perf_counter() - start,
                              parallelism=len({r.worker for r in results if r.worker}) or 1,
@@ -208,13 +216,22 @@ class ClusterClient:
         each chunk's results (an application's programs: ``farm.programs.prebuild``);
         returns the tasks sent, re-sends included."""
         gather = Gatherer(self, fingerprint, progress or (lambda r: None), status)
-        for payload, results in chunks:
-            gather.send(payload.model_dump(mode="json"), results)
-        gather.run(timeout_s)
+        try:
+            for payload, results in chunks:
+                payload = payload.model_copy(update={"build": gather.build})
+                gather.send(payload.model_dump(mode="json"), results)
+            gather.run(timeout_s)
+        finally:
+            gather.close()
         return gather.tasks_sent
 
     def close(self) -> None:
-        """Close the connections (and the store, when the client opened it)."""
+        """Close the connections (and the store, when the client opened it). While Redis
+        is away (a build that gave up on it) the result channel is dropped, not closed:
+        closing it talks to Redis, which a frozen Redis would make wait a socket
+        timeout after the one line was already said."""
+        if self.waiter.down:
+            self._app = None
         self.renew_app()
         if self._redis is not None:
             self._redis.close()

@@ -13,10 +13,14 @@ between waits the client looks at who holds what.
 Faults (docs/RELIABILITY.md): every Redis round trip goes through the client's
 :class:`~farm.core.outage.Waiter`, so an outage shorter than ``FARM_OUTAGE_LIMIT`` only
 pauses the build (one line says what is waited for); after one, the result channel is
-opened afresh. Each worker notes which tasks it holds (``farm:task:<id>:holder``); a
-chunk whose holder has not heartbeaten for ``FARM_DEAD_WORKER_GRACE`` seconds is sent
+opened afresh. A chunk lost without a reply (its holder died, its holder dropped it
+while Redis was away, a restarted Redis lost it: :mod:`farm.cluster.holders`) is sent
 again as a new task (first writer wins makes a duplicate compile harmless), instead of
-waiting for the broker's visibility timeout.
+waiting for the broker's visibility timeout. The build keeps a heartbeat key alive
+(``farm:build:<token>:alive``): once its client is gone, workers drop its chunks
+instead of compiling them for nobody (``worker.chunks``). A worker whose chunks of this
+build all go back for infrastructure reasons is sent no more of them
+(:mod:`farm.cluster.breaker`).
 """
 
 from __future__ import annotations
@@ -27,11 +31,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from farm.cluster.breaker import Breaker
+from farm.cluster.holders import HolderWatch
 from farm.cluster.lease import read_kernel_note, release_lease
 from farm.cluster.payloads import CompileReply
-from farm.cluster.workers import WorkerInfo
 from farm.compilation.batch import KernelResult
-from farm.core.keys import TASK_NAME, queue_name, task_holder_key, task_kernel_key, workers_key
+from farm.core.keys import (
+    TASK_NAME,
+    TASK_STATE_TTL_S,
+    build_alive_key,
+    build_avoid_key,
+    build_returns_key,
+    queue_name,
+    task_holder_key,
+    task_kernel_key,
+)
 from farm.core.model import KernelFailure
 from farm.core.outage import Say, Waiter
 from farm.core.settings import Settings
@@ -93,13 +107,25 @@ class Gatherer:
         #: the pending tasks' results, waited on together (made again when they change)
         self._results: dict[str, AsyncResult] = {}
         self._set: ResultSet | None = None
-        #: tasks whose replies were applied and whose results are still to delete
+        #: tasks whose replies were applied and whose results are still to delete, and
+        #: those of them a worker built (its holder is credited: the breaker)
         self._done: list[str] = []
-        #: worker field -> (heartbeat last seen, when this client saw it change)
-        self._beats: dict[str, tuple[float, float]] = {}
+        self._built: set[str] = set()
+        #: chunks a worker dropped as orphaned although this client is alive
+        self._dropped: list[_Chunk] = []
         self._outages_seen = line.waiter.outages
+        settings = line.settings
+        self.watch = HolderWatch(line.redis, line.waiter, fingerprint=fingerprint,
+                                 grace_s=settings.dead_worker_grace,
+                                 settle_s=2 * settings.heartbeat_interval + 1)
+        self.breaker = Breaker()
+        #: this build's token: its chunks name it, its heartbeat key is kept alive
+        self.build = uuid.uuid4().hex
+        self._alive = False
 
     def send(self, payload: Payload, results: list[KernelResult]) -> str:
+        if not self._alive:
+            self._keep_alive()
         return self._send(_Chunk(payload=payload, results=results))
 
     def _send(self, chunk: _Chunk) -> str:
@@ -120,8 +146,9 @@ class Gatherer:
     def run(self, timeout_s: float) -> None:
         """Gather every pending chunk's reply; fail what has none after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        if self.pending:  # the heartbeats as of now: a worker that is already dead
-            self._live()  # is then found one check earlier
+        if self.pending:  # the Redis run, and the heartbeats as of now: a worker that
+            self.watch.remember_run()  # is already dead is then found one check earlier
+            self.watch.look([])
         while self.pending:
             if time.monotonic() > deadline:
                 for chunk in self.pending.values():
@@ -134,8 +161,42 @@ class Gatherer:
             if self._done:
                 self._forget(self._done)
                 self._done = []
+            if self._dropped:  # this client is alive: its heartbeat key was lost
+                self._keep_alive()
+                for chunk in self._dropped:
+                    self._send(chunk)
+                self._dropped = []
             if self.pending:
+                self._keep_alive()
                 self._check_holders()
+
+    def close(self) -> None:
+        """Let go of the results still pending (a build that gave up: their ``__del__``
+        would unsubscribe through a Redis that may be frozen, and print a traceback at
+        exit) and delete this build's keys (best effort: they expire by themselves)."""
+        for result in self._results.values():
+            result.backend = None
+        self._results.clear()
+        self._set = None
+        if not self._alive or self.line.waiter.down:  # a frozen Redis would hold us here
+            return
+        keys = [build_alive_key(self.build), build_avoid_key(self.build),
+                build_returns_key(self.build)]
+        try:
+            self.line.redis.delete(*keys)
+        except Exception:  # Redis away: the keys expire
+            pass
+
+    def _keep_alive(self) -> None:
+        """This build's heartbeat key (``build_alive_key``): while it lives, workers build
+        its chunks; once this client is gone it expires after the grace and they drop
+        them instead of compiling for nobody (``worker.chunks``)."""
+        ttl_ms = int(1000 * max(self.line.settings.dead_worker_grace,
+                                3 * self.check_interval_s))
+        client = self.line.redis
+        key = build_alive_key(self.build)
+        self.line.waiter.call(lambda: client.set(key, "1", px=ttl_ms))
+        self._alive = True
 
     # -- replies -----------------------------------------------------------------------------
     def _wait(self) -> None:
@@ -155,8 +216,13 @@ class Gatherer:
                 if chunk is None:  # a reply already applied (or of a task re-sent since)
                     continue
                 self._set.discard(self._results.pop(task_id))
-                _apply_reply(meta, chunk.results, self.notify)
                 self._done.append(task_id)
+                if _dropped(meta) and chunk.sends < MAX_SENDS:
+                    self._dropped.append(chunk)
+                    continue
+                if meta.get("status") == "SUCCESS":
+                    self._built.add(task_id)
+                _apply_reply(meta, chunk.results, self.notify)
         except WaitOver:
             pass
         except RuntimeError as exc:  # Celery gave up reconnecting: the waiter decides
@@ -165,83 +231,72 @@ class Gatherer:
             raise
 
     def _after_outage(self) -> None:
-        """Redis was away: forget the heartbeats seen (those missed during the outage do
-        not count) and open the result channel afresh."""
+        """Redis was away: open the result channel afresh (the holder watch forgets the
+        heartbeats seen: those missed during the outage do not count)."""
         self._outages_seen = self.line.waiter.outages
-        self._beats.clear()
         self.line.renew_app()
         self._results = {t: self.line.app.AsyncResult(t) for t in self.pending}
         self._set = None
 
     def _forget(self, task_ids: list[str]) -> None:
-        """Delete the results applied and their holder notes (one round trip)."""
+        """Credit the holders of the chunks built (the breaker), then delete the results
+        applied and their holder notes (two round trips)."""
         backend = self.line.app.backend
+        client = self.line.redis
+        built = [t for t in task_ids if t in self._built]
+        if built:
+            holders = self.line.waiter.call(
+                lambda: client.mget([task_holder_key(t) for t in built]))
+            for raw in holders:
+                if raw is not None:
+                    self.breaker.saw_built(raw.decode() if isinstance(raw, bytes)
+                                           else str(raw))
+            self._built.difference_update(built)
         keys = [k for t in task_ids for k in (backend.get_key_for_task(t), task_holder_key(t))]
-        self.line.waiter.call(lambda: self.line.redis.delete(*keys))
+        self.line.waiter.call(lambda: client.delete(*keys))
 
-    # -- dead workers ------------------------------------------------------------------------
-    def _live(self) -> dict[str, bool]:
-        """Worker field -> alive, judged on this client's clock: a worker is dead once
-        its heartbeat has not changed for the grace (so clock skew does not matter, and
-        the heartbeats missed during an outage of Redis do not count)."""
-        client = self.line.redis
-        raw = self.line.waiter.call(lambda: client.hgetall(workers_key(self.fingerprint)))
-        now = time.monotonic()
-        seen: dict[str, bool] = {}
-        for name, value in raw.items():
-            field = name.decode() if isinstance(name, bytes) else str(name)
-            try:
-                beat = WorkerInfo.model_validate_json(value).heartbeat
-            except ValueError:
-                continue
-            last = self._beats.get(field)
-            if last is None or last[0] != beat:
-                self._beats[field] = (beat, now)
-            seen[field] = now - self._beats[field][1] <= self.line.settings.dead_worker_grace
-        return seen
-
+    # -- lost chunks, broken workers -------------------------------------------------------
     def _check_holders(self) -> None:
-        ids = list(self.pending)
+        look = self.watch.look(list(self.pending))
+        for task_id, holder, why in look.lost:
+            self._resend(task_id, holder, why)
         client = self.line.redis
-        holders = self.line.waiter.call(
-            lambda: client.mget([task_holder_key(t) for t in ids]))
-        live = self._live()
-        in_flight: dict[str, int] = {}
-        for task_id, raw in zip(ids, holders, strict=True):
-            if raw is None:
-                in_flight["queued"] = in_flight.get("queued", 0) + 1
-                continue
-            holder = raw.decode() if isinstance(raw, bytes) else str(raw)
-            alive = live[holder] if holder in live else not self._grace_over(holder)
-            if alive:
-                in_flight[holder] = in_flight.get(holder, 0) + 1
-            else:
-                self._resend(task_id, holder)
-        self.status("in flight: " + ", ".join(f"{k} {v}" for k, v in sorted(in_flight.items()))
-                    if in_flight else "")
+        key = build_returns_key(self.build)
+        self.breaker.saw_returns(self.line.waiter.call(lambda: client.hgetall(key)))
+        for worker in self.breaker.trip():
+            self._avoid(worker)
+        self.status("in flight: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(look.in_flight.items())) if look.in_flight else "")
 
-    def _grace_over(self, holder: str) -> bool:
-        """A holder this client never saw beat: dead once the grace has passed since
-        it first noticed it (it may be a worker whose registration Redis lost)."""
-        first = self._beats.setdefault(f"unseen:{holder}", (0.0, time.monotonic()))
-        return time.monotonic() - first[1] > self.line.settings.dead_worker_grace
+    def _avoid(self, worker: str) -> None:
+        """Shut ``worker`` out of this build (``farm.cluster.breaker``), in one line."""
+        client = self.line.redis
+        key = build_avoid_key(self.build)
 
-    def _resend(self, task_id: str, holder: str) -> None:
+        def avoid() -> None:
+            pipe = client.pipeline(transaction=False)
+            pipe.sadd(key, worker)
+            pipe.expire(key, TASK_STATE_TTL_S)  # deleted when the build ends
+            pipe.execute()
+
+        self.line.waiter.call(avoid)
+        self.line.say(self.breaker.line(worker))
+
+    def _resend(self, task_id: str, holder: str, why: str) -> None:
         chunk = self.pending.pop(task_id)
         old = self._results.pop(task_id, None)
-        if old is not None:  # stop listening for the dead holder's task
+        if old is not None:  # stop listening for the lost task
             self.line.app.backend.remove_pending_result(old)
         self._set = None
         kernels = len(chunk.results)
         if chunk.sends >= MAX_SENDS:
-            self._fail(chunk, f"sent {chunk.sends} times, each time to a worker that died")
+            self._fail(chunk, f"sent {chunk.sends} times, each time lost ({why})")
             return
         self.resent += 1
-        self._release_lease_of(task_id)
+        if holder:
+            self._release_lease_of(task_id)
         self._send(chunk)
-        grace = self.line.settings.dead_worker_grace
-        self.line.say(f"re-sent a chunk of {kernels} kernel(s): worker {holder} held it and "
-                      f"has not heartbeaten for {grace:g} s")
+        self.line.say(f"re-sent a chunk of {kernels} kernel(s): {why}")
 
     def _release_lease_of(self, task_id: str) -> None:
         """Release the compile lease the dead holder noted for the task, so the re-sent
@@ -259,6 +314,13 @@ class Gatherer:
         for res in chunk.results:
             res.failure = KernelFailure(kind="error", message=message)
             self.notify(res)
+
+
+def _dropped(meta: dict[str, object]) -> bool:
+    """Whether a worker dropped the chunk as orphaned (``CompileReply.dropped``)."""
+    result = meta.get("result")
+    return meta.get("status") == "SUCCESS" and isinstance(result, dict) \
+        and bool(result.get("dropped"))
 
 
 def _apply_reply(meta: dict[str, object], chunk: list[KernelResult], notify: Progress) -> None:

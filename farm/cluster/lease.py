@@ -27,6 +27,15 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: take the lease, or find it already ours: a SET whose reply was lost (a frozen Redis
+#: ran it after the client's socket timed out) is retried with the same token, and must
+#: not then find "someone" holding the lease and wait out its time-to-live
+_ACQUIRE = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 1
+end
+return 0
+"""
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
@@ -127,7 +136,7 @@ class Leases:
 
         def once() -> bool:
             pipe = self._client.pipeline(transaction=False)
-            pipe.set(name, token, nx=True, px=int(self.ttl_s * 1000))
+            pipe.eval(_ACQUIRE, 1, name, token, int(self.ttl_s * 1000))
             if also is not None:
                 also(pipe, name, token)
             return bool(pipe.execute()[0])

@@ -29,12 +29,18 @@ class ProgramRequest(Frozen):
 
 
 class CompileRequest(Frozen):
-    """One chunk of kernels (or programs) for one fingerprint."""
+    """One chunk of kernels (or programs) for one fingerprint.
+
+    ``build``: the sending client's token, whose heartbeat key
+    (``farm.core.keys.build_alive_key``) it keeps alive while it waits; a worker drops a
+    chunk whose client is gone instead of compiling it for nobody. ``None`` (an older
+    client): always built."""
 
     fingerprint: str
     kernels: list[KernelRequest] = Field(default_factory=list, max_length=1024)
     programs: list[ProgramRequest] = Field(default_factory=list, max_length=1024)
     requested_by: RequestedBy | None = None
+    build: str | None = Field(default=None, pattern=r"^[0-9a-f]{8,64}$")
 
     @model_validator(mode="after")
     def _names_something(self) -> CompileRequest:
@@ -75,4 +81,12 @@ class KernelReply(Frozen):
 
 
 class CompileReply(Frozen):
+    """A chunk's outcome. Every kernel failure in ``results`` is the kernel's own (or, as
+    ``infrastructure``, a chunk given back so often that it is given up): a worker that
+    cannot build a chunk for reasons of its own gives the chunk back instead of replying
+    (``farm.core.errors.InfrastructureError``). ``dropped``: why the chunk was not built
+    at all (its client was gone); ``results`` is then empty, and a client that is in fact
+    alive sends it again."""
+
     results: list[KernelReply]
+    dropped: str = Field(default="", max_length=500)

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 HEARTBEAT_S = 3.0
 STALE_S = 20.0
+#: how a worker's log says it consumes its queues now (``worker.readiness``), followed
+#: by their names; "not consuming <queues>: <why>" when it stops or cannot start
+READY_LINE = "ready: consuming "
 
 
 class WorkerInfo(BaseModel):
@@ -45,6 +48,13 @@ class WorkerInfo(BaseModel):
     #: pids of the pool processes that compile (refreshed each beat; empty until the
     #: pool runs, or when the worker compiles in its main process)
     pool: list[int] = Field(default_factory=list, max_length=4096)
+    #: whether it consumes its queues now; when not, ``why`` (a worker that cannot reach
+    #: its store, or whose processes could not open their device, takes no chunk)
+    ready: bool = True
+    why: str = Field(default="", max_length=500)
+    #: ids of the tasks it holds now (received and not done); ``None`` from a worker that
+    #: does not say (a client then cannot tell a chunk the worker dropped, farm.cluster.holders)
+    tasks: list[str] | None = Field(default=None, max_length=4096)
 
     @property
     def field(self) -> str:
@@ -60,7 +70,7 @@ class WorkerInfo(BaseModel):
 
 
 def served(client: redis.Redis, stale_s: float = STALE_S) -> dict[str, list[WorkerInfo]]:
-    """Fingerprint -> live workers serving it."""
+    """Fingerprint -> live workers serving it (ready to consume or not: see ``ready``)."""
     now = time.time()
     out: dict[str, list[WorkerInfo]] = {}
     for name in client.scan_iter(match=WORKERS_PATTERN):
@@ -98,7 +108,14 @@ class Heartbeat:
         #: the pids of the worker's pool processes, read at each beat (set once the
         #: worker knows its pool; ``WorkerInfo.pool``)
         self.pool_of: Callable[[], list[int]] | None = None
+        #: (consuming, why not) and the ids of the tasks it holds, read at each beat
+        #: (``WorkerInfo.ready``, ``why``, ``tasks``; set by the worker that knows them)
+        self.status_of: Callable[[], tuple[bool, str]] | None = None
+        self.tasks_of: Callable[[], list[str] | None] | None = None
         self._stop = threading.Event()
+        self._watched: float | None = None
+        self._gave_up = False
+        self._give_up_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True, name="farm-heartbeat")
 
     def start(self) -> None:
@@ -112,6 +129,11 @@ class Heartbeat:
         update: dict[str, object] = {"heartbeat": time.time()}
         if self.pool_of is not None:
             update["pool"] = self.pool_of()
+        if self.status_of is not None:
+            ready, why = self.status_of()
+            update["ready"], update["why"] = ready, why[:500]
+        held = self.tasks_of() if self.tasks_of is not None else None
+        update["tasks"] = held[:4096] if held is not None else None
         info = self._info.model_copy(update=update)
         name = workers_key(info.fingerprint)
         self._client.hset(name, info.field, info.model_dump_json())
@@ -120,21 +142,55 @@ class Heartbeat:
             self._on_beat()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        while not self._stop.wait(self._pause()):
+            started = time.monotonic()
             try:
                 self._beat()
             except Exception as exc:  # Redis away for a moment: beat again later
                 if self._waiter is None:
                     continue
                 try:
-                    self._waiter.check(exc)
+                    self._waiter.check(exc, started)
                 except OutageError as gone:
-                    if self._on_give_up is not None:
-                        self._on_give_up(str(gone))
+                    self._give_up(str(gone))
                     return
+                self._watch()
                 continue
             if self._waiter is not None:
                 self._waiter.mark_up()
+
+    def _watch(self) -> None:
+        """Give up when the outage reaches its limit, even while a beat is blocked on a
+        frozen Redis (up to a socket timeout): a timer at the outage's start + limit."""
+        assert self._waiter is not None
+        since = self._waiter.down_since
+        if since is None or since == self._watched:
+            return
+        self._watched = since
+        delay = max(0.0, since + self._waiter.limit_s - time.monotonic())
+        timer = threading.Timer(delay, self._deadline, (since,))
+        timer.daemon = True
+        timer.start()
+
+    def _deadline(self, since: float) -> None:
+        if self._waiter is not None and self._waiter.down_since == since \
+                and not self._stop.is_set():
+            self._give_up(self._waiter.gave_up_line())
+
+    def _give_up(self, line: str) -> None:
+        with self._give_up_lock:
+            if self._gave_up:
+                return
+            self._gave_up = True
+        if self._on_give_up is not None:
+            self._on_give_up(line)
+
+    def _pause(self) -> float:
+        """Seconds to the next beat: the interval, or at most 1 s while Redis is away,
+        so that giving up past the limit is not late by an interval."""
+        if self._waiter is not None and self._waiter.down:
+            return min(self._interval_s, 1.0)
+        return self._interval_s
 
     def stop(self) -> None:
         self._stop.set()

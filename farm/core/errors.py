@@ -16,11 +16,16 @@ Hierarchy::
     |   +-- LoadError              the device refused a binary
     |   +-- VersionSkewError       client and worker compute different build ids
     |   +-- PluginError            a family's own code failed, hung or returned nonsense
-    +-- StoreError                 the artifact store cannot be used
-    |   +-- StoreAccessDenied      the credentials may not do this (read-only, another pool)
-    |   +-- ForeignStoreError      a file that is not a kernel-farm store (or another format)
+    +-- InfrastructureError        the farm's machinery failed, not the kernel: never a
+    |   |                          kernel's failure (a worker gives its chunk back)
+    |   +-- StoreError             the artifact store cannot be used
+    |   |   +-- StoreAccessDenied  the credentials may not do this (read-only, another pool)
+    |   |   +-- ForeignStoreError  a file that is not a kernel-farm store (or another format)
+    |   +-- ClusterError           no worker serves a fingerprint, broker unreachable...
+    |   |   +-- OutageError        (farm.core.outage) Redis or MinIO away past the limit
+    |   +-- WorkerUnavailable      a worker's own state is broken (its process could not
+    |                              open its device), or it is not ready to serve
     +-- DeviceError                no OpenCL device, or not the one asked for
-    +-- ClusterError               no worker serves a fingerprint, broker unreachable...
 
 Why a hierarchy: the CLI turns every ``FarmError`` into one readable line and a
 non-zero exit status, while anything else is a bug and keeps its traceback.
@@ -28,6 +33,12 @@ non-zero exit status, while anything else is a bug and keeps its traceback.
 Every message that may carry input (a bundle's JSON keys, a manifest's names, a plugin's
 exception text) is passed through :func:`printable` before it can reach a terminal: one
 line, control characters escaped, bounded in length.
+
+Why ``KernelError`` and ``InfrastructureError`` apart (docs/RELIABILITY.md): on a
+worker, only a ``KernelError`` (the kernel's own compile, load or validation failure,
+and bad input about it) fails a kernel. An ``InfrastructureError`` says nothing about the
+kernel: the worker puts the whole chunk back on its queue and another worker builds it,
+so one broken worker (a wrong secret, a store it cannot reach) never fails a build.
 """
 
 from __future__ import annotations
@@ -145,7 +156,13 @@ class VersionSkewError(KernelError):
     kind = "version-skew"
 
 
-class StoreError(FarmError):
+class InfrastructureError(FarmError):
+    """The farm's own machinery failed (store, broker, a worker's state), not the kernel.
+
+    On a worker this never fails a kernel: its chunk goes back to the queue."""
+
+
+class StoreError(InfrastructureError):
     """The artifact store cannot be used."""
 
 
@@ -165,8 +182,13 @@ class DeviceError(FarmError):
     """No OpenCL device, or not the one asked for."""
 
 
-class ClusterError(FarmError):
+class ClusterError(InfrastructureError):
     """The cluster cannot serve a request (no worker for a fingerprint, ...)."""
+
+
+class WorkerUnavailable(InfrastructureError):
+    """This worker cannot serve now: one of its processes could not open its state
+    (device, connections), or its checks say it must not consume. Its chunk goes back."""
 
 
 def first_error(exc: ValidationError, default_where: str = "") -> tuple[str, str]:

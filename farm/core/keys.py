@@ -63,6 +63,15 @@ Redis (broker and farm state)::
     farm:task:<task id>:crashes                   hash id hash -> times its compiling process
                                                   died; field ``status`` the last exit status
     farm:task:<task id>:holder                    the worker (host:pid) holding the task
+    farm:task:<task id>:returns                   hash worker (host:pid) -> times it gave the
+                                                  chunk back (infrastructure); ``why`` the last
+                                                  reason (TTL)
+    farm:build:<build token>:alive                a build client's heartbeat (TTL): a chunk of
+                                                  a build without it is dropped, not compiled
+    farm:build:<build token>:avoid                set of workers (host:pid) the client stopped
+                                                  sending to (its circuit breaker; TTL)
+    farm:build:<build token>:returns              hash worker -> chunks of the build it gave
+                                                  back; ``why:<worker>`` its last reason (TTL)
 
 A record of kind ``records/v<N>/<name>`` travels on ``farm:records:<name>``
 (:func:`records_stream_for`): the stream has no version in its name, the entry carries
@@ -289,6 +298,26 @@ def task_crashes_key(task_id: str) -> str:
 
 def task_holder_key(task_id: str) -> str:
     return f"farm:task:{task_id}:holder"
+
+
+def task_returns_key(task_id: str) -> str:
+    return f"farm:task:{task_id}:returns"
+
+
+#: the field of ``task_returns_key``'s hash that holds the last reason
+RETURNS_WHY = "why"
+
+
+def build_alive_key(build: str) -> str:
+    return f"farm:build:{build}:alive"
+
+
+def build_avoid_key(build: str) -> str:
+    return f"farm:build:{build}:avoid"
+
+
+def build_returns_key(build: str) -> str:
+    return f"farm:build:{build}:returns"
 
 
 # -- embedded files and the bucket ------------------------------------------------------------

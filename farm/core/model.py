@@ -259,7 +259,11 @@ class Outcome(StrEnum):
 
 
 FailureKind = Literal["unsupported", "validation", "compile", "load", "version-skew", "crashed",
-                      "store", "error"]
+                      "store", "infrastructure", "error"]
+
+#: failures that are the farm's, not the kernel's (``farm.core.errors.InfrastructureError``):
+#: a cluster never ends a kernel with one while a worker can still build it elsewhere
+INFRASTRUCTURE_KINDS = frozenset({"store", "infrastructure"})
 
 
 class KernelFailure(Frozen):
@@ -268,6 +272,11 @@ class KernelFailure(Frozen):
     kind: FailureKind
     message: str
     build_log: str = ""
+
+    @property
+    def infrastructure(self) -> bool:
+        """Whether the farm failed (store, broker, a worker), not the kernel itself."""
+        return self.kind in INFRASTRUCTURE_KINDS
 
 
 class ArtifactMeta(Frozen):

@@ -7,6 +7,12 @@ one call. The waiter remembers when the service stopped answering; every call ma
 it is down waits with exponential backoff until the service answers again or the outage
 is ``limit_s`` old, then raises :class:`OutageError`, whose text is the one line the CLI
 prints before exiting 1. A success ends the outage (and says so, once).
+
+The outage starts when the first failed attempt *started*, not when it failed: a frozen
+peer (SIGSTOP, a dead network path) makes every attempt block until its socket timeout
+(``FARM_SOCKET_TIMEOUT``, a few seconds: :func:`redis_client`), and that time is part of
+the outage. So the limit holds within one socket timeout, and "back after N s" is the
+real length of the outage.
 """
 
 from __future__ import annotations
@@ -15,12 +21,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 from farm.core.errors import ClusterError
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +149,7 @@ class Waiter:
         self._max_wait_s = max_wait_s
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        self._last_exc: BaseException | None = None
         #: outages waited out so far, and their total length (for the docs' figures)
         self.outages = 0
         self.waited_s = 0.0
@@ -148,10 +158,21 @@ class Waiter:
     def down(self) -> bool:
         return self._down_since is not None
 
-    def _mark_down(self, exc: BaseException) -> float:
+    @property
+    def down_since(self) -> float | None:
+        """When the outage under way began (monotonic), ``None`` when none is."""
+        return self._down_since
+
+    def gave_up_line(self) -> str:
+        """The one line of an outage past its limit, naming the last failure seen."""
+        return self._gave_up(self._last_exc or ConnectionError("unreachable"))
+
+    def _mark_down(self, exc: BaseException, since: float | None = None) -> float:
+        """Note the service down; ``since`` is when the failed attempt started."""
         with self._lock:
+            self._last_exc = exc
             if self._down_since is None:
-                self._down_since = time.monotonic()
+                self._down_since = time.monotonic() if since is None else since
                 self.outages += 1
                 self._say(f"waiting for {self.what} (unreachable: {_short(exc)}; giving up "
                           f"after {self.limit_s:g} s)")
@@ -169,9 +190,10 @@ class Waiter:
             self.waited_s += lasted
         self._say(f"{self.what} is back after {lasted:.1f} s")
 
-    def check(self, exc: BaseException) -> None:
-        """For callers that retry on their own: note the failure, raise past the limit."""
-        since = self._mark_down(exc)
+    def check(self, exc: BaseException, started: float | None = None) -> None:
+        """For callers that retry on their own: note the failure (of an attempt that
+        began at ``started``, monotonic), raise past the limit."""
+        since = self._mark_down(exc, started)
         if time.monotonic() - since >= self.limit_s:
             raise OutageError(self._gave_up(exc)) from None
 
@@ -181,23 +203,25 @@ class Waiter:
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn()``, waiting out an outage of the service; OutageError past the limit."""
-        def stop(state: RetryCallState) -> bool:
-            since = self._down_since
-            return since is not None and time.monotonic() - since >= self.limit_s
+        started = [time.monotonic()]  # when the attempt under way began
 
-        def before_sleep(state: RetryCallState) -> None:
+        def attempt() -> T:
+            started[0] = time.monotonic()
+            return fn()
+
+        def stop(state: RetryCallState) -> bool:
             exc = state.outcome.exception() if state.outcome else None
-            if exc is not None:
-                self._mark_down(exc)
+            since = self._mark_down(exc, started[0]) if exc is not None else self._down_since
+            return since is not None and time.monotonic() - since >= self.limit_s
 
         retrying = Retrying(retry=retry_if_exception(self._is_down), stop=stop,
                             wait=wait_exponential(multiplier=0.05, max=self._max_wait_s),
-                            before_sleep=before_sleep, reraise=True)
+                            reraise=True)
         try:
-            result = retrying(fn)
+            result = retrying(attempt)
         except Exception as exc:
             if self._is_down(exc):
-                self._mark_down(exc)
+                self._mark_down(exc, started[0])
                 raise OutageError(self._gave_up(exc)) from None
             raise
         self.mark_up()
@@ -212,3 +236,24 @@ def _short(exc: BaseException) -> str:
 def redis_waiter(url: str, limit_s: float, say: Say | None = None) -> Waiter:
     """The waiter for the Redis at ``url``."""
     return Waiter(redis_location(url), limit_s, is_down=is_redis_down, say=say)
+
+
+#: FARM_SOCKET_TIMEOUT's default, for callers without settings
+SOCKET_TIMEOUT_S = 5.0
+
+
+def redis_client(url: str, timeout_s: float = SOCKET_TIMEOUT_S) -> redis.Redis:
+    """A Redis client whose every request gives up after ``timeout_s`` (connect: at most
+    that, or 3 s), at its first failure: a frozen Redis then shows as an error within
+    seconds, which the :class:`Waiter` turns into an outage, instead of a call blocked
+    for ever. redis-py's own retries are off (its default since 6.0 is ten, each up to a
+    socket timeout: a call on a frozen Redis then blocked for a minute before the waiter
+    heard of it). The one way the farm's own code opens Redis (Celery's connections:
+    ``celery_app``)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                socket_connect_timeout=min(timeout_s, 3.0),
+                                retry=Retry(NoBackoff(), 0))

@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     #: chunks it held, listings drop it (FARM_DEAD_WORKER_GRACE); longer than the
     #: heartbeat interval, or every worker is dead between two of its beats
     dead_worker_grace: float = Field(default=20.0, ge=0.1, le=_MAX_SECONDS)
+    #: seconds one Redis or MinIO request may block before its peer counts as unreachable:
+    #: how fast a frozen peer is noticed (FARM_SOCKET_TIMEOUT)
+    socket_timeout: float = Field(default=5.0, ge=0.1, le=300.0)
 
     # -- validation: every value refused here, in one line, never later by a traceback --
     @field_validator("home")

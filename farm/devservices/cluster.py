@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from farm.cluster.workers import READY_LINE
 from farm.core.keys import DEFAULT_BUCKET
 from farm.devservices.minio import MinioServer
 from farm.devservices.ports import ServiceError, log_tail, stop_process
@@ -109,13 +110,15 @@ class LocalCluster:
         self.ingesters.append(ingester)
         return ingester
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
-        """Wait until every started worker has all its pool processes up."""
+    def wait_ready(self, timeout: float = 120.0,
+                   workers: list[WorkerProcess] | None = None) -> None:
+        """Wait until every started worker (or each of ``workers``) has all its pool
+        processes up and consumes its queues (its readiness checks passed)."""
         deadline = time.monotonic() + timeout
-        for w in self.workers:
+        for w in self.workers if workers is None else workers:
             while True:
                 text = w.log.read_text(errors="replace") if w.log.exists() else ""
-                if " ready." in text and text.count(" opened ") >= w.concurrency:
+                if READY_LINE in text and text.count(" opened ") >= w.concurrency:
                     break
                 if "Traceback" in text:
                     raise ServiceError(f"worker failed to start:\n{log_tail(w.log)}")

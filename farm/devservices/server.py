@@ -12,7 +12,9 @@ it, say a leak on a failed start, must reach all three at once. So a service sub
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -118,6 +120,28 @@ class LocalServer:
         data, port and credentials, so that :meth:`resume` brings the same server back:
         how the fault tests make an outage."""
         self._shut_down()
+
+    def freeze(self) -> None:
+        """SIGSTOP the server: it keeps its port and connections but answers nothing, as
+        a hung host or a dead network path would (the fault tests' frozen peer)."""
+        self._signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT a frozen server: it answers again, connections intact."""
+        self._signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL the server process (no clean shutdown; its data as the disk has it),
+        keeping its folder, port and credentials for :meth:`resume`."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(timeout=30)
+            self._process = None
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._process is None or self._process.poll() is not None:
+            raise ServiceError(f"{type(self).__name__} is not running")
+        os.kill(self._process.pid, sig)
 
     def resume(self) -> Self:
         """Start a halted server again on the same port, with its data; wait until ready."""

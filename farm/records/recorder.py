@@ -7,7 +7,12 @@ Rules (docs/ARCHITECTURE.md, "Records and sessions"):
 - A session is written only once a record that *changes* the environment arrives.
   Observed records before it (loads) are held in memory, at most ``max_held`` of them
   (the oldest are dropped beyond that, and counted), and are written with it, in order.
-  A process that only ever loads leaves nothing behind, not even its session.
+  A process that only ever loads leaves nothing behind, not even its session, unless
+  other sessions' records name it: a cluster build that sends chunks calls
+  ``referenced()`` first, because the workers' records of those chunks (Loaded ones
+  too) name its session and batch (``RequestedBy``), and a record naming a session that
+  was never written is what made ``farm records summary`` count a build that
+  ``farm records sessions`` did not list.
 - After that, records are written as they come, in small batches: a batch is sent when
   it reaches ``flush_records`` records, when a compilation batch record closes a batch
   of work, or when the oldest unsent record is ``flush_interval_s`` old (checked as
@@ -203,6 +208,17 @@ class Recorder:
             self._seq += 1
             self._reserved.add(self._seq)
             return self._seq
+
+    def referenced(self) -> None:
+        """Other sessions are about to write records that name this one (a cluster
+        build's workers): write the session now, and this session's records from now
+        on, whatever their effect. Quiet on failure, like a record (retried later)."""
+        if self.config.level is RecordLevel.OFF or self._closed:
+            return
+        with self._lock:
+            if not self._due:
+                self._due = True
+                self._send(quiet=True)
 
     def flush(self) -> None:
         """Send every record waiting, if the session is to be written; raise on failure."""

@@ -110,6 +110,8 @@ T = TypeVar("T")
 _BUCKET_TAKEN = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 #: rounds of (conditional write, read what is there) before a put gives up
 _MAX_PUT_ROUNDS = 8
+#: the source hash :meth:`MinioStore.probe` reads: no source hashes to it
+PROBE_SOURCE_HASH = "0" * 64
 
 
 @dataclass(frozen=True)
@@ -152,12 +154,15 @@ class MinioStore(BlobObjects):
 
     def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None,
                  bucket: str, secure: bool = False, *, retry: Retry | None = None,
-                 http_client: urllib3.PoolManager | None = None) -> None:
+                 http_client: urllib3.PoolManager | None = None,
+                 ensure_bucket: bool = True) -> None:
         """Connect and create ``bucket`` if it is missing.
 
         ``retry`` says how transient failures are retried (:class:`Retry`).
         ``http_client`` replaces the connection pool (tests count requests through it);
-        give it no retries of its own.
+        give it no retries of its own. ``ensure_bucket=False`` sends nothing now (a
+        worker's pool process: its main process checked the bucket, and a process start
+        must not wait on MinIO).
         """
         retry = retry or Retry()
         super().__init__()
@@ -181,12 +186,19 @@ class MinioStore(BlobObjects):
         except ValueError as exc:
             raise StoreError(f"store {self.location}: {exc}") from None
         self._closed = threading.Event()
-        self._ensure_bucket()
+        if ensure_bucket:
+            self._ensure_bucket()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> MinioStore:
+    def from_settings(cls, settings: Settings, *, probe: bool = False,
+                      ensure_bucket: bool = True) -> MinioStore:
         """The store ``FARM_MINIO_*`` describe. The endpoint is ``host:port`` (TLS from
-        ``FARM_MINIO_SECURE``) or a URL whose scheme says it (``https://host:port``)."""
+        ``FARM_MINIO_SECURE``) or a URL whose scheme says it (``https://host:port``).
+
+        Requests time out after ``FARM_SOCKET_TIMEOUT`` (a frozen MinIO is noticed in
+        seconds) and an outage is waited out up to ``FARM_OUTAGE_LIMIT``; ``probe=True``
+        makes a store that tries each request once instead (a readiness check must
+        answer now, not after the outage)."""
         raw = settings.minio_endpoint
         if not raw:
             raise SettingsError("setting FARM_MINIO_ENDPOINT: not set")
@@ -203,9 +215,10 @@ class MinioStore(BlobObjects):
             raise SettingsError("settings FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY "
                                 "must be set with FARM_MINIO_ENDPOINT")
         return cls(endpoint, access.get_secret_value(), secret.get_secret_value(),
-                   settings.minio_bucket, secure,
-                   retry=Retry(timeout_s=min(60.0, settings.outage_limit),
-                               outage_limit_s=settings.outage_limit))
+                   settings.minio_bucket, secure, ensure_bucket=ensure_bucket,
+                   retry=Retry(attempts=1, timeout_s=settings.socket_timeout) if probe
+                   else Retry(timeout_s=settings.socket_timeout,
+                              outage_limit_s=settings.outage_limit))
 
     @property
     def location(self) -> str:
@@ -341,6 +354,12 @@ class MinioStore(BlobObjects):
             log.warning("store %s: source index entry %s/%s is unreadable; ignored",
                         self.location, ns, source_hash)
             return None
+
+    def probe(self, ns: Namespace) -> None:
+        """One cheap signed read in ``ns`` (a source-index entry nobody writes): raises
+        :class:`StoreError` when MinIO is unreachable, refuses the credentials, or does not
+        let them read the namespace. A worker's readiness check."""
+        self.find_source(ns, PROBE_SOURCE_HASH)
 
     def keys(self, ns: Namespace) -> Iterator[Key]:
         found = (key_from_artifact_object(ns, n)
