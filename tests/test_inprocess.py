@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 import redis
 
-from farm.cluster.lease import Leases
+from farm.cluster.lease import Leases, kernel_note
 from farm.cluster.payloads import CompileRequest, KernelRequest
 from farm.cluster.workers import WorkerInfo
 from farm.core.device import DeviceInfo, open_device, probe_devices, select_device
-from farm.core.keys import Namespace, queue_name, task_holder_key, task_lease_key, workers_key
+from farm.core.keys import Namespace, queue_name, task_holder_key, task_kernel_key, workers_key
 from farm.core.model import Artifact, Key, LaunchSettings, Lowered, Outcome
 from farm.core.outage import redis_waiter
 from farm.core.settings import Settings
@@ -276,7 +276,8 @@ def test_a_dead_workers_chunk_is_sent_again_and_served_by_a_live_one(
     taken = _take_one_task(settings, queue_name(fp))  # the dead worker took it...
     redis_client.set(task_holder_key(taken), dead.field)  # ...said so, and died
     redis_client.set("farm:lease:held-by-the-dead", "token")
-    redis_client.set(task_lease_key(taken), "farm:lease:held-by-the-dead\ntoken")
+    redis_client.set(task_kernel_key(taken),  # its note: the kernel in hand, its lease
+                     kernel_note("", "farm:lease:held-by-the-dead", "token"))
 
     app = make_app(settings)
     app.conf.broker_transport_options = {**app.conf.broker_transport_options,
