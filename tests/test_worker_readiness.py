@@ -86,11 +86,16 @@ def test_broken_workers_take_no_chunk_and_the_build_fails_no_kernel(tmp_path: Pa
         minio.resume()
         c.wait_ready(workers=[late])
 
-        listed = _listed(c)
+        deadline = time.monotonic() + 30
+        while True:  # the others consume again once their next look finds MinIO back
+            listed = _listed(c)
+            if all(listed[w.pid]["ready"] for w in (good, late, reader)):
+                break
+            assert time.monotonic() < deadline, listed
+            time.sleep(0.2)
         assert not listed[wrong.pid]["ready"]
         assert "SignatureDoesNotMatch" in listed[wrong.pid]["why"]
         assert not listed[broken.pid]["ready"]
-        assert all(listed[w.pid]["ready"] for w in (good, late, reader))
         assert "is not consuming" in farm(c.env(), "workers").stdout
 
         # the reader alone takes chunks first (the others paused): it compiles, cannot
