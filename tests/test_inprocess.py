@@ -28,6 +28,7 @@ import redis
 from farm.cluster.lease import Leases, kernel_note
 from farm.cluster.payloads import CompileRequest, KernelRequest
 from farm.cluster.workers import WorkerInfo
+from farm.compilation.backend import OpenCLBackend
 from farm.core.device import DeviceInfo, open_device, probe_devices, select_device
 from farm.core.keys import Namespace, queue_name, task_holder_key, task_kernel_key, workers_key
 from farm.core.model import Artifact, Key, LaunchSettings, Lowered, Outcome
@@ -131,8 +132,9 @@ def make_state(device: DeviceInfo, opened: tuple[Any, Any], client: redis.Redis,
     settings = Settings(redis_url=url, native_binaries=False)
     sink = sink or ListSink()
     ctx, cl_device = opened
-    return WorkerState(settings=settings, registry=REGISTRY, device=device, ctx=ctx,
-                       cl_device=cl_device, store=store or RecordedFirst(sink),
+    return WorkerState(settings=settings, registry=REGISTRY, device=device,
+                       backend=OpenCLBackend.on(device, ctx, cl_device),
+                       store=store or RecordedFirst(sink),
                        leases=Leases(client, ttl_s=5), recorder=Recorder(sink, label="w"),
                        name="inproc:1", redis=None, redis_waiter=redis_waiter(url, 5))
 

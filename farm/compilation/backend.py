@@ -62,6 +62,14 @@ class OpenCLBackend:
         self.cl_device: cl.Device
         self.ctx, self.cl_device = open_device(device)
 
+    @classmethod
+    def on(cls, device: DeviceInfo, ctx: cl.Context, cl_device: cl.Device) -> OpenCLBackend:
+        """A backend over a context the caller already made (in-process tests: one
+        context for many worker states, as a pool process has one for its tasks)."""
+        backend = cls.__new__(cls)
+        backend.device, backend.ctx, backend.cl_device = device, ctx, cl_device
+        return backend
+
     def finalize(self, lowered: Lowered, native: bool, ready: bool = True) -> FinalizeResult:
         from farm.compilation.finalize import finalize_and_validate
 

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-import certifi
 import urllib3
 from minio import Minio
 from minio.datatypes import Object
@@ -101,7 +100,14 @@ from farm.store.frames import (
     user_metadata,
 )
 from farm.store.minio_blobs import BlobObjects
-from farm.store.s3_failures import FAILURES, describe, is_transient, store_error
+from farm.store.s3_failures import (
+    FAILURES,
+    Retry,
+    describe,
+    is_transient,
+    make_http_client,
+    store_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,32 +127,6 @@ class _Object:
     data: bytes
     etag: str
     headers: Mapping[str, str]
-
-
-def _make_http_client(timeout_s: float) -> urllib3.PoolManager:
-    """A pool without urllib3's retries (tenacity retries instead, see the module doc),
-    sized for the thread pools that read and write the store at once."""
-    return urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=min(timeout_s, 10.0), read=timeout_s),
-        maxsize=32,
-        cert_reqs="CERT_REQUIRED",
-        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
-        retries=False,
-    )
-
-
-@dataclass(frozen=True)
-class Retry:
-    """How a :class:`MinioStore` retries a transient failure: ``attempts`` tries per
-    request in all, waiting ``wait_s`` doubled each time (at most ``max_wait_s``) in
-    between; ``outage_limit_s`` replaces the attempts by waiting out an outage that long
-    (:mod:`farm.core.outage`); ``timeout_s`` bounds one request's connect and read."""
-
-    attempts: int = 5
-    wait_s: float = 0.1
-    max_wait_s: float = 2.0
-    timeout_s: float = 60.0
-    outage_limit_s: float | None = None
 
 
 class MinioStore(BlobObjects):
@@ -175,7 +155,7 @@ class MinioStore(BlobObjects):
         self._attempts = max(1, retry.attempts)
         self._wait_s = retry.wait_s
         self._max_wait_s = retry.max_wait_s
-        self._http = http_client or _make_http_client(retry.timeout_s)
+        self._http = http_client or make_http_client(retry.timeout_s)
         self._waiter = (Waiter(f"MinIO at {endpoint}", retry.outage_limit_s,
                                is_down=is_transient)
                         if retry.outage_limit_s is not None else None)

@@ -1,4 +1,4 @@
-"""Which failures of an S3 request are worth repeating, and how one is told.
+"""Which failures of an S3 request are worth repeating, how often, and how one is told.
 
 Kept beside the MinIO store rather than in it so that the rule is one place: tenacity
 retries what :func:`is_transient` accepts, everything else becomes one
@@ -9,6 +9,10 @@ another's namespace), never with request signatures or credentials.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
+import certifi
 import urllib3
 from minio.error import InvalidResponseError, S3Error, ServerError
 
@@ -68,3 +72,29 @@ def store_error(where: str, exc: BaseException) -> StoreError:
     if isinstance(exc, S3Error) and exc.code == "AccessDenied":
         return StoreAccessDenied(message)
     return StoreError(message)
+
+
+def make_http_client(timeout_s: float) -> urllib3.PoolManager:
+    """A pool without urllib3's retries (tenacity retries instead, see the module doc),
+    sized for the thread pools that read and write the store at once."""
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=min(timeout_s, 10.0), read=timeout_s),
+        maxsize=32,
+        cert_reqs="CERT_REQUIRED",
+        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        retries=False,
+    )
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How a :class:`MinioStore` retries a transient failure: ``attempts`` tries per
+    request in all, waiting ``wait_s`` doubled each time (at most ``max_wait_s``) in
+    between; ``outage_limit_s`` replaces the attempts by waiting out an outage that long
+    (:mod:`farm.core.outage`); ``timeout_s`` bounds one request's connect and read."""
+
+    attempts: int = 5
+    wait_s: float = 0.1
+    max_wait_s: float = 2.0
+    timeout_s: float = 60.0
+    outage_limit_s: float | None = None
