@@ -56,7 +56,11 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-SIM = {"PYTHONPATH": str(BENCH), "FARM_FAMILY_MODULES": '["simfleet"]',
+# bench/ for the simulated family, before what the caller's PYTHONPATH holds (on the GPU
+# host, the carried wheels)
+SIM = {"PYTHONPATH": os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH", ""))
+                                     if p),
+       "FARM_FAMILY_MODULES": '["simfleet"]',
        "FARM_DEVICE_BACKEND": "simfleet", "FARM_RECORDS_LEVEL": "basic"}
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 minio_pid = 0

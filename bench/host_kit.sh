@@ -52,7 +52,9 @@ def walk(name: str, extras: tuple[str, ...] = ()) -> None:
 walk("kernel-farm", ("opencl", "cluster"))
 # The build backend too: nvidia_host.sh builds the project on the host without
 # isolation, and pyproject.toml wants a newer setuptools than a host may have.
-for name in ("setuptools", "wheel"):
+# Mako: pyopencl's reductions and scans (the pyopencl.array application of
+# bench/bench_pyopencl_app.py and tests/test_programs_gpu.py) template their sources.
+for name in ("setuptools", "wheel", "mako", "markupsafe"):
     seen[name] = md.distribution(name).version
 for key, version in sorted(seen.items()):
     if key not in SKIP:
