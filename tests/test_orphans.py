@@ -76,12 +76,19 @@ def _queue(c: LocalCluster, manifest: Path, home: Path, fp: str) -> Any:
                             text=True)
 
 
-def _wait_depth(c: LocalCluster, fp: str, depth: int) -> None:
+def _wait_depth(c: LocalCluster, fp: str, depth: int, sender: Any) -> None:
+    """Until ``sender``'s chunks are queued: all but one (the paused worker's BRPOP, sent
+    before it was paused, takes the first chunk off the queue into its socket, where it
+    waits for the worker), and a second more for the last sends of the burst."""
     client = redis_client(c.redis_url)
     deadline = time.monotonic() + 60
-    while queue_depth(client, fp) < depth:
-        assert time.monotonic() < deadline, f"the queue never held {depth} chunks"
+    while queue_depth(client, fp) < depth - 1:
+        if sender.poll() is not None or time.monotonic() > deadline:
+            sender.kill()
+            _, err = sender.communicate()
+            raise AssertionError(f"the queue never held {depth} chunks; the client: {err}")
         time.sleep(0.05)
+    time.sleep(1.0)
 
 
 def _count(worker: WorkerProcess, text: str, at_least: int, timeout: float = 60) -> str:
@@ -101,7 +108,7 @@ def test_chunks_of_a_dead_client_are_dropped_not_compiled(
     orphaned = write_manifest(tmp_path / "orphaned.toml", salt=81, count=6)
     with _paused(worker):
         client = _queue(cluster, orphaned, tmp_path / "dead", fingerprint)
-        _wait_depth(cluster, fingerprint, 6)
+        _wait_depth(cluster, fingerprint, 6, client)
         client.kill()  # SIGKILL: no goodbye, its heartbeat key just stops being renewed
         client.wait(timeout=30)
         time.sleep(GRACE_S + 0.5)
@@ -124,9 +131,9 @@ def test_summary_and_sessions_agree_for_a_build_that_only_loaded(
     worker = cluster.workers[0]
     with _paused(worker):
         first = _queue(cluster, manifest, tmp_path / "first", fingerprint)
-        _wait_depth(cluster, fingerprint, 3)
+        _wait_depth(cluster, fingerprint, 3, first)
         second = _queue(cluster, manifest, tmp_path / "second", fingerprint)
-        _wait_depth(cluster, fingerprint, 6)
+        _wait_depth(cluster, fingerprint, 6, second)
     reports = []
     for client in (first, second):
         out, err = client.communicate(timeout=120)
