@@ -115,7 +115,9 @@ def test_broken_workers_take_no_chunk_and_the_build_fails_no_kernel(tmp_path: Pa
         assert report["summary"]["compiled"] == 8, (report["summary"], err)
         store = minio_store(c)
         assert len(list(store.keys(namespace(report["fingerprint"])))) == 8
-        [breaker] = [line for line in err.splitlines() if "sending no more" in line]
+        breakers = [line for line in err.splitlines() if "sending no more" in line]
+        assert len(breakers) == 1, err
+        [breaker] = breakers
         assert f"worker {listed[reader.pid]['host']}:{reader.pid}" in breaker, breaker
         assert "AccessDenied" in breaker
 

@@ -169,6 +169,9 @@ class Gatherer:
             if self.pending:
                 self._keep_alive()
                 self._check_holders()
+        if self._alive and not self.line.waiter.down:  # the last replies may have come in
+            # one wait: a worker whose chunks all went back is named all the same
+            self._look_at_returns()
 
     def close(self) -> None:
         """Let go of the results still pending (a build that gave up: their ``__del__``
@@ -260,13 +263,18 @@ class Gatherer:
         look = self.watch.look(list(self.pending))
         for task_id, holder, why in look.lost:
             self._resend(task_id, holder, why)
+        self._look_at_returns()
+        self.status("in flight: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(look.in_flight.items())) if look.in_flight else "")
+
+    def _look_at_returns(self) -> None:
+        """The build's chunks given back, by worker: the breaker's count (one round
+        trip), and whom it shuts out now."""
         client = self.line.redis
         key = build_returns_key(self.build)
         self.breaker.saw_returns(self.line.waiter.call(lambda: client.hgetall(key)))
         for worker in self.breaker.trip():
             self._avoid(worker)
-        self.status("in flight: " + ", ".join(
-            f"{k} {v}" for k, v in sorted(look.in_flight.items())) if look.in_flight else "")
 
     def _avoid(self, worker: str) -> None:
         """Shut ``worker`` out of this build (``farm.cluster.breaker``), in one line."""
