@@ -1,31 +1,42 @@
 #!/usr/bin/env bash
-# One call on the H200 host (bench/nvidia_host.sh's set-up; carry .whl and .kit, made by
-# bench/host_kit.sh): the GPU-only test and this round's host figures, each step under a
-# time limit of its own so that a slow step cannot take the others' time. Logs go to
-# $OUT (the device tool's folder) or /tmp/h200-round.
-#   bench/h200_round.sh            # about 9 minutes
+# The H200 host's figures, one device call per group of steps (bench/nvidia_host.sh's
+# set-up; carry .whl and .kit, made by bench/host_kit.sh). Each step runs under a time
+# limit of its own so that a slow step cannot take the others' time, and writes its log
+# to $OUT (the device tool's folder, which comes back even when the call runs out of
+# time) or /tmp/h200-round; each step's last lines are printed as it ends.
+#   bench/h200_round.sh gpu-test pyapp-nvidia ready-pocl      # about 9 minutes
+#   bench/h200_round.sh fanout-nvidia pyapp-pocl              # about 9 minutes
+#   bench/h200_round.sh control-plane                         # about 8 minutes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+host=bench/nvidia_host.sh
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 limit=$2
     shift 2
-    echo "== $name (at most ${limit} s)"
+    echo "== $name (at most ${limit} s) $(date +%T)"
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     echo "   rc=$? $(date +%T)"
-    tail -n 25 "$out/$name.log"
+    tail -n 20 "$out/$name.log"
 }
-host=bench/nvidia_host.sh
-step gpu-test 90 $host python3 -m pytest -m gpu -p no:cacheprovider tests/test_nvidia.py \
-    tests/test_programs_gpu.py -k "not reikna and not loopy" -v -s
-step control-plane 140 $host python3 bench/bench_control_plane.py --workers 32,128 \
-    --chunks 4 --rtt-ms 0.5 --kernels 2000 --clients 2 --latency-rounds 24
-step pyapp-nvidia 75 $host python3 bench/bench_pyopencl_app.py --device nvidia --rounds 2
-step ready-pocl 95 env FARM_DEVICE=pocl $host python3 bench/bench_ready.py \
-    --manifest medium --workers 16 --device pocl --repeat 1 --no-before
-step fanout-nvidia 100 $host python3 bench/bench_fanout.py --manifest large --workers 16 \
-    --device nvidia --no-loads --repeat 2 --peer-load
-step pyapp-pocl 60 env FARM_DEVICE=pocl $host python3 bench/bench_pyopencl_app.py \
-    --device pocl --rounds 2
+[ $# -gt 0 ] || set -- gpu-test pyapp-nvidia ready-pocl
+for name in "$@"; do
+    case "$name" in
+        gpu-test) step gpu-test 120 $host python3 -m pytest -m gpu -p no:cacheprovider \
+            tests/test_nvidia.py tests/test_programs_gpu.py -v -s ;;
+        fanout-nvidia) step fanout-nvidia 320 $host python3 bench/bench_fanout.py \
+            --manifest large --workers 16 --device nvidia --no-loads --repeat 4 --peer-load ;;
+        pyapp-nvidia) step pyapp-nvidia 150 $host python3 bench/bench_pyopencl_app.py \
+            --device nvidia --rounds 2 ;;
+        ready-pocl) step ready-pocl 240 env FARM_DEVICE=pocl $host python3 bench/bench_ready.py \
+            --manifest medium --workers 16 --device pocl --repeat 1 --no-before ;;
+        pyapp-pocl) step pyapp-pocl 240 env FARM_DEVICE=pocl $host python3 \
+            bench/bench_pyopencl_app.py --device pocl --rounds 2 ;;
+        control-plane) step control-plane 540 $host python3 bench/bench_control_plane.py \
+            --workers 8,32,128 --chunks 4 --rtt-ms 0.5,5 --kernels 2000 --clients 2 \
+            --latency-rounds 24 ;;
+        *) echo "h200_round.sh: no step named $name"; exit 2 ;;
+    esac
+done
