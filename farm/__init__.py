@@ -9,10 +9,10 @@ kernel families or pydantic-settings.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from farm.core.lazy import lazy_exports
+from farm.version import __version__
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (farm run)
 if TYPE_CHECKING:
     from farm.core.device import DeviceInfo, discover_devices
     from farm.core.errors import (
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from farm.core.settings import Settings, load_settings
     from farm.families import Example, KernelFamily, LocalMem, Params, Registry
 
-from farm.version import __version__
 
 _WHERE = {
     **dict.fromkeys(("DeviceInfo", "discover_devices"), "farm.core.device"),

@@ -43,14 +43,21 @@ so one broken worker (a wrong secret, a store it cannot reach) never fails a bui
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+import sys
 
-from pydantic import ValidationError
+#: typing.TYPE_CHECKING without importing typing: ``farm run``'s own process imports this
+#: module and nothing of typing, re or pydantic (each import is paid on every run)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Sequence
+    from typing import TypeGuard
+
+    from pydantic import ValidationError
 
 #: C0 and C1 control characters and DEL: what moves a terminal's cursor, clears its
 #: screen (ESC [2J) or starts a new line, when echoed from input
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL = r"[\x00-\x1f\x7f-\x9f\u2028\u2029]"
 #: the longest message that echoes input (a plugin's 8 MiB text becomes this much)
 MAX_ECHO = 500
 
@@ -59,9 +66,21 @@ def printable(text: str, limit: int = MAX_ECHO) -> str:
     """``text`` safe to print: control characters as Python escapes (``\\x1b``,
     ``\\n``), so nothing from input can move a terminal's cursor or forge a line of its
     own, and cut to ``limit`` characters (with "...")."""
-    escaped = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"),
+    escaped = _control().sub(lambda m: m.group().encode("unicode_escape").decode("ascii"),
                            text)
     return escaped if len(escaped) <= limit else escaped[:max(0, limit - 3)] + "..."
+
+
+_compiled: list[re.Pattern[str]] = []
+
+
+def _control() -> re.Pattern[str]:
+    """:data:`_CONTROL`, compiled at its first use (see ``TYPE_CHECKING`` above)."""
+    if not _compiled:
+        import re
+
+        _compiled.append(re.compile(_CONTROL))
+    return _compiled[0]
 
 
 class FarmError(Exception):
@@ -221,8 +240,16 @@ def every_error(exc: ValidationError, default_where: str = "") -> list[tuple[str
 def one_line(exc: BaseException) -> str:
     """Any exception as one line: ``where: why`` for a validation error, else its first
     line of text (or its type's name when it has none)."""
-    if isinstance(exc, ValidationError):
+    if _is_validation_error(exc):
         where, why = first_error(exc)
         return f"{where}: {why}" if where else why
     text = str(exc).strip()
     return printable(text.splitlines()[0]) if text else type(exc).__name__
+
+
+def _is_validation_error(exc: BaseException) -> TypeGuard[ValidationError]:
+    """Whether ``exc`` is pydantic's ``ValidationError``, without importing pydantic
+    here: this module is imported by ``farm run``'s own process, which never loads
+    pydantic, and an instance can exist only once pydantic_core is loaded."""
+    core = sys.modules.get("pydantic_core")
+    return core is not None and isinstance(exc, core.ValidationError)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Mapping
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (farm run)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 
 def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], object]:

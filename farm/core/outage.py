@@ -24,18 +24,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
-
 from farm.core.errors import ClusterError
 
 if TYPE_CHECKING:
     import redis
+    from tenacity import RetryCallState
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 Say = Callable[[str], None]
+
+#: seconds waited after the first failed attempt of an outage (doubling, up to a cap)
+_FIRST_WAIT_S = 0.05
 
 
 class OutageError(ClusterError):
@@ -202,8 +204,32 @@ class Waiter:
                 f"(FARM_OUTAGE_LIMIT): {_short(exc)}")
 
     def call(self, fn: Callable[[], T]) -> T:
-        """``fn()``, waiting out an outage of the service; OutageError past the limit."""
+        """``fn()``, waiting out an outage of the service; OutageError past the limit.
+
+        The first attempt is a plain call: the retry machinery (tenacity, which imports
+        asyncio and, where it is installed, tornado: 5 to 25 ms) loads only when an
+        attempt finds the service down, so an application served from a store that
+        answers never pays for it."""
         started = [time.monotonic()]  # when the attempt under way began
+        try:
+            result = fn()
+        except Exception as exc:
+            if not self._is_down(exc):
+                raise
+            result = self._wait_out(fn, exc, started)
+        self.mark_up()
+        return result
+
+    def _wait_out(self, fn: Callable[[], T], first: BaseException, started: list[float]) -> T:
+        """The attempts after a first one that found the service down (begun at
+        ``started[0]``): exponential backoff from :data:`_FIRST_WAIT_S`, the same waits
+        as one tenacity loop over every attempt."""
+        from tenacity import Retrying, retry_if_exception, wait_exponential
+
+        since = self._mark_down(first, started[0])
+        if time.monotonic() - since >= self.limit_s:
+            raise OutageError(self._gave_up(first)) from None
+        time.sleep(min(_FIRST_WAIT_S, self._max_wait_s))
 
         def attempt() -> T:
             started[0] = time.monotonic()
@@ -214,18 +240,18 @@ class Waiter:
             since = self._mark_down(exc, started[0]) if exc is not None else self._down_since
             return since is not None and time.monotonic() - since >= self.limit_s
 
+        # the first wait is behind us: the next ones are 2, 4, 8... times it
         retrying = Retrying(retry=retry_if_exception(self._is_down), stop=stop,
-                            wait=wait_exponential(multiplier=0.05, max=self._max_wait_s),
+                            wait=wait_exponential(multiplier=2 * _FIRST_WAIT_S,
+                                                  max=self._max_wait_s),
                             reraise=True)
         try:
-            result = retrying(attempt)
+            return retrying(attempt)
         except Exception as exc:
             if self._is_down(exc):
                 self._mark_down(exc, started[0])
                 raise OutageError(self._gave_up(exc)) from None
             raise
-        self.mark_up()
-        return result
 
 
 def _short(exc: BaseException) -> str:

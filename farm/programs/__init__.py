@@ -16,10 +16,9 @@ build ahead of time (:mod:`.capture`). docs/PYOPENCL.md is the user's guide.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from farm.core.lazy import lazy_exports
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (farm run)
 if TYPE_CHECKING:
     from farm.programs.hook import install, installed, uninstall
     from farm.programs.spec import ProgramSpec

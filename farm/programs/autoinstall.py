@@ -32,13 +32,16 @@ def shim_dir() -> Path:
 
 def install_from_env() -> None:
     """Install the hook as ``farm run`` asked (``FARM_RUN_DIR``, ``FARM_RUN_CAPTURE``)."""
-    from farm.programs.hook import install, run_dir_paths
+    from farm.core.gcpause import cyclic_gc_paused
 
-    run_dir = Path(os.environ[RUN_DIR])
-    counts, capture = run_dir_paths(run_dir)
-    try:
-        install(json_path=counts, summary=False,
-                capture=capture if os.environ.get(RUN_CAPTURE) == "1" else None)
-    except Exception as exc:  # never break the application: it runs unserved
-        print(f"kernel-farm: warning: the farm's hook is not installed ({exc}); "
-              "programs are built the plain way", file=sys.stderr)
+    with cyclic_gc_paused():  # the hook's modules: pydantic, settings (farm.core.gcpause)
+        from farm.programs.hook import install, run_dir_paths
+
+        run_dir = Path(os.environ[RUN_DIR])
+        counts, capture = run_dir_paths(run_dir)
+        try:
+            install(json_path=counts, summary=False,
+                    capture=capture if os.environ.get(RUN_CAPTURE) == "1" else None)
+        except Exception as exc:  # never break the application: it runs unserved
+            print(f"kernel-farm: warning: the farm's hook is not installed ({exc}); "
+                  "programs are built the plain way", file=sys.stderr)

@@ -16,20 +16,28 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal
 
-Count = Literal["programs", "loaded", "compiled", "fallbacks", "failed"]
+#: typing.TYPE_CHECKING without importing typing, nor dataclasses: ``farm run``'s own
+#: process imports this module, and each import is paid on every run
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Literal
+
+    Count = Literal["programs", "loaded", "compiled", "fallbacks", "failed"]
+
 KEYS: tuple[Count, ...] = ("programs", "loaded", "compiled", "fallbacks", "failed")
 
 
-@dataclass
 class RunCounts:
     """The counts of one process (thread-safe)."""
 
-    values: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KEYS, 0))
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    def __init__(self) -> None:
+        self.values: dict[str, int] = dict.fromkeys(KEYS, 0)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RunCounts({self.snapshot()})"
 
     def bump(self, name: Count) -> None:
         with self._lock:

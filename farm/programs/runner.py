@@ -21,27 +21,35 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from farm.core.errors import FarmError, InputError
 from farm.programs.autoinstall import RUN_CAPTURE, RUN_DIR, shim_dir
 from farm.programs.counts import KEYS, RunCounts, read_json, summary_line, write_json
 
+#: typing.TYPE_CHECKING without importing typing (nor dataclasses below): this module is
+#: ``farm run``'s own process, and what it imports is paid on every run
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # the capture's models (pydantic) load only when a capture is asked for
     from farm.programs.capture import CaptureFile
 
 
-@dataclass(frozen=True)
 class RunResult:
     """The command's exit status, the counts of all its processes, their capture."""
 
-    returncode: int
-    counts: dict[str, int]
-    capture: CaptureFile | None
-    #: counts or captures of processes that could not be read (killed mid-write)
-    unreadable: int = 0
+    __slots__ = ("capture", "counts", "returncode", "unreadable")
+
+    def __init__(self, returncode: int, counts: dict[str, int], capture: CaptureFile | None,
+                 unreadable: int = 0) -> None:
+        self.returncode = returncode
+        self.counts = counts
+        self.capture = capture
+        #: counts or captures of processes that could not be read (killed mid-write)
+        self.unreadable = unreadable
+
+    def __repr__(self) -> str:
+        return (f"RunResult(returncode={self.returncode}, counts={self.counts}, "
+                f"unreadable={self.unreadable})")
 
 
 def run_served(command: list[str], *, capture: bool = False) -> RunResult:

@@ -45,6 +45,7 @@ from farm.compilation.compiling import farm_compiling
 from farm.compilation.native import unpack
 from farm.core.device import DeviceInfo, info_from_device
 from farm.core.errors import FarmError, LoadError, StoreError
+from farm.core.gcpause import cyclic_gc_paused
 from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
 from farm.core.model import Artifact, Key, Lowered, Outcome
@@ -435,18 +436,20 @@ class ProgramServer:
     def store(self) -> ArtifactStore:
         with self._lock:
             if self._store is None:
-                from farm.store import open_store
+                with cyclic_gc_paused():  # imports the MinIO SDK: see farm.core.gcpause
+                    from farm.store import open_store
 
-                self._store = open_store(_capped(self._settings()))
+                    self._store = open_store(_capped(self._settings()))
             return self._store
 
     @property
     def recorder(self) -> Recorder:
         with self._lock:
             if self._recorder is None:
-                from farm.records.open import open_recorder
+                with cyclic_gc_paused():
+                    from farm.records.open import open_recorder
 
-                self._recorder = open_recorder(self._settings(), self._label)
+                    self._recorder = open_recorder(self._settings(), self._label)
             return self._recorder
 
 

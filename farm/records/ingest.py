@@ -39,14 +39,11 @@ What does not validate, or what a newer farm may have written, is set aside in
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,6 +51,7 @@ from pydantic import BaseModel
 
 from farm.core.defaults import INGEST_BATCH, INGEST_BLOCK_MS, INGEST_CLAIM_IDLE_MS
 from farm.core.errors import StoreError
+from farm.core.gcpause import cyclic_gc_paused
 from farm.core.keys import (
     RECORDS_DEAD_STREAM,
     RECORDS_GROUP,
@@ -136,25 +134,6 @@ class IngestStats(BaseModel):
     pruned: int = 0
     late: int = 0
     failures: int = 0
-
-
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Keep Python's cyclic garbage collector off for one round.
-
-    A round builds tens of thousands of short-lived objects (a validated model and a
-    row per record, none in a reference cycle: reference counting frees them all when
-    the round ends). Left on, the collector runs every few hundred allocations and
-    traverses everything the round holds, and now and then the whole heap: it took a
-    third of the ingester's time. Cycles made meanwhile wait for the next collection.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class Ingester:
@@ -318,7 +297,7 @@ class Ingester:
         """Decode, write in one transaction, prune, then acknowledge."""
         if not entries:
             return 0
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             return self._handle_round(entries)
 
     def _handle_round(self, entries: list[Entry]) -> int:

@@ -48,20 +48,13 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
 import urllib3
 from minio import Minio
 from minio.datatypes import Object
 from minio.error import S3Error
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-)
 
 from farm.core.errors import SettingsError, StoreError
 from farm.core.keys import (
@@ -108,6 +101,9 @@ from farm.store.s3_failures import (
     make_http_client,
     store_error,
 )
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +221,9 @@ class MinioStore(BlobObjects):
                 raise StoreError(f"store {self.location}: {what}: {exc}") from None
             except FAILURES as exc:
                 raise self._error(what, exc) from exc
+        # a store made without settings (tests, tools): tenacity loads with it only
+        from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(self._attempts),
