@@ -6,7 +6,8 @@
 # time) or /tmp/h200-round; each step's last lines are printed as it ends.
 #   bench/h200_round.sh gpu-test pyapp-nvidia ready-pocl      # about 9 minutes
 #   bench/h200_round.sh fanout-nvidia pyapp-pocl              # about 9 minutes
-#   bench/h200_round.sh control-plane                         # about 8 minutes
+#   bench/h200_round.sh control-plane                         # about 4 minutes
+#   bench/h200_round.sh ready-speed-pocl gpu-cluster-bench    # not run yet (next session)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
@@ -34,6 +35,12 @@ for name in "$@"; do
             --manifest medium --workers 16 --device pocl --repeat 1 --no-before ;;
         pyapp-pocl) step pyapp-pocl 240 env FARM_DEVICE=pocl $host python3 \
             bench/bench_pyopencl_app.py --device pocl --rounds 2 ;;
+        gpu-cluster-bench) step gpu-cluster-bench 560 $host python3 \
+            bench/bench_gpu_cluster.py --manifest large --workers 16 ;;
+        ready-speed-pocl) step ready-speed-pocl 240 env FARM_DEVICE=pocl $host sh -c \
+            'export FARM_HOME=/tmp/h-speed PYOPENCL_NO_CACHE=1 POCL_KERNEL_CACHE=0;
+             python3 -m farm build medium --local --workers 16 > /dev/null &&
+             POCL_CACHE_DIR=$(mktemp -d) python3 bench/probe_ready_speed.py medium --limit 60' ;;
         control-plane) step control-plane 540 $host python3 bench/bench_control_plane.py \
             --workers 8,32,128 --chunks 4 --rtt-ms 0.5,5 --kernels 2000 --clients 2 \
             --latency-rounds 24 ;;
