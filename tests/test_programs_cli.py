@@ -189,3 +189,16 @@ def test_farm_run_refuses_what_it_cannot_run_in_one_line(tmp_path: Path) -> None
               "folder does not exist")
     proc = _farm(env, "run", "--", sys.executable, "-c", "import sys; sys.exit(7)")
     assert proc.returncode == 7 and "programs 0" in proc.stderr
+
+
+def test_farm_runs_own_process_imports_none_of_the_heavy_modules() -> None:
+    """``farm run``'s own process is paid on every run of an application: it must not
+    import pydantic, typing, dataclasses, tenacity or importlib.abc (each was there
+    once, 60 ms in all; docs/BENCHMARKS.md, "the farm's start-up trimmed")."""
+    heavy = ("pydantic", "typing", "dataclasses", "tenacity", "importlib.abc")
+    probe = ("import sys, farm.cli.entry, farm.programs.runner\n"
+             f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, env=env, cwd=Path(__file__).parent.parent)
+    assert out.stdout.strip() == "", f"farm run's process imported {out.stdout.strip()}"
