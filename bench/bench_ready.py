@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,20 +150,19 @@ def peer_pool(manifest: str, workers: int) -> dict[str, Any]:
 
 
 # -- 2. time to first result ------------------------------------------------------------------
-def loads(manifest: str, mode: str) -> dict[str, Any]:
-    """(child) Every kernel: load (stored binary, or ``source``: a pyopencl build; and the
-    kernel object), then its example run twice; medians, compiles seen at the first run,
-    numpy check."""
+def stored_kernels(manifest: str) -> Iterator[tuple[Any, ...]]:
+    """(child) The device and the store as the settings say, then each kernel of
+    ``manifest`` that has an example, in manifest order: ``(ctx, dev, queue, info,
+    family, entry, example, stored artifact or None)``. Shared with
+    ``probe_ready_speed.py``."""
     import numpy as np
     import pyopencl as cl
 
-    from farm.compilation.load import load_binary
     from farm.core.device import DeviceContext, probe_devices, select_device
     from farm.core.keys import Namespace
     from farm.core.model import Key
     from farm.core.settings import load_settings
     from farm.families import Registry
-    from farm.families.run import check_example, run_example
     from farm.manifest import expand, load_manifest, resolve_manifest
     from farm.store import open_store
 
@@ -173,16 +173,36 @@ def loads(manifest: str, mode: str) -> dict[str, Any]:
     queue = cl.CommandQueue(ctx, dev)
     store = open_store(settings)
     ns = Namespace.for_fingerprint(info.fingerprint)
+    try:
+        for entry in expand(load_manifest(resolve_manifest(manifest)), registry):
+            family = registry.get(entry.family)
+            params = family.validate(entry.artifact.kernel.params)
+            example = family.example(params, entry.artifact.kernel.launch,
+                                     np.random.default_rng(0))
+            if example is None:
+                continue
+            art = store.get(ns, Key(id_hash=entry.artifact.id_hash,
+                                    build_id=family.build_id))
+            yield (ctx, dev, queue, info, family, entry, example, art)
+    finally:
+        store.close()
+
+
+def loads(manifest: str, mode: str) -> dict[str, Any]:
+    """(child) Every kernel: load (stored binary, or ``source``: a pyopencl build; and the
+    kernel object), then its example run twice; medians, compiles seen at the first run,
+    numpy check."""
+    import pyopencl as cl
+
+    from farm.compilation.load import load_binary
+    from farm.families.run import check_example, run_example
+
     top = Path(os.environ.get("POCL_CACHE_DIR", "/nonexistent"))
     rows: list[tuple[float, float, float]] = []
     compiled = wrong = 0
-    for entry in expand(load_manifest(resolve_manifest(manifest)), registry):
-        family = registry.get(entry.family)
-        params = family.validate(entry.artifact.kernel.params)
-        example = family.example(params, entry.artifact.kernel.launch,
-                                 np.random.default_rng(0))
-        if example is None:
-            continue
+    fingerprint = ""
+    for ctx, dev, queue, info, family, entry, example, art in stored_kernels(manifest):
+        fingerprint = info.fingerprint
         if mode == "source":
             try:
                 lowered = family.lower_id(entry.artifact, info)
@@ -191,8 +211,6 @@ def loads(manifest: str, mode: str) -> dict[str, Any]:
             t = time.perf_counter()
             program = cl.Program(ctx, lowered.source).build(options=list(lowered.options))
         else:
-            art = store.get(ns, Key(id_hash=entry.artifact.id_hash,
-                                    build_id=family.build_id))
             if art is None:
                 continue
             t = time.perf_counter()
@@ -209,7 +227,6 @@ def loads(manifest: str, mode: str) -> dict[str, Any]:
                 compiled += len(set(top.rglob("*.so")) - before) > 0
         wrong += bool(check_example(outputs[0], example))
         rows.append((load_s, times[0], times[1]))
-    store.close()
 
     def med(i: int) -> float:
         return round(1000 * statistics.median(r[i] for r in rows), 3) if rows else 0.0
@@ -217,7 +234,7 @@ def loads(manifest: str, mode: str) -> dict[str, Any]:
     return {"mode": mode, "kernels": len(rows), "load_ms": med(0), "first_ms": med(1),
             "second_ms": med(2), "first_sum_s": round(sum(r[1] for r in rows), 3),
             "compiled_at_first_launch": compiled, "wrong": wrong,
-            "fingerprint": info.fingerprint}
+            "fingerprint": fingerprint}
 
 
 # -- the run ------------------------------------------------------------------------------------

@@ -40,26 +40,12 @@ def main() -> None:
     if not os.environ.get("POCL_CACHE_DIR"):
         sys.exit("probe_ready_speed: set POCL_CACHE_DIR to an empty folder")
 
-    import numpy as np
     import pyopencl as cl
+    from bench_ready import stored_kernels  # this folder: the same device and store set-up
 
     from farm.compilation.load import load_binary
-    from farm.core.device import DeviceContext, probe_devices, select_device
-    from farm.core.keys import Namespace
-    from farm.core.model import Key
-    from farm.core.settings import load_settings
-    from farm.families import Registry
     from farm.families.run import run_example
-    from farm.manifest import expand, load_manifest, resolve_manifest
-    from farm.store import open_store
 
-    settings = load_settings()
-    registry = Registry.load(settings.family_modules)
-    info = select_device(probe_devices(), settings.device)
-    ctx, dev = DeviceContext(info).get()
-    queue = cl.CommandQueue(ctx, dev)
-    store = open_store(settings)
-    ns = Namespace.for_fingerprint(info.fingerprint)
     top = Path(os.environ["POCL_CACHE_DIR"])
 
     def new_functions(before: set[Path]) -> list[str]:
@@ -67,15 +53,10 @@ def main() -> None:
                       for p in set(top.rglob("*.so")) - before)
 
     rows = []
-    for entry in expand(load_manifest(resolve_manifest(args.manifest)), registry):
-        if args.family and entry.family != args.family:
-            continue
-        family = registry.get(entry.family)
-        params = family.validate(entry.artifact.kernel.params)
-        example = family.example(params, entry.artifact.kernel.launch,
-                                 np.random.default_rng(0))
-        art = store.get(ns, Key(id_hash=entry.artifact.id_hash, build_id=family.build_id))
-        if example is None or art is None:
+    fingerprint = ""
+    for ctx, dev, queue, info, family, entry, example, art in stored_kernels(args.manifest):
+        fingerprint = info.fingerprint
+        if art is None or (args.family and entry.family != args.family):
             continue
         before = set(top.rglob("*.so"))
         stored = cl.Kernel(load_binary(ctx, dev, art.binary, arch=info.native_arch).program,
@@ -105,9 +86,8 @@ def main() -> None:
               flush=True)
         if len(rows) >= args.limit:
             break
-    store.close()
     ratios = [r["ratio"] for r in rows]
-    summary = {"manifest": args.manifest, "device": info.fingerprint, "kernels": len(rows),
+    summary = {"manifest": args.manifest, "device": fingerprint, "kernels": len(rows),
                "same_function": sum(r["same_function"] for r in rows),
                "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
                "max_ratio": max(ratios, default=None), "rounds": args.rounds}
