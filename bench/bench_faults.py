@@ -38,16 +38,13 @@ Prints one line per scenario, then one JSON line (``{"bench": "faults", ...}``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,17 +96,6 @@ def _row(kind: str, proc: Any, out: str, err: str, wall: float, c: Any) -> dict[
             "failures": sorted({f["kind"] for f in report.get("failures", [])}),
             "workers_alive": sum(1 for w in c.workers if w.process.poll() is None),
             "stderr": lines[:4]}
-
-
-@contextlib.contextmanager
-def _paused(workers: list[Any]) -> Iterator[None]:
-    for w in workers:
-        os.killpg(w.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for w in workers:
-            os.killpg(w.pid, signal.SIGCONT)
 
 
 def scenario(kind: str, args: argparse.Namespace, redis: Any, minio: Any,
@@ -200,12 +186,13 @@ def _orphans(c: Any, manifest: str, workers: list[Any], work: Path) -> dict[str,
 
     from farm.cluster.queues import queue_depth
     from farm.core.settings import load_settings
+    from farm.devservices.cluster import paused
 
     fp = str(next(iter(json.loads(subprocess.run(
         [sys.executable, "-m", "farm", "workers", "--json"], env=c.env(),
         capture_output=True, text=True, check=True).stdout))))
     client = redis_py.Redis.from_url(c.redis_url)
-    with _paused(workers):
+    with paused(*workers):
         dead = _build(c, manifest, work / "orphan-client", "--wait-for-workers",
                       "--fingerprint", fp)
         # all but one: the paused workers' pending BRPOP may hold the first (see

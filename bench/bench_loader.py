@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cpu import cpu_model  # this folder
+
 HERE = Path(__file__).resolve()
 BUCKET = "bench-loader"
 
@@ -167,14 +169,7 @@ def base_env(**extra: str) -> dict[str, str]:
 
 
 def machine() -> dict[str, str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     import pyopencl as cl
 
     from farm.core.device import discover_devices

@@ -45,7 +45,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -54,6 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from cpu import cpu_model  # this folder
 
 HERE = Path(__file__).resolve().parent
 APP = HERE / "apps" / "pyopencl_array_app.py"
@@ -100,14 +101,7 @@ def run_app(env: dict[str, str], device: str, *, farm: Path | None = None) -> di
 
 
 def machine(device: str) -> dict[str, str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     probe = subprocess.run(
         [sys.executable, "-c", "import sys, pyopencl as cl\n"
          "for p in cl.get_platforms():\n"

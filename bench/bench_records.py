@@ -45,6 +45,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cpu import cpu_model  # this folder
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
 START = "<!-- bench_records:start -->"
@@ -76,13 +78,7 @@ def produce(redis_url: str | None, storage_url: str | None, count: int) -> tuple
 
 def machine() -> str:
     """CPU model and cores, for the report."""
-    model = platform.processor() or "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"`nproc` = {os.cpu_count()}; CPU `{model}`; Python {platform.python_version()}"
+    return f"`nproc` = {os.cpu_count()}; CPU `{cpu_model()}`; Python {platform.python_version()}"
 
 
 def version_of(command: list[str]) -> str:

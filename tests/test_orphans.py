@@ -13,10 +13,7 @@ clients queue their chunks (``--wait-for-workers``), then let go (SIGCONT):
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +28,7 @@ from cluster_helpers import farm, minio_store, namespace, next_redis_db, write_m
 from farm.cluster.queues import queue_depth
 from farm.core.outage import redis_client
 from farm.devservices import MinioServer, RedisServer
-from farm.devservices.cluster import LocalCluster, WorkerProcess, local_cluster
+from farm.devservices.cluster import LocalCluster, WorkerProcess, local_cluster, paused
 
 pytestmark = pytest.mark.integration
 
@@ -58,15 +55,6 @@ def cluster(redis_server: RedisServer, minio_server: MinioServer,
 @pytest.fixture(scope="module")
 def fingerprint(cluster: LocalCluster) -> str:
     return str(next(iter(json.loads(farm(cluster.env(), "workers", "--json").stdout))))
-
-
-@contextlib.contextmanager
-def _paused(worker: WorkerProcess) -> Iterator[None]:
-    os.killpg(worker.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.killpg(worker.pid, signal.SIGCONT)
 
 
 def _queue(c: LocalCluster, manifest: Path, home: Path, fp: str) -> Any:
@@ -106,7 +94,7 @@ def test_chunks_of_a_dead_client_are_dropped_not_compiled(
     worker = cluster.workers[0]
     dropped_before = worker.log.read_text(errors="replace").count(": dropped ")
     orphaned = write_manifest(tmp_path / "orphaned.toml", salt=81, count=6)
-    with _paused(worker):
+    with paused(worker):
         client = _queue(cluster, orphaned, tmp_path / "dead", fingerprint)
         _wait_depth(cluster, fingerprint, 6, client)
         client.kill()  # SIGKILL: no goodbye, its heartbeat key just stops being renewed
@@ -129,7 +117,7 @@ def test_summary_and_sessions_agree_for_a_build_that_only_loaded(
         cluster: LocalCluster, fingerprint: str, tmp_path: Path) -> None:
     manifest = write_manifest(tmp_path / "m.toml", salt=83, count=3)
     worker = cluster.workers[0]
-    with _paused(worker):
+    with paused(worker):
         first = _queue(cluster, manifest, tmp_path / "first", fingerprint)
         _wait_depth(cluster, fingerprint, 3, first)
         second = _queue(cluster, manifest, tmp_path / "second", fingerprint)

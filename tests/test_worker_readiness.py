@@ -11,15 +11,11 @@ with no kernel failed, and each broken worker says why, once.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +23,7 @@ import pytest
 from cluster_helpers import farm, minio_store, namespace, read_only_user, write_manifest
 
 from farm.devservices import MinioServer, RedisServer
-from farm.devservices.cluster import LocalCluster, WorkerProcess, local_cluster
+from farm.devservices.cluster import LocalCluster, WorkerProcess, local_cluster, paused
 from worker.readiness import INFRA_STREAK
 
 pytestmark = pytest.mark.integration
@@ -48,17 +44,6 @@ def _wait_for(worker: WorkerProcess, text: str, timeout: float = 90, count: int 
         assert worker.process.poll() is None, f"worker {worker.pid} exited:\n{log[-3000:]}"
         assert time.monotonic() < deadline, f"{text!r} never in {worker.log}:\n{log[-3000:]}"
         time.sleep(0.1)
-
-
-@contextlib.contextmanager
-def _paused(workers: list[WorkerProcess]) -> Iterator[None]:
-    for w in workers:
-        os.killpg(w.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for w in workers:
-            os.killpg(w.pid, signal.SIGCONT)
 
 
 def _listed(c: LocalCluster) -> dict[int, dict[str, Any]]:
@@ -102,7 +87,7 @@ def test_broken_workers_take_no_chunk_and_the_build_fails_no_kernel(tmp_path: Pa
         # store, gives each back; after three it pauses, and the client, once another
         # worker built some, sends it no more of this build
         manifest = write_manifest(tmp_path / "m.toml", salt=51, count=8)
-        with _paused([good, late]):
+        with paused(good, late):
             client = subprocess.Popen(
                 [sys.executable, "-m", "farm", "build", str(manifest), "--cluster", "--json"],
                 env=c.env(tmp_path / "client"), stdout=subprocess.PIPE,

@@ -46,6 +46,20 @@ class WorkerProcess:
         self.process.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def paused(*workers: WorkerProcess) -> Iterator[None]:
+    """The workers' whole process groups stopped (SIGSTOP) for the block, then continued
+    (also when it raises): each keeps its connections and answers nothing, as a hung
+    machine would, and a BRPOP it had pending may still take a message."""
+    for w in workers:
+        os.killpg(w.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for w in workers:
+            os.killpg(w.pid, signal.SIGCONT)
+
+
 @dataclass
 class LocalCluster:
     """Settings for clients, and workers started on demand against one Redis and MinIO."""

@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from farm.devservices.ports import LOOPBACK, ServiceError, free_port
+from farm.devservices.ports import LOOPBACK, ServiceError, chosen_binary, free_port
 from farm.devservices.server import LocalServer
 
 MINIO_MODULE = "github.com/minio/minio@latest"
@@ -50,12 +50,9 @@ def ensure_minio() -> Path:
     `go install` left in GOBIN/GOPATH, then a fresh build, which takes minutes and is
     announced so that a silent wait is not mistaken for a hang.
     """
-    chosen = os.environ.get("FARM_MINIO_BIN")
-    if chosen:
-        path = Path(chosen)
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise ServiceError(f"FARM_MINIO_BIN={chosen} is not an executable file")
-        return path
+    chosen = chosen_binary("FARM_MINIO_BIN")
+    if chosen is not None:
+        return chosen
     bin_dir = _go_bin_dir()
     candidates = [bin_dir / "minio"] if bin_dir is not None else []
     candidates.append(Path.home() / "go" / "bin" / "minio")

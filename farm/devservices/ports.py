@@ -111,6 +111,19 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 15.0) -> Non
         process.wait(timeout=timeout)
 
 
+def chosen_binary(variable: str) -> Path | None:
+    """The server binary the user named in the environment variable ``variable`` (on a
+    host with no network, the one `bench/host_kit.sh` carried there), or None when it is
+    unset; a name that is not an executable file is a ServiceError, never a fallback."""
+    chosen = os.environ.get(variable)
+    if not chosen:
+        return None
+    path = Path(chosen)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise ServiceError(f"{variable}={chosen} is not an executable file")
+    return path
+
+
 def apt_install(*packages: str) -> None:
     """Install Debian packages with apt-get (after `apt-get update`), or say why we cannot.
 

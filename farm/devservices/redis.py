@@ -7,12 +7,11 @@ entries, visibility timeouts) are exactly what a fake would get wrong.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 from pathlib import Path
 
-from farm.devservices.ports import LOOPBACK, ServiceError, apt_install
+from farm.devservices.ports import LOOPBACK, ServiceError, apt_install, chosen_binary
 from farm.devservices.server import LocalServer
 
 START_TIMEOUT_S = 20.0
@@ -24,12 +23,9 @@ def ensure_redis() -> Path:
     `FARM_REDIS_BIN` names a server the user chose (it must exist): on a host with no
     network, the one `bench/host_kit.sh` carried there.
     """
-    chosen = os.environ.get("FARM_REDIS_BIN")
-    if chosen:
-        path = Path(chosen)
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise ServiceError(f"FARM_REDIS_BIN={chosen} is not an executable file")
-        return path
+    chosen = chosen_binary("FARM_REDIS_BIN")
+    if chosen is not None:
+        return chosen
     found = shutil.which("redis-server")
     if found is None:
         apt_install("redis-server")

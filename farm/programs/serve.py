@@ -183,19 +183,12 @@ class ProgramServer:
     # -- outcomes ------------------------------------------------------------------------------
     def _refused(self, plain: PlainBuild) -> cl.Program:
         """pyopencl builds it itself: its error (or, if it disagrees, its program)."""
-        try:
-            with farm_compiling():
-                result = plain()
-        except BaseException:
-            self.counts.bump("failed")
-            raise
-        self._warn("the farm's compile failed where pyopencl's succeeded; built the plain "
-                   "way")
-        self.counts.bump("fallbacks")
-        return result
+        return self._fallback(plain, "", after="the farm's compile failed where pyopencl's "
+                              "succeeded; built the plain way")
 
-    def _fallback(self, plain: PlainBuild, why: str) -> cl.Program:
-        """Build the plain way; ``why`` is the warning line ("": said already)."""
+    def _fallback(self, plain: PlainBuild, why: str, *, after: str = "") -> cl.Program:
+        """Build the plain way; ``why`` is the warning line said first ("": said already),
+        ``after`` one said only once the plain build succeeded."""
         if why:
             self._warn(why)
         try:
@@ -204,6 +197,8 @@ class ProgramServer:
         except BaseException:
             self.counts.bump("failed")
             raise
+        if after:
+            self._warn(after)
         self.counts.bump("fallbacks")
         return result
 
