@@ -78,13 +78,16 @@ fi
 # extra pins them): about 3.4 MB. Several are published as sources only, so the
 # pure-Python ones go through `pip wheel` (py3-none-any, built here); islpy is compiled,
 # so its cp312 wheel is fetched.
-if ! ls .whl/reikna-*.whl .whl/islpy-*.whl >/dev/null 2>&1; then
+# The islpy wheel is checked by version: a .whl left from before the dev extra kept islpy
+# below 2026 would carry the islpy that loopy 2025.2 fails with.
+islpy=$("$PY" -c 'import importlib.metadata as m; print(m.version("islpy"))')
+if ! ls .whl/reikna-*.whl ".whl/islpy-$islpy-"*.whl >/dev/null 2>&1; then
     say "wheels: the applications' (reikna, loopy and their closure)"
     apps=$("$PY" -c 'import importlib.metadata as m
 for n in ("reikna", "funcsigs", "loopy", "pymbolic", "genpy", "cgen", "codepy",
           "constantdict", "colorama"):
     print(f"{n}=={m.version(n)}")')
-    islpy=$("$PY" -c 'import importlib.metadata as m; print(m.version("islpy"))')
+    rm -f .whl/islpy-*.whl
     # shellcheck disable=SC2086
     "$PY" -m pip wheel -q --no-deps --wheel-dir .whl $apps
     "$PY" -m pip download -q --no-deps --only-binary=:all: --dest .whl \

@@ -47,4 +47,8 @@ if [ ! -s /etc/OpenCL/vendors/nvidia.icd ]; then
 fi
 export PYOPENCL_NO_CACHE=1 POCL_KERNEL_CACHE=0 CUDA_CACHE_DISABLE=1
 export FARM_DEVICE="${FARM_DEVICE:-nvidia}" PYTHONUNBUFFERED=1
+# Each device's probe build (farm/core/device_probe.py) once, before anything is timed: a
+# fresh host has none kept, and the first farm process would pay them (seconds with a
+# GPU's context) inside whatever it measures. Kept per fingerprint, later calls read them.
+python3 -m farm devices --check || true
 "$@"

@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# kernel-farm compile worker on the CPU: PoCL (pocl-binary-distribution) through pyopencl.
+# kernel-farm compile worker on the CPU: PoCL through pyopencl, Debian's (pocl-opencl-icd,
+# PoCL 3.1 with LLVM 15) beside the wheel's (pocl-binary-distribution, 3.0 with LLVM 14).
 # Build from the repository root (see docker/README.md):
 #   docker build -f docker/worker-cpu.Dockerfile -t kernel-farm/worker-cpu:0.1.0 .
 #
@@ -35,8 +36,11 @@ ENV PYTHONUNBUFFERED=1 \
 # tini: PID 1 that forwards SIGTERM to the worker (Celery warm shutdown) and reaps.
 # gcc (binutils, libgcc) and libc6-dev: PoCL links every kernel it compiles with the
 # system `ld` against -lgcc -lgcc_s -lc; without them every compile aborts its process.
+# pocl-opencl-icd: the wheel's PoCL compiles nothing on CPUs newer than its LLVM 14 (AMD
+# Zen 5); the worker serves the newest PoCL whose probe build works (docs/DESIGN.md,
+# "Which device").
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends tini gcc libc6-dev \
+    && apt-get install -y --no-install-recommends tini gcc libc6-dev pocl-opencl-icd \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/farm /opt/farm
 # A non-root user with a fixed uid (the chart's runAsUser).

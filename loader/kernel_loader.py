@@ -50,7 +50,8 @@ from farm.compilation.batch import Batch, BatchReport, Progress
 from farm.compilation.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
 from farm.compilation.obtain import store_key
 from farm.compilation.validate import IsolatedValidator, ValidatorError
-from farm.core.device import DeviceContext, DeviceInfo, probe_devices, select_device
+from farm.core.device import DeviceContext, DeviceInfo, probe_devices
+from farm.core.device_probe import choose_device
 from farm.core.errors import DeviceError, KernelError, SettingsError
 from farm.core.generation import bump_generation
 from farm.core.keys import Namespace
@@ -121,7 +122,8 @@ class KernelLoader:
 
     ``settings`` default to the ``FARM_*`` environment. ``device`` picks the device by
     fingerprint, fingerprint prefix or name substring (default: ``settings.device``, else
-    the first device), or is a :class:`~farm.core.device.DeviceInfo`, or a
+    the first device whose compiler works: :func:`farm.core.device.select_device`), or
+    is a :class:`~farm.core.device.DeviceInfo`, or a
     :class:`~farm.core.device.DeviceContext` a caller already started (its device and
     context are then the loader's). ``store``, ``registry``, ``recorder`` and
     ``compiler`` replace what the settings would open (the loader then does not close
@@ -156,7 +158,7 @@ class KernelLoader:
                 self._device, self._context = device.info, device
             else:
                 self._device = device if isinstance(device, DeviceInfo) else \
-                    select_device(probe_devices(), device or self.settings.device)
+                    choose_device(self.settings, probe_devices(), device)
                 # Created on a thread, first, while the families load, the store opens
                 # and the look-ups run: a context costs up to seconds on a GPU, those none.
                 self._context = DeviceContext(self._device).start()

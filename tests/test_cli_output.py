@@ -66,7 +66,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
     manifest.write_text("\n".join(lines))
     build = run_farm(home, "build", str(manifest), "--workers", "2")
     devices = json.loads(run_farm(home, "devices", "--json").stdout)
-    yield Built(home=home, build=build, fingerprint=devices[0]["fingerprint"])
+    (used,) = [d for d in devices if d["default"]]
+    yield Built(home=home, build=build, fingerprint=used["fingerprint"])
 
 
 def test_a_piped_build_prints_progress_lines_with_count_rate_and_eta(built: Built) -> None:
@@ -138,7 +139,7 @@ def test_records_show_latest_names_kernels_by_parameters(built: Built) -> None:
 def test_devices_shows_the_fingerprint_whole_at_80_columns(built: Built) -> None:
     out = run_farm(built.home, "devices").stdout
     assert_fits(out)
-    assert re.search(rf"^0  {re.escape(built.fingerprint)}$", out, re.M), out
+    assert re.search(rf"^\d+  {re.escape(built.fingerprint)}$", out, re.M), out
     for label in ("device", "platform", "driver", "OpenCL C", "limits"):
         assert re.search(rf"^   {re.escape(label)}\s", out, re.M), label
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from farm.core.device import DeviceInfo, open_device, probe_devices
+from farm.core.device import DeviceInfo, open_device, probe_devices, select_device
 from farm.core.errors import ParameterError, UnsupportedFeature
 from farm.core.model import LaunchSettings
 from farm.families.registry import Registry
@@ -58,9 +58,7 @@ def registry() -> Registry:
 
 @pytest.fixture(scope="module")
 def device() -> DeviceInfo:
-    devices = probe_devices()
-    assert devices, "no OpenCL device: install pocl-binary-distribution"
-    return devices[0]
+    return select_device(probe_devices())  # the device the farm uses
 
 
 @pytest.fixture(scope="module")

@@ -373,8 +373,11 @@ def test_cluster_up_says_where_its_logs_are_and_keeps_them(tmp_path: Path) -> No
     import signal
 
     work = tmp_path / "work"
+    # the starting shell's own settings: its local tier and device are not the cluster's
+    shell = {**os.environ, "FARM_HOME": str(tmp_path / "shell-home"),
+             "FARM_DEVICE": "pocl", "FARM_WORKERS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "farm", "cluster", "up", "--workers", "1",
-                             "--workdir", str(work)], stdout=subprocess.PIPE,
+                             "--workdir", str(work)], stdout=subprocess.PIPE, env=shell,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
@@ -395,6 +398,12 @@ def test_cluster_up_says_where_its_logs_are_and_keeps_them(tmp_path: Path) -> No
     assert " ready." in (work / "worker-0.log").read_text()
     assert (work / "ingester-0.log").exists()
     assert (work / "cluster.env").stat().st_mode & 0o077 == 0
+    # what every node shares, and nothing of the shell that started it
+    names = {line.split("=", 1)[0].removeprefix("export ")
+             for line in (work / "cluster.env").read_text().splitlines()}
+    assert {"FARM_REDIS_URL", "FARM_MINIO_ENDPOINT", "FARM_MINIO_ACCESS_KEY",
+            "FARM_MINIO_SECRET_KEY", "FARM_MINIO_BUCKET", "FARM_RECORDS_URL"} <= names
+    assert not names & {"FARM_HOME", "FARM_DEVICE", "FARM_WORKERS"}, names
 
 
 def test_dashboard_picture_computes_quantiles_like_prometheus() -> None:

@@ -7,16 +7,21 @@ What this file proves, on the local PoCL (the drivers' own caches off everywhere
 * ``farm warm`` reports the time to first result per kernel (load + first launch)
   beside the load;
 * a fresh process with an empty PoCL cache folder loads every stored kernel and runs its
-  example: PoCL writes no work-group function (its cache folder gains no ``.so``) and
-  says so itself (``POCL_DEBUG``: "Using a cached WG function", never "Built a"), and
-  every result matches numpy;
+  example: PoCL writes no work-group function (its cache folder gains no ``.so``), the
+  one each first launch maps into the process is the file the load unpacked from the
+  stored binary, and every result matches numpy;
 * the same check fails where it should: artifacts made as before (``FARM_POCL_READY=0``,
   what every store written before this holds) still load and run right, and their first
-  launch compiles;
+  launch compiles (writes and maps a new ``.so``);
 * in-process: the work-group function stored is the one a plain build's first launch
   makes, byte for byte; a warm-up that cannot run keeps the plain binary;
 * the binary's parser refuses malformed, truncated and hostile bytes with one error
   type, never another exception.
+
+The proof reads what PoCL does to its cache folder and what the process maps, never
+``POCL_DEBUG``: PoCL 3.1 (Debian's) crashes when ``POCL_DEBUG=general`` is set and a
+kernel is made from a program loaded from a binary, so its word cannot be asked on
+every PoCL the farm supports.
 """
 
 from __future__ import annotations
@@ -41,10 +46,12 @@ FARM = Path(sys.executable).with_name("farm")
 
 # The fresh process: load every stored kernel of FARM_HOME's tiny build (no compiler:
 # on_miss="fail"), run its example once, and report the work-group functions PoCL wrote
-# during that first launch and whether the outputs match numpy.
+# during that first launch, those it mapped (and whether each was in the cache folder
+# before the launch: unpacked from the stored binary), and whether the outputs match numpy.
 _CHILD = r"""
 import glob, json, os, sys
 import numpy as np
+from farm.compilation.ready import mapped_functions
 from farm.core.settings import load_settings
 from farm.families.run import check_example, run_example
 from farm.manifest import expand, load_manifest, resolve_manifest
@@ -59,11 +66,13 @@ with KernelLoader(load_settings(), on_miss="fail", label="ready test") as loader
         example = family.example(family.validate(entry.artifact.kernel.params),
                                  entry.artifact.kernel.launch, np.random.default_rng(0))
         kernel = loader.kernel_for(entry.artifact, name=example.kernel_name)
-        before = so()
+        before, mapped = so(), mapped_functions()
         print(f"=== launch {entry.artifact.kernel.label()}", file=sys.stderr, flush=True)
         outputs = run_example(loader.queue, kernel, example)
+        new = sorted(mapped_functions() - mapped)
         rows.append({"kernel": entry.artifact.kernel.label(),
-                     "written": sorted(so() - before),
+                     "written": sorted(so() - before), "mapped": new,
+                     "unpacked": [p in before for p in new],
                      "problems": check_example(outputs, example)})
 print(json.dumps(rows))
 """
@@ -85,15 +94,14 @@ def _build(home: Path, manifest: str | Path, **extra: str) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
-def _fresh_launch(home: Path, manifest: str | Path, cache: Path
-                  ) -> tuple[list[dict[str, Any]], str]:
+def _fresh_launch(home: Path, manifest: str | Path, cache: Path) -> list[dict[str, Any]]:
     """Run ``_CHILD`` in a new process whose PoCL cache folder is ``cache`` (empty)."""
     cache.mkdir()
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(manifest)],
-                          env=_env(home, POCL_CACHE_DIR=str(cache), POCL_DEBUG="general"),
+                          env=_env(home, POCL_CACHE_DIR=str(cache)),
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    return list(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def _stored_binaries(home: Path) -> list[bytes]:
@@ -138,14 +146,12 @@ def test_stored_binaries_carry_their_launch_code_and_no_generic(tiny_home: Path)
 # -- a fresh process -------------------------------------------------------------------------
 def test_first_launch_in_a_fresh_process_compiles_nothing(tiny_home: Path,
                                                            tmp_path: Path) -> None:
-    rows, debug = _fresh_launch(tiny_home, "tiny", tmp_path / "pocl-cache")
+    rows = _fresh_launch(tiny_home, "tiny", tmp_path / "pocl-cache")
     assert len(rows) == 20
     assert [r for r in rows if r["written"]] == []
     assert [r for r in rows if r["problems"]] == []
-    # PoCL's own word on every first launch
-    assert "Built a specialized WG function" not in debug
-    assert "Built a generic WG function" not in debug
-    assert debug.count("Using a cached WG function") == 20
+    # each first launch ran the machine code the load unpacked from the stored binary
+    assert [r for r in rows if r["unpacked"] != [True]] == [], rows
 
 
 def test_artifacts_made_as_before_still_load_and_compile_at_first_launch(
@@ -159,40 +165,58 @@ def test_artifacts_made_as_before_still_load_and_compile_at_first_launch(
     for binary in _stored_binaries(home):
         (files,) = kernel_files(binary).values()
         assert [p.strip("/").split("/")[-2] for p in files] == ["0-0-0"]
-    rows, debug = _fresh_launch(home, manifest, tmp_path / "pocl-cache")
+    rows = _fresh_launch(home, manifest, tmp_path / "pocl-cache")
     assert [r for r in rows if r["problems"]] == []
     assert all(len(r["written"]) == 1 for r in rows), rows  # the check sees a compile
-    assert debug.count("Built a specialized WG function") == 2
+    # ... and the code each launch ran is the one it made, not one the load unpacked
+    assert all(r["mapped"] == r["written"] and r["unpacked"] == [False] for r in rows), rows
+    # farm warm's launches leave the functions they made beside the stored ones
+    _, kept = _warm(home, manifest, tmp_path / "warm-cache", "--launch")
+    made = kept - _stored_functions(home)
+    assert len(made) == 2 and all("-goffs0-" in p for p in made), sorted(kept)
 
 
 def test_farm_warm_reports_time_to_first_result_beside_the_load(tiny_home: Path,
                                                                  tmp_path: Path) -> None:
-    cache = tmp_path / "pocl-cache"
-    cache.mkdir()
-    runs, debug = {}, ""
-    for flag in ("--launch", "--no-launch"):
-        proc = subprocess.run([str(FARM), "warm", "tiny", "--json", flag],
-                              env=_env(tiny_home, POCL_CACHE_DIR=str(cache),
-                                       POCL_DEBUG="general"),
-                              capture_output=True, text=True, timeout=300, check=False)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[flag] = json.loads(proc.stdout)["summary"]
-        debug = debug or proc.stderr
-    ready = runs["--launch"]["readiness"]
-    assert ready["kernels"] == 20 and runs["--launch"]["phases"]["launch"]["kernels"] == 20
+    runs = {flag: _warm(tiny_home, "tiny", tmp_path / f"pocl-cache{flag}", flag)
+            for flag in ("--launch", "--no-launch")}
+    summary, kept = runs["--launch"]
+    ready = summary["readiness"]
+    assert ready["kernels"] == 20 and summary["phases"]["launch"]["kernels"] == 20
     assert ready["first_result_ms"] >= ready["load_ms"] > 0
-    assert runs["--no-launch"]["readiness"] == {"kernels": 0}
-    # each first launch found its machine code; none made any
-    assert debug.count("Using a cached WG function") == 20
-    assert "Built a" not in debug
+    assert runs["--no-launch"][0]["readiness"] == {"kernels": 0}
+    # each first launch found its machine code (the files of the stored binaries); none
+    # made any (a launch of another geometry would have added its own .so)
+    stored = _stored_functions(tiny_home)
+    assert len(stored) == 20 and kept == stored, sorted(kept ^ stored)
+
+
+def _warm(home: Path, manifest: str | Path, cache: Path,
+          flag: str) -> tuple[dict[str, Any], set[str]]:
+    """``farm warm`` with PoCL's kernel cache on, in a folder of its own: its summary, and
+    the work-group functions left there (every one it unpacked from a stored binary or
+    made at a launch), as ``<build hash>/<kernel>/<launch>/<kernel>.so``."""
+    cache.mkdir()
+    proc = subprocess.run([str(FARM), "warm", str(manifest), "--json", flag],
+                          env=_env(home, POCL_CACHE_DIR=str(cache), POCL_KERNEL_CACHE="1"),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return (json.loads(proc.stdout)["summary"],
+            {str(p.relative_to(cache)) for p in cache.rglob("*.so")})
+
+
+def _stored_functions(home: Path) -> set[str]:
+    """The work-group functions the stored binaries carry, named as :func:`_warm` does."""
+    return {f"{build_hash(b)}/{p.strip('/')}" for b in _stored_binaries(home)
+            for files in kernel_files(b).values() for p in files if p.endswith(".so")}
 
 
 # -- in-process ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pocl() -> Iterator[tuple[Any, Any, Any]]:
-    from farm.core.device import open_device, probe_devices
+    from farm.core.device import open_device, probe_devices, select_device
 
-    info = probe_devices()[0]
+    info = select_device(probe_devices())  # the device the farm builds on
     assert info.compiles_at_launch, info.device_name
     ctx, dev = open_device(info)
     yield info, ctx, dev

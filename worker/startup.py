@@ -2,8 +2,9 @@
 
 OpenCL state never crosses a fork (NVIDIA's OpenCL runs on CUDA, which forbids it), so
 the main process learns its devices and fingerprints from a short-lived child
-(``farm.core.device.discover_devices``) and only the pool processes create contexts, once
-each, in ``worker_process_init``.
+(``farm.core.device.discover_devices``), and whether each compiles from others
+(``farm.core.device_probe``, once per fingerprint), and only the pool processes create
+contexts, once each, in ``worker_process_init``.
 
 Faults (docs/RELIABILITY.md): the worker consumes its queues only while it can serve
 them (``worker.readiness``: its pool processes opened their state, the store answers);
@@ -21,15 +22,23 @@ import logging
 import os
 import shutil
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.cluster.celery_app import make_app
 from farm.cluster.workers import Heartbeat, WorkerInfo
-from farm.compilation.backend import discover
-from farm.core.device import DeviceInfo, resolve_fingerprint
-from farm.core.errors import DeviceError
+from farm.compilation.backend import device_probes, discover
+from farm.core.device import (
+    DeviceInfo,
+    ProbeResult,
+    cannot_compile,
+    resolve_fingerprint,
+    select_device,
+    usable,
+)
+from farm.core.errors import DeviceChoiceError, DeviceError
 from farm.core.keys import DEFAULT_QUEUE, TASK_STATE_TTL_S, queue_name, task_holder_key
 from farm.core.outage import redis_client, redis_waiter
 from farm.core.settings import Settings
@@ -49,17 +58,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def pick_devices(devices: list[DeviceInfo], fingerprint: str | None) -> list[DeviceInfo]:
-    """The devices of one fingerprint (given whole or by a unique prefix, or the first
-    device's)."""
+def pick_devices(devices: list[DeviceInfo], fingerprint: str | None,
+                 probes: Mapping[str, ProbeResult] | None = None) -> list[DeviceInfo]:
+    """The devices of one fingerprint: given whole or by a unique prefix, else the one
+    the farm would choose (``select_device``: the first whose compiler works). A worker
+    never serves a device whose probe build failed (``probes``; None: not probed, as a
+    simulated backend's devices): it would fail every kernel it takes."""
     if not devices:
         raise DeviceError("no OpenCL device found: a worker needs one")
     wanted = resolve_fingerprint(fingerprint, (d.fingerprint for d in devices)) \
-        if fingerprint else devices[0].fingerprint
+        if fingerprint else select_device(devices, None, probes).fingerprint
     chosen = [d for d in devices if d.fingerprint == wanted]
     if not chosen:
         known = ", ".join(sorted({d.fingerprint for d in devices}))
-        raise DeviceError(f"no device here has fingerprint {wanted}; devices here: {known}")
+        raise DeviceChoiceError(f"no device here has fingerprint {wanted}; devices here: "
+                                f"{known}")
+    if not usable(chosen[0], probes):
+        raise DeviceError(f"device {cannot_compile(chosen[0], probes)}: a worker serves "
+                          "only a device that compiles")
     return chosen
 
 
@@ -122,7 +138,8 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
 
     events = settings.worker_events if options.events is None else options.events
     heartbeat = settings.worker_heartbeat if options.heartbeat is None else options.heartbeat
-    devices = pick_devices(discover(settings), options.fingerprint)
+    found = discover(settings)
+    devices = pick_devices(found, options.fingerprint, device_probes(settings, found))
     fp = devices[0].fingerprint
     queue_list = options.queues or [queue_name(fp)]
     app = make_app(settings.model_copy(update={"worker_events": events}))

@@ -143,7 +143,8 @@ def _cluster_build(settings: Settings, registry: Registry, artifacts: list[Artif
     """Build through the workers; ``None`` when falling back to a local build."""
     from farm.cluster.client import BuildOptions, ClusterClient
     from farm.cluster.workers import served
-    from farm.core.device import probe_devices, resolve_fingerprint, select_device
+    from farm.core.device import probe_devices, resolve_fingerprint
+    from farm.core.device_probe import choose_device
     from farm.core.errors import ClusterError, InputError
     from farm.records.open import open_recorder
 
@@ -151,7 +152,7 @@ def _cluster_build(settings: Settings, registry: Registry, artifacts: list[Artif
         raise InputError("--wait-for-workers needs --fingerprint: with no worker to ask, "
                          "the target device must be named")
     # In this process: a build client never forks (a local fallback's pool is spawned).
-    local_fp = select_device(probe_devices(), settings.device).fingerprint \
+    local_fp = choose_device(settings, probe_devices()).fingerprint \
         if target.fallback_local or not target.fingerprint else None
     fp = target.fingerprint or local_fp or ""
     with ClusterClient(settings, registry=registry, say=_say) as client:

@@ -46,12 +46,13 @@ def _namespace(text: str) -> Namespace:
 
 def _this_device_namespace(device: str | None) -> Namespace:
     """The namespace of this machine's device, found without initialising OpenCL here."""
-    from farm.core.device import discover_devices, select_device
+    from farm.core.device import discover_devices
+    from farm.core.device_probe import choose_device
     from farm.core.keys import Namespace
     from farm.core.settings import load_settings
 
     settings = load_settings()
-    chosen = select_device(discover_devices(), device or settings.device)
+    chosen = choose_device(settings, discover_devices(), device)
     return Namespace.for_fingerprint(chosen.fingerprint)
 
 

@@ -69,8 +69,10 @@ def up(
         for _ in range(workers):
             cluster.start_worker(concurrency=concurrency)
         cluster.wait_ready()
-        env = cluster.env()
-        lines = export_lines({k: env[k] for k in sorted(env) if k.startswith("FARM_")})
+        # What every node shares, never this shell's own FARM_HOME or FARM_DEVICE: a
+        # shell that sources it keeps its own local tier and device.
+        shared = cluster.shared()
+        lines = export_lines({k: shared[k] for k in sorted(shared)})
         # Credentials go to a 0600 file, never to the terminal or a log.
         target = env_file or work / "cluster.env"
         target.touch(mode=0o600)

@@ -82,7 +82,8 @@ def check(
     """
     import pyopencl as cl
 
-    from farm.core.device import discover_devices, open_device, select_device
+    from farm.core.device import discover_devices, open_device
+    from farm.core.device_probe import choose_device
     from farm.core.settings import load_settings
     from farm.families.registry import Registry
     from farm.families.run import check_family
@@ -90,7 +91,7 @@ def check(
     settings = load_settings(**({"device": device} if device else {}))
     registry = Registry.load(settings.family_modules)
     families = [registry.get(n) for n in names] if names else list(registry)
-    info = select_device(discover_devices(), settings.device)
+    info = choose_device(settings, discover_devices())
     ctx, _ = open_device(info)
     queue = cl.CommandQueue(ctx)
     results = [check_family(family, queue, info) for family in families]

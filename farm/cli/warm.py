@@ -57,9 +57,10 @@ def warm(
     # The device's context first, on a thread that releases the GIL: it costs seconds on
     # a GPU, and everything below (the loader's modules, the families, the manifest,
     # the store look-ups and reads) runs meanwhile.
-    from farm.core.device import DeviceContext, probe_devices, select_device
+    from farm.core.device import DeviceContext, probe_devices
+    from farm.core.device_probe import choose_device
 
-    context = DeviceContext(select_device(probe_devices(), settings.device)).start()
+    context = DeviceContext(choose_device(settings, probe_devices())).start()
     from loader import KernelLoader, WarmItem
     from loader.kernel_loader import OnMiss
 

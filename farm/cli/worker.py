@@ -21,7 +21,7 @@ def worker(
         help="pool processes (default: one per core)")] = 0,
     fingerprint: Annotated[str | None, typer.Option(
         metavar="FINGERPRINT", help="serve this fingerprint, whole or a unique prefix "
-        "(default: the first device's)")] = None,
+        "(default: the device the farm chooses: the first that compiles)")] = None,
     queues: Annotated[str | None, typer.Option(
         metavar="Q1,Q2", help="comma-separated queues instead of the fingerprint's")] = None,
     loglevel: Annotated[str, typer.Option(metavar="LEVEL", help="log level")] = "INFO",

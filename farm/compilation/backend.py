@@ -21,7 +21,7 @@ import logging
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
-from farm.core.device import DeviceInfo, discover_devices, open_device
+from farm.core.device import DeviceInfo, ProbeResult, discover_devices, open_device
 from farm.core.errors import SettingsError
 
 if TYPE_CHECKING:
@@ -108,6 +108,17 @@ def discover(settings: Settings) -> list[DeviceInfo]:
                 settings.device_backend)
     found: list[DeviceInfo] = module.discover()
     return found
+
+
+def device_probes(settings: Settings,
+                  devices: list[DeviceInfo]) -> dict[str, ProbeResult] | None:
+    """Whose compiler works among ``devices`` (``farm.core.device_probe``, kept per
+    fingerprint); None for a simulated backend's devices, which have no compiler."""
+    if _module(settings) is not None:
+        return None
+    from farm.core.device_probe import probe_builds
+
+    return probe_builds(devices, settings.device_probes)
 
 
 def open_backend(settings: Settings, device: DeviceInfo) -> DeviceBackend:

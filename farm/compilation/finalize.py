@@ -37,7 +37,7 @@ from farm.compilation.ready import (
     program_route_applies,
     ready_binary,
 )
-from farm.core.errors import LoadError
+from farm.core.errors import LoadError, first_error_line
 from farm.core.model import Lowered
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
     except _Failed as exc:
         log = _build_log(exc.program, device) or str(exc)
         return FinalizeResult(error=f"the platform compiler refused the source: "
-                                    f"{_first_error(log)}", build_log=log,
+                                    f"{first_error_line(log)}", build_log=log,
                               work_s=time.perf_counter() - start, host=socket.gethostname(),
                               worker=worker_name())
     spec = error = ""
@@ -293,10 +293,3 @@ def _build_log(program: BuiltProgram, device: cl.Device) -> str:
         return str(program.get_build_info(device, cl.program_build_info.LOG)).strip()
     except cl.Error:
         return ""
-
-
-def _first_error(log: str) -> str:
-    for line in log.splitlines():
-        if "error" in line.lower():
-            return line.strip()[:300]
-    return (log.strip().splitlines() or ["no build log"])[0][:300]

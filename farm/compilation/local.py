@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from farm.compilation.batch import Batch
 from farm.compilation.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
-from farm.core.device import DeviceContext, DeviceInfo, probe_devices, select_device
+from farm.core.device import DeviceContext, DeviceInfo, probe_devices
+from farm.core.device_probe import choose_device
 from farm.core.settings import Settings
 from farm.families import Registry
 from farm.records import Recorder
@@ -46,7 +47,7 @@ def local_farm(settings: Settings, *, label: str, workers: int | None = None,
     """Open the embedded farm. ``workers=0`` compiles in this process; ``registry`` is the
     caller's when it already loaded the families (to expand a manifest)."""
     registry = registry if registry is not None else Registry.load(settings.family_modules)
-    device = select_device(probe_devices(), settings.device)
+    device = choose_device(settings, probe_devices())
     context = DeviceContext(device)
     store = open_store(settings)
     recorder = open_recorder(settings, label)

@@ -9,27 +9,35 @@ OpenCL state never crosses a fork: :func:`discover_devices` asks a short-lived c
 interpreter (``farm.core.device._main``) so that the calling process, which may later fork a
 worker pool, never initialises a driver. :func:`probe_devices` is the in-process probe
 for processes that will hold a context anyway.
+
+Which device the farm uses (:func:`select_device`; docs/DESIGN.md "Which device"): never
+one whose compiler fails a trivial build (:mod:`farm.core.device_probe` finds out, once
+per fingerprint); of the others, ``FARM_DEVICE``'s match, else the first in
+:func:`preference` order.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from farm.core.errors import DeviceError, InputError
+from farm.core.errors import DeviceChoiceError, DeviceError, InputError, printable
 from farm.core.hashing import stable_hash
 
 if TYPE_CHECKING:
     import pyopencl as cl
+
+log = logging.getLogger(__name__)
 
 
 class DeviceInfo(BaseModel):
@@ -179,22 +187,103 @@ def discover_devices(timeout_s: float = 120.0) -> list[DeviceInfo]:
     return _DEVICES.validate_json(proc.stdout)
 
 
-def select_device(devices: list[DeviceInfo], selector: str | None = None) -> DeviceInfo:
-    """Pick a device by fingerprint, fingerprint prefix or name substring; default first."""
+class ProbeResult(BaseModel):
+    """Whether a device's compiler builds a trivial program (:mod:`farm.core.device_probe`).
+
+    ``reason``: why not, in one line (the compiler's first error line, or how the probe
+    failed); ``fresh``: probed by this process rather than read from the cache (what is
+    said once, when it is learnt)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    usable: bool
+    reason: str = ""
+    fresh: bool = False
+
+
+#: what to install when no device compiles (what scripts/bootstrap installs)
+INSTALL_HINT = ("install an OpenCL driver that compiles here, e.g. Debian's PoCL for the "
+                "CPU (apt-get install pocl-opencl-icd; scripts/bootstrap does)")
+
+
+def platform_label(dev: DeviceInfo) -> str:
+    """The platform's name and version as people say it: ``PoCL 3.0-rc2``, ``CUDA 12.8``
+    (its version string without the OpenCL version before and the build flags after)."""
+    text = re.sub(r"^OpenCL\s+\d+(\.\d+)*\s*", "", " ".join(dev.platform_version.split()))
+    return (text.split(",")[0].removesuffix(" Linux").strip() or dev.platform_name)[:40]
+
+
+def _version(dev: DeviceInfo) -> tuple[int, ...]:
+    found = re.search(r"\d+(\.\d+)*", platform_label(dev))
+    return tuple(int(x) for x in found.group().split(".")) if found else ()
+
+
+def preference(devices: list[DeviceInfo],
+               probes: Mapping[str, ProbeResult] | None = None) -> list[DeviceInfo]:
+    """``devices`` in the order the farm prefers them: those whose compiler works first
+    (``probes``; a device not probed counts as working); then OpenCL's listing order,
+    except that of two platforms of the same name (the PoCL of pyopencl's wheel and the
+    system's), the newer version comes first. Deterministic for a given machine."""
+    first_seen: dict[str, int] = {}
+    for i, d in enumerate(devices):
+        first_seen.setdefault(d.platform_name, i)
+
+    def key(d: DeviceInfo) -> tuple[bool, int, tuple[int, ...], int, int]:
+        return (not usable(d, probes), first_seen[d.platform_name],
+                tuple(-x for x in _version(d)), d.platform_index, d.device_index)
+
+    return sorted(devices, key=key)
+
+
+def usable(dev: DeviceInfo, probes: Mapping[str, ProbeResult] | None) -> bool:
+    """Whether ``dev``'s compiler works, as far as ``probes`` say (unprobed: yes)."""
+    probe = (probes or {}).get(dev.fingerprint)
+    return probe is None or probe.usable
+
+
+def cannot_compile(dev: DeviceInfo, probes: Mapping[str, ProbeResult] | None) -> str:
+    """``dev`` and why its compiler fails, for one line."""
+    probe = (probes or {}).get(dev.fingerprint)
+    why = probe.reason if probe is not None else "not probed"
+    return f"{dev.fingerprint} ({platform_label(dev)}): {printable(why, 300)}"
+
+
+def select_device(devices: list[DeviceInfo], selector: str | None = None,
+                  probes: Mapping[str, ProbeResult] | None = None) -> DeviceInfo:
+    """The device to use: the first usable one in :func:`preference` order, or, with a
+    ``selector`` (``FARM_DEVICE``, ``--device``: a whole fingerprint, its start, or part
+    of the device's name), the first usable one it matches, naming the choice in a
+    warning when it matches devices of several fingerprints.
+
+    Raises :class:`DeviceChoiceError` (exit 2) when the selector matches nothing, and
+    :class:`DeviceError` when no device that would be chosen can compile, naming each
+    and its compiler's reason in one line."""
     if not devices:
-        raise DeviceError("no OpenCL device found (install pocl-binary-distribution for a "
-                          "CPU device)")
-    if not selector:
-        return devices[0]
-    for dev in devices:
-        if dev.fingerprint == selector:
-            return dev
-    matches = [d for d in devices if d.fingerprint.startswith(selector)
-               or selector.lower() in d.device_name.lower()]
-    if not matches:
-        known = ", ".join(d.fingerprint for d in devices)
-        raise DeviceError(f"no device matches {selector!r}; devices here: {known}")
-    return matches[0]
+        raise DeviceError(f"no OpenCL device found: {INSTALL_HINT}")
+    ordered = preference(devices, probes)
+    candidates = ordered
+    if selector:
+        exact = [d for d in ordered if d.fingerprint == selector]
+        candidates = exact or [d for d in ordered if d.fingerprint.startswith(selector)
+                               or selector.lower() in d.device_name.lower()]
+        if not candidates:
+            known = ", ".join(dict.fromkeys(d.fingerprint for d in devices))
+            raise DeviceChoiceError(
+                f"device {printable(selector, 100)!r} (FARM_DEVICE or --device) matches no "
+                f"device here; devices here: {known}")
+    chosen = next((d for d in candidates if usable(d, probes)), None)
+    if chosen is None:
+        broken = "; ".join(dict.fromkeys(cannot_compile(d, probes) for d in candidates))
+        what = f"no device matching {printable(selector, 100)!r}" if selector \
+            else "no OpenCL device here"
+        raise DeviceError(f"{what} can compile: {broken}; {INSTALL_HINT}")
+    fingerprints = list(dict.fromkeys(d.fingerprint for d in candidates))
+    if selector and len(fingerprints) > 1:
+        log.warning("device %r matches %d devices (%s): using %s, the first that compiles "
+                    "in the farm's order (newest first); give more of a fingerprint to "
+                    "choose another", printable(selector, 100), len(fingerprints),
+                    ", ".join(fingerprints), chosen.fingerprint)
+    return chosen
 
 
 def resolve_fingerprint(text: str, known: Iterable[str]) -> str:

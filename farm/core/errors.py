@@ -25,7 +25,10 @@ Hierarchy::
     |   |   +-- OutageError        (farm.core.outage) Redis or MinIO away past the limit
     |   +-- WorkerUnavailable      a worker's own state is broken (its process could not
     |                              open its device), or it is not ready to serve
-    +-- DeviceError                no OpenCL device, or not the one asked for
+    +-- DeviceError                no OpenCL device, or not the one asked for, or none
+        |                          that can compile (farm.core.device_probe)
+        +-- DeviceChoiceError      FARM_DEVICE / --device matches no device here (also
+                                   an InputError: exits 2)
 
 Why a hierarchy: the CLI turns every ``FarmError`` into one readable line and a
 non-zero exit status, while anything else is a bug and keeps its traceback.
@@ -198,7 +201,12 @@ class ForeignStoreError(StoreError):
 
 
 class DeviceError(FarmError):
-    """No OpenCL device, or not the one asked for."""
+    """No OpenCL device, or not the one asked for, or none whose compiler works."""
+
+
+class DeviceChoiceError(InputError, DeviceError):
+    """``FARM_DEVICE`` (or ``--device``, ``--fingerprint``) names no device here: bad
+    input, so it exits 2 like every ``InputError``."""
 
 
 class ClusterError(InfrastructureError):
@@ -235,6 +243,15 @@ def every_error(exc: ValidationError, default_where: str = "") -> list[tuple[str
                else str(err["msg"]).removeprefix("Value error, "))
         out.append((printable(where, 200), printable(why)))
     return out
+
+
+def first_error_line(log: str) -> str:
+    """The line of a compiler's build log that says what went wrong (the first that
+    names an error, else its first line), bounded: what a failure shows in one line."""
+    for line in log.splitlines():
+        if "error" in line.lower():
+            return line.strip()[:300]
+    return (log.strip().splitlines() or ["no build log"])[0][:300]
 
 
 def one_line(exc: BaseException) -> str:

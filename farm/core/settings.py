@@ -56,8 +56,13 @@ class Settings(BaseSettings):
     records_transport: Literal["auto", "storage", "stream"] = "auto"
     #: extra modules providing kernel families (FARM_FAMILY_MODULES='["pkg.mod"]')
     family_modules: list[str] = Field(default_factory=list, max_length=256)
-    #: OpenCL device: fingerprint, prefix or name substring (FARM_DEVICE)
+    #: OpenCL device: fingerprint, prefix or name substring (FARM_DEVICE); unset: the
+    #: first device whose compiler works (farm.core.device.select_device)
     device: str | None = Field(default=None, max_length=200)
+    #: where each device's probe build outcome is kept, a file per fingerprint
+    #: (FARM_DEVICE_PROBES); shared by every FARM_HOME: it describes the machine's
+    #: drivers (farm/core/device_probe.py)
+    device_probes: Path = Field(default_factory=lambda: _default_home() / "device-probes")
     #: benchmarks only: a module that simulates a worker's devices (FARM_DEVICE_BACKEND,
     #: e.g. ``simdevice`` from bench/); unset: the OpenCL devices (farm/compilation/backend.py)
     device_backend: str | None = Field(default=None, max_length=200)
@@ -137,7 +142,7 @@ class Settings(BaseSettings):
     socket_timeout: float = Field(default=5.0, ge=0.1, le=300.0)
 
     # -- validation: every value refused here, in one line, never later by a traceback --
-    @field_validator("home")
+    @field_validator("home", "device_probes")
     @classmethod
     def _usable_home(cls, value: Path) -> Path:
         if str(value) in ("", "."):

@@ -74,20 +74,28 @@ class LocalCluster:
     workers: list[WorkerProcess] = field(default_factory=list)
     ingesters: list[WorkerProcess] = field(default_factory=list)
 
-    def env(self, home: Path | None = None, **extra: str) -> dict[str, str]:
-        """Environment for a farm process of this cluster (client or worker)."""
-        env = dict(os.environ)
-        env.update({
+    def shared(self) -> dict[str, str]:
+        """What every node of this cluster shares (``farm cluster up``'s ``cluster.env``):
+        the broker, the store and its keys, and the settings the cluster was started with
+        (its records URL, its limits). Never a node's own: not ``FARM_HOME`` (each node's
+        local tier), nor anything else of the environment it was started from."""
+        return {
             "FARM_REDIS_URL": self.redis_url,
             "FARM_MINIO_ENDPOINT": self.minio_endpoint,
             "FARM_MINIO_ACCESS_KEY": self.minio_access_key,
             "FARM_MINIO_SECRET_KEY": self.minio_secret_key,
             "FARM_MINIO_BUCKET": self.bucket,
             "FARM_MINIO_SECURE": "false",
-            "PYOPENCL_NO_CACHE": "1",
-            "POCL_KERNEL_CACHE": "0",
-        })
+            **{k: v for k, v in self.extra_env.items()
+               if k.startswith("FARM_") and k != "FARM_HOME"},
+        }
+
+    def env(self, home: Path | None = None, **extra: str) -> dict[str, str]:
+        """Environment for a farm process of this cluster (client or worker)."""
+        env = dict(os.environ)
+        env.update({"PYOPENCL_NO_CACHE": "1", "POCL_KERNEL_CACHE": "0"})
         env.update(self.extra_env)
+        env.update(self.shared())
         if home is not None:
             env["FARM_HOME"] = str(home)
         env.update(extra)
