@@ -109,8 +109,9 @@ class WorkerMetrics:
         self._seen.add(fingerprint)
         for status in TASK_STATUSES:
             self.tasks.labels(fingerprint=fingerprint, status=status).inc(0)
-        for outcome in ("compiled", "rekeyed", "loaded"):
-            self.kernels.labels(fingerprint=fingerprint, outcome=outcome, kind="").inc(0)
+        for outcome in Outcome:
+            self.kernels.labels(fingerprint=fingerprint, outcome=outcome_label(outcome, None),
+                                kind="").inc(0)
         for histogram in (self.compile_seconds, self.load_seconds, self.lease_wait_seconds):
             histogram.labels(fingerprint=fingerprint)
 
