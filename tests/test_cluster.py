@@ -100,6 +100,7 @@ def test_build_spreads_over_both_workers_and_a_fresh_client_loads_all(
     first = build_json(cluster.env(tmp_path / "client-a"), str(manifest))
     assert first["summary"]["compiled"] == 8, first
     assert first["summary"]["failed"] == 0
+    assert first["summary"]["store_hits"] == 0  # the client found nothing stored
     assert len(first["workers"]) == 2, first["workers"]  # both workers did work
 
     store = minio_store(cluster)
@@ -117,6 +118,7 @@ def test_build_spreads_over_both_workers_and_a_fresh_client_loads_all(
     second = build_json(cluster.env(tmp_path / "client-b"), str(manifest))
     assert second["summary"]["loaded"] == 8
     assert second["summary"]["tasks_sent"] == 0
+    assert second["summary"]["store_hits"] == 8  # all found by the client itself
     assert second["summary"]["compiled"] == 0
 
 
