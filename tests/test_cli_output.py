@@ -148,6 +148,9 @@ def test_families_list_has_a_header_and_explains_the_build_id(built: Built) -> N
     assert_fits(out)
     assert re.match(r"family\s+build id\s+from", out.splitlines()[0]), out
     assert "build id: a hash of the family's code" in out.replace("\n", " ")
+    ids = re.findall(r"^[a-z_]+\s+([0-9a-f]{24})\s", out, re.M)
+    assert len(ids) == len(set(ids)) >= 10  # one build id per family, not one for all
+    assert "the other families keep theirs" in " ".join(out.split())
 
 
 def test_every_command_has_help_with_an_example_at_80_columns() -> None:
