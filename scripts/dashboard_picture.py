@@ -1,27 +1,33 @@
 """Draw docs/dashboard.svg: every panel of the Grafana dashboard, from real metrics.
 
-Starts a local cluster (Redis, MinIO, two workers and an ingester with their metrics
-ports), runs two builds of fresh kernels (the second starting with the first's last
-kernels, so that kernels in flight in both are compiled once, waited for (a lease) and
-loaded by the other worker; each writes its
-summary with ``--metrics-file``, as node-exporter's textfile collector would read it),
-scrapes everything every half second, and draws each of the dashboard's panels as
-Grafana would: its title, its unit (a second axis where a series overrides it), its
-queries computed over the scrapes (``max by``, ``sum by``, ``rate``,
-``histogram_quantile``, a ratio), and a table legend with each series' last and max.
+Starts a local cluster (Redis, MinIO, two workers of two pool processes each and an
+ingester, with their metrics ports), and runs, one after another or overlapping:
 
-Titles, units, layout and legends are read from the dashboard itself
-(helm/kernel-farm/dashboards/kernel-farm.json), so the picture cannot drift from it; only
-each query's evaluation is written here (``QUERIES``, by panel id), and a dashboard
-panel without one fails the drawing.
+* build ``a``: fresh kernels, one of which fails to compile (a family of the picture's
+  own, ``broken``, on every process through ``FARM_FAMILY_MODULES``): its chunk is
+  counted ``kernel_failed``, not ``success``;
+* build ``b`` at the same moment, with the first 16 kernels of ``a``: the two meet, and a
+  worker waits for the other's compile of the same source (a lease) and loads it;
+* build ``a`` again once both are done: its client finds every kernel in the store but
+  the failed one (the client-side store hit ratio goes from 0 to 96 %).
 
-Usage: ``.venv/bin/python scripts/dashboard_picture.py [OUT.svg]`` (about a minute).
+Each build writes its summary with ``--metrics-file`` (as node-exporter's textfile
+collector would read it). Everything is scraped every half second, and each panel is
+drawn as Grafana would: title, unit (a second axis where a series overrides it),
+``decimals``, and a table legend with each series' last and max. The series are the
+dashboard's own queries: every target's ``expr`` is parsed and evaluated over the
+scrapes by ``scripts/promql.py`` (a construct it does not read stops the drawing), so
+the picture cannot drift from the dashboard file
+(helm/kernel-farm/dashboards/kernel-farm.json).
+
+Usage: ``.venv/bin/python scripts/dashboard_picture.py [OUT.svg]`` (a minute or two).
 """
 
 from __future__ import annotations
 
 import html
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -29,25 +35,49 @@ import threading
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from promql import PromQLError, Sample, Series, evaluate
 
 from farm.devservices.cluster import local_cluster
 from farm.devservices.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "helm" / "kernel-farm" / "dashboards" / "kernel-farm.json"
-Labels = tuple[tuple[str, str], ...]
-Sample = dict[tuple[str, Labels], float]
-Series = list[tuple[float, Sample]]
 Points = list[tuple[float, float]]
 #: gauges that every process exports from Redis: the same value, merged with max
 SHARED_GAUGES = ("farm_queue_depth", "farm_in_flight_chunks", "farm_workers",
                  "farm_worker_processes", "farm_broker_up", "farm_ingest_lag_entries",
                  "farm_ingest_pending_entries")
+RATE_INTERVAL_S = 4.0
+"""``$__rate_interval`` over scrapes every half second (Grafana's is four scrape
+intervals or more)."""
+
+BROKEN_FAMILY = '''\
+"""A family whose source does not compile: the picture's failed kernel."""
+from farm.core.model import Lowered
+from farm.families.base import KernelFamily, Params
+
+
+class BrokenParams(Params):
+    n: int = 1
+
+
+class Broken(KernelFamily[BrokenParams]):
+    name = "broken"
+    params_model = BrokenParams
+
+    def lower(self, params, launch, device):
+        return Lowered(source="__kernel void broken(__global float *x) { x[0] = ; }\\n",
+                       kernel_names=("broken",))
+
+
+FAMILIES = [Broken]
+'''
 
 
 def parse(text: str) -> Sample:
@@ -68,9 +98,11 @@ def total(sample: Sample, name: str, **labels: str) -> float:
                if n == name and all(dict(ls).get(k) == x for k, x in labels.items()))
 
 
-def manifest(path: Path, cols: list[int]) -> Path:
+def manifest(path: Path, name: str, cols: list[int], broken: bool = False) -> Path:
     """Cheap kernels, one per column count (the same count: the same kernel)."""
-    lines = ["format = 1", f'name = "picture-{path.stem}"', ""]
+    lines = ["format = 1", f'name = "{name}"', ""]
+    if broken:  # first: the kernels another build meets are at the end
+        lines += ["[[kernels]]", 'family = "broken"', ""]
     for c in cols:
         lines += ["[[kernels]]", 'family = "reduce"', f'params = {{ op = "sum", cols = {c} }}',
                   ""]
@@ -81,14 +113,21 @@ def manifest(path: Path, cols: list[int]) -> Path:
 def record(out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="farm-picture-") as tmp, \
             local_cluster(Path(tmp)) as cluster:
+        plugins = Path(tmp) / "plugins"
+        plugins.mkdir()
+        (plugins / "brokenfamily.py").write_text(BROKEN_FAMILY)
+        cluster.extra_env.update(PYTHONPATH=str(plugins),
+                                 FARM_FAMILY_MODULES=json.dumps(["brokenfamily"]))
         ports = [free_port(), free_port(), free_port()]
         for port in ports[:2]:
-            cluster.start_worker(concurrency=1, args=("--metrics-port", str(port)))
+            cluster.start_worker(concurrency=2, args=("--metrics-port", str(port)))
         cluster.extra_env["FARM_METRICS_PORT"] = str(ports[2])  # the ingester's only
         cluster.start_ingester(f"sqlite:///{Path(tmp) / 'records.sqlite'}")
         del cluster.extra_env["FARM_METRICS_PORT"]
         cluster.wait_ready()
-        textfiles = [Path(tmp) / "a.prom", Path(tmp) / "b.prom"]
+        # one file per manifest, as the Pushgateway keeps one group per manifest: a
+        # manifest's next build replaces its last
+        textfiles = [Path(tmp) / f"{n}.prom" for n in ("a", "b")]
         series: Series = []
         stop = threading.Event()
 
@@ -117,262 +156,147 @@ def record(out: Path) -> None:
         thread = threading.Thread(target=sampler, daemon=True)
         thread.start()
         time.sleep(2)
-        env = cluster.env(Path(tmp) / "client")
+        env = cluster.env(Path(tmp) / "client", FARM_CHUNK_SIZE="1")
+        cols = list(range(1001, 1025))
 
-        def build(name: str, cols: list[int], textfile: Path) -> list[str]:
-            return [sys.executable, "-m", "farm", "build",
-                    str(manifest(Path(tmp) / f"{name}.toml", cols)), "--cluster", "--json",
+        def build(name: str, kernels: list[int], textfile: Path,
+                  broken: bool = False) -> list[str]:
+            path = manifest(Path(tmp) / f"{textfile.stem}.toml", name, kernels, broken)
+            return [sys.executable, "-m", "farm", "build", str(path), "--cluster", "--json",
                     "--metrics-file", str(textfile)]
 
-        first = subprocess.Popen(build("a", list(range(1001, 1033)), textfiles[0]), env=env,
+        # b asks for a's kernels in reverse order at the same moment: whichever client
+        # sends first, the queue holds its last kernels right before the other's first
+        # ones, the same kernels: two workers take them at once, and the second waits
+        # for the first's compile (a lease) and loads it
+        first = subprocess.Popen(build("a", cols, textfiles[0], broken=True), env=env,
                                  stdout=subprocess.DEVNULL)
-        time.sleep(1)
-        # Starts with the first's last chunk (FARM_CHUNK_SIZE 4): the queue hands the two
-        # to the two workers at once, and the one that comes second waits for each kernel
-        # the other compiles (a lease) and loads it, never compiling it twice.
-        overlap = list(range(1029, 1033)) + list(range(2001, 2025))
-        second = subprocess.run(build("b", overlap, textfiles[1]), env=env,
-                                stdout=subprocess.DEVNULL, check=True)
+        second = subprocess.run(build("b", cols[::-1], textfiles[1]), env=env,
+                                stdout=subprocess.DEVNULL, check=False)
         first.wait(timeout=600)
-        assert second.returncode == 0 and first.returncode == 0
-        time.sleep(4)  # the ingester's last records, the counters' last rate windows
+        assert second.returncode == 0 and first.returncode == 1  # a: one kernel failed
+        time.sleep(3)
+        again = subprocess.run(build("a", cols, textfiles[0], broken=True), env=env,
+                               stdout=subprocess.DEVNULL, check=False)
+        assert again.returncode == 1  # the broken kernel fails again; the rest is stored
+        time.sleep(5)  # the ingester's last records, the counters' last rate windows
         stop.set()
         thread.join()
     out.write_text(draw(series))
     print(f"dashboard picture: {out} ({len(series)} scrapes)")
 
 
-# -- the queries ---------------------------------------------------------------------------
-
-Grouped = dict[str, Points]
-"""Legend label values (joined) -> points."""
+# -- the queries: the dashboard's own, evaluated by scripts/promql.py -----------------------
 
 
-def _window_start(series: Series, i: int, window: float) -> int:
-    t = series[i][0]
-    j = i
-    while j > 0 and t - series[j - 1][0] <= window:
-        j -= 1
-    return j
-
-
-def _groups(sample: Sample, name: str, by: tuple[str, ...], match: Callable[[dict[str, str]],
-            bool]) -> dict[tuple[str, ...], list[tuple[Labels, float]]]:
-    found: dict[tuple[str, ...], list[tuple[Labels, float]]] = defaultdict(list)
-    for (n, ls), v in sample.items():
-        labels = dict(ls)
-        if n == name and match(labels):
-            found[tuple(labels.get(b, "") for b in by)].append((ls, v))
-    return found
-
-
-def _any(_: dict[str, str]) -> bool:
-    return True
-
-
-def gauge_max(series: Series, name: str, by: tuple[str, ...] = ()) -> dict[tuple[str, ...],
-                                                                          Points]:
-    """``max by (by) (name)``."""
-    out: dict[tuple[str, ...], Points] = defaultdict(list)
-    for t, sample in series:
-        for key, values in _groups(sample, name, by, _any).items():
-            out[key].append((t, max(v for _, v in values)))
-    return dict(out)
-
-
-def rate_sum(series: Series, name: str, by: tuple[str, ...] = (),
-             match: Callable[[dict[str, str]], bool] = _any,
-             window: float = 4.0) -> dict[tuple[str, ...], Points]:
-    """``sum by (by) (rate(name{match}[window]))``."""
-    out: dict[tuple[str, ...], Points] = defaultdict(list)
-    for i, (t, sample) in enumerate(series):
-        j = _window_start(series, i, window)
-        t0, base = series[j]
-        for key, values in _groups(sample, name, by, match).items():
-            if j == i:
-                out[key].append((t, 0.0))
-                continue
-            grew = sum(v - base.get((name, ls), 0.0) for ls, v in values)
-            out[key].append((t, max(0.0, grew) / (t - t0)))
-    return dict(out)
-
-
-def rates(series: Series, name: str, window: float = 4.0, **labels: str) -> Points:
-    """``sum(rate(name{labels}[window]))``."""
-    found = rate_sum(series, name, (), lambda ls: all(ls.get(k) == v
-                                                      for k, v in labels.items()), window)
-    return found.get((), [(t, 0.0) for t, _ in series])
-
-
-def quantile_by(series: Series, name: str, q: float, by: tuple[str, ...] = (),
-                window: float = 6.0) -> dict[tuple[str, ...], Points]:
-    """``histogram_quantile(q, sum by (le, by) (rate(name_bucket[window])))`` as
-    Prometheus computes it (linear within the bucket that holds the rank)."""
-    out: dict[tuple[str, ...], Points] = defaultdict(list)
-    for i, (t, sample) in enumerate(series):
-        base = series[_window_start(series, i, window)][1]
-        for key, values in _groups(sample, f"{name}_bucket", by, _any).items():
-            buckets: dict[float, float] = defaultdict(float)
-            for ls, v in values:
-                le = dict(ls)["le"]
-                bound = float("inf") if le == "+Inf" else float(le)
-                buckets[bound] += v - base.get((f"{name}_bucket", ls), 0.0)
-            value = _bucket_quantile(q, sorted(buckets.items()))
-            if value is not None:
-                out[key].append((t, value))
-    return dict(out)
-
-
-def _bucket_quantile(q: float, ordered: list[tuple[float, float]]) -> float | None:
-    count = ordered[-1][1] if ordered else 0.0
-    if count <= 0:
-        return None
-    rank, lower, below = q * count, 0.0, 0.0
-    for bound, cumulative in ordered:
-        if cumulative >= rank:
-            if bound == float("inf"):
-                return lower
-            return lower + (bound - lower) * (rank - below) / max(cumulative - below, 1e-12)
-        lower, below = bound, cumulative
-    return None
-
-
-def quantile(series: Series, name: str, q: float, window: float = 6.0) -> Points:
-    """``histogram_quantile(q, sum(rate(name_bucket[window])))``."""
-    return quantile_by(series, name, q, (), window).get((), [])
-
-
-def hit_ratio(series: Series) -> dict[tuple[str, ...], Points]:
-    """Panel 7: hits over hits and misses, by tier (no point while neither happens)."""
-    hits = rate_sum(series, "farm_store_requests_total", ("tier",),
-                    lambda ls: ls.get("result") == "hit")
-    asked = rate_sum(series, "farm_store_requests_total", ("tier",),
-                     lambda ls: ls.get("result") in ("hit", "miss"))
-    return {tier: [(t, dict(hits.get(tier, [])).get(t, 0.0) / v) for t, v in points if v > 0]
-            for tier, points in asked.items()}
-
-
-def _is(label: str, *values: str) -> Callable[[dict[str, str]], bool]:
-    return lambda ls: ls.get(label) in values
-
-
-#: panel id -> its targets, in the dashboard's order: each a function of the scrapes
-#: giving (legend label values -> points), the labels being the ones its legend names
-QUERIES: dict[int, list[tuple[tuple[str, ...], Callable[[Series], dict[tuple[str, ...],
-                                                                       Points]]]]] = {
-    1: [(("fingerprint",), lambda s: gauge_max(s, "farm_queue_depth", ("fingerprint",)))],
-    2: [(("fingerprint",), lambda s: gauge_max(s, "farm_in_flight_chunks", ("fingerprint",)))],
-    3: [(("outcome",), lambda s: rate_sum(s, "farm_kernels_total", ("outcome",)))],
-    4: [(("fingerprint",), lambda s: gauge_max(s, "farm_workers", ("fingerprint",))),
-        (("fingerprint",), lambda s: gauge_max(s, "farm_worker_processes", ("fingerprint",)))],
-    5: [(("fingerprint",), lambda s: quantile_by(s, "farm_compile_seconds", 0.5,
-                                                  ("fingerprint",))),
-        (("fingerprint",), lambda s: quantile_by(s, "farm_compile_seconds", 0.95,
-                                                  ("fingerprint",)))],
-    6: [(("fingerprint",), lambda s: quantile_by(s, "farm_load_seconds", 0.5,
-                                                  ("fingerprint",))),
-        (("fingerprint",), lambda s: quantile_by(s, "farm_load_seconds", 0.95,
-                                                  ("fingerprint",)))],
-    7: [(("tier",), hit_ratio)],
-    8: [(("tier", "direction"), lambda s: rate_sum(s, "farm_store_bytes_total",
-                                                   ("tier", "direction")))],
-    9: [(("fingerprint",), lambda s: quantile_by(s, "farm_lease_wait_seconds", 0.95,
-                                                  ("fingerprint",))),
-        (("tier",), lambda s: rate_sum(s, "farm_store_requests_total", ("tier",),
-                                       _is("result", "refused")))],
-    10: [(("status", "fingerprint"), lambda s: rate_sum(
-        s, "farm_tasks_total", ("status", "fingerprint"),
-        lambda ls: ls.get("status") != "success"))],
-    11: [(("stream",), lambda s: gauge_max(s, "farm_ingest_lag_entries", ("stream",))),
-         (("stream",), lambda s: gauge_max(s, "farm_ingest_pending_entries", ("stream",)))],
-    12: [((), lambda s: rate_sum(s, "farm_ingest_records_total")),
-         ((), lambda s: rate_sum(s, "farm_ingest_dead_total")),
-         ((), lambda s: rate_sum(s, "farm_ingest_lost_total"))],
-    13: [(("manifest", "outcome"), lambda s: gauge_max(s, "farm_build_kernels",
-                                                       ("manifest", "outcome")))],
-    14: [(("manifest",), lambda s: gauge_max(s, "farm_build_wall_seconds", ("manifest",))),
-         (("manifest",), lambda s: gauge_max(s, "farm_build_work_seconds", ("manifest",)))],
-}
-
-
-# -- drawing -------------------------------------------------------------------------------
-
-COLORS = ["#73bf69", "#f2cc0c", "#5794f2", "#ff780a", "#b877d9", "#f2495c", "#8ab8ff",
-          "#96d98d", "#ffb357", "#ca95e5"]
-COL_W, PLOT_H, LEGEND_ROW = 600, 110, 13
-
-
-def fmt(value: float, unit: str) -> str:
-    """A value as Grafana writes it in ``unit``."""
-    if unit == "percentunit":
-        return f"{value:.0%}"
-    if unit == "s":
-        return f"{value * 1000:.0f} ms" if 0 < value < 1 else f"{value:.3g} s"
-    if unit in ("ops", "Bps"):
-        scaled, prefix = value, ""
-        for step in ("k", "M", "G"):
-            if abs(scaled) < 1000:
-                break
-            scaled, prefix = scaled / 1000, step
-        return f"{scaled:.3g} {prefix}{'ops/s' if unit == 'ops' else 'B/s'}"
-    return f"{value:.3g}"
-
-
-def legend_name(fmt_text: str, names: tuple[str, ...], values: tuple[str, ...]) -> str:
+def legend_name(fmt_text: str, labels: dict[str, str]) -> str:
+    """Grafana's ``{{label}}`` legend format, filled in."""
     text = fmt_text
-    for name, value in zip(names, values, strict=True):
+    for name, value in labels.items():
         text = text.replace("{{" + name + "}}", value)
     return " ".join(text.split()) or "value"
 
 
 def panel_lines(panel: dict[str, Any], series: Series) -> list[tuple[str, Points, str]]:
-    """(legend, points, unit) of each series the panel's targets give, in order."""
-    queries = QUERIES.get(panel["id"])
-    if queries is None or len(queries) != len(panel["targets"]):
-        raise SystemExit(f"panel {panel['id']} ({panel['title']}): no query evaluation for "
-                         "its targets in scripts/dashboard_picture.py (QUERIES)")
+    """(legend, points, unit) of each series the panel's targets give, in order: each
+    target's ``expr`` evaluated as written in the dashboard (its variables at their
+    "All" values), named by its ``legendFormat``."""
     units = {o["matcher"]["options"]: p["value"]
              for o in panel["fieldConfig"].get("overrides", [])
              for p in o["properties"] if p["id"] == "unit"}
     default = panel["fieldConfig"]["defaults"].get("unit", "short")
     lines = []
-    for target, (names, query) in zip(panel["targets"], queries, strict=True):
+    for target in panel["targets"]:
         unit = units.get(target["refId"], default)
-        for values, points in sorted(query(series).items()):
-            lines.append((legend_name(target.get("legendFormat", ""), names, values), points,
+        try:
+            found = evaluate(target["expr"], series, rate_interval=RATE_INTERVAL_S,
+                             variables={"fingerprint": ".*"})
+        except PromQLError as exc:
+            raise SystemExit(f"panel {panel['id']} ({panel['title']}), target "
+                             f"{target['refId']}: {exc}") from None
+        for labels, points in sorted(found.items()):
+            lines.append((legend_name(target.get("legendFormat", ""), dict(labels)), points,
                           unit))
     return lines
 
 
-def _axis(lines: list[tuple[str, Points, str]], unit: str) -> float:
-    values = [v for _, pts, u in lines if u == unit for _, v in pts]
-    top = max(values, default=0.0) * 1.15 or 1.0
-    return 1.0 if unit == "percentunit" else top
+# -- drawing -------------------------------------------------------------------------------
+
+#: Grafana's classic palette order, then more: 14 colours apart on a dark background
+COLORS = ["#73bf69", "#f2cc0c", "#5794f2", "#ff780a", "#b877d9", "#f2495c", "#8ab8ff",
+          "#fade2a", "#37872d", "#c4162a", "#1f60c4", "#8f3bb8", "#ffb357", "#96d98d"]
+COL_W, PLOT_H, LEGEND_ROW = 600, 110, 13
+TICKS = 4
+
+
+def fmt(value: float, unit: str, decimals: int | None = None) -> str:
+    """A value as Grafana writes it in ``unit`` (``decimals`` when the panel sets it)."""
+    if unit == "percentunit":
+        return f"{value:.0%}"
+    if unit == "s":
+        if 0 < value < 1:
+            return f"{value * 1000:.3g} ms"
+        return f"{value:.3g} s"
+    if unit == "Bps":
+        scaled, prefix = value, ""
+        for step in ("k", "M", "G"):
+            if abs(scaled) < 1000:
+                break
+            scaled, prefix = scaled / 1000, step
+        return f"{scaled:.3g} {prefix}B/s"
+    number = f"{value:.{decimals}f}" if decimals is not None else f"{value:.3g}"
+    if unit.startswith("suffix:"):
+        return f"{number}{unit.removeprefix('suffix:')}"
+    return number
+
+
+def nice_scale(top: float, unit: str, decimals: int | None) -> tuple[float, float]:
+    """(axis maximum, tick step): steps of 1, 2, 2.5 or 5 times a power of ten, whole
+    numbers where the panel shows no decimals, the maximum a whole number of steps."""
+    if unit == "percentunit":
+        return 1.0, 0.25
+    top = top if top > 0 else 1.0
+    raw = top / TICKS
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(f * power for f in (1, 2, 2.5, 5, 10) if f * power >= raw)
+    if decimals == 0:
+        step = max(1.0, math.ceil(step))
+    return step * math.ceil(top / step - 1e-9), step
+
+
+def _ticks(top: float, step: float) -> list[float]:
+    return [k * step for k in range(round(top / step) + 1)]
 
 
 def draw_panel(x: float, y: float, h: float, panel: dict[str, Any], series: Series,
                t_max: float) -> str:
     esc = html.escape
     lines = panel_lines(panel, series)
+    decimals = panel["fieldConfig"]["defaults"].get("decimals")
     units = list(dict.fromkeys([panel["fieldConfig"]["defaults"].get("unit", "short"),
                                 *(p["value"] for o in panel["fieldConfig"].get("overrides", [])
                                   for p in o["properties"] if p["id"] == "unit")]))
     left, right = units[0], (units[1] if len(units) > 1 else None)
-    tops = {u: _axis(lines, u) for u in units}
+    scales = {u: nice_scale(max((v for _, pts, lu in lines if lu == u for _, v in pts),
+                                default=0.0), u, decimals) for u in units}
     ox, iw = x + 70, COL_W - 70 - (70 if right else 20)
     oy = y + 30 + PLOT_H
     parts = [f'<rect x="{x}" y="{y}" width="{COL_W - 8}" height="{h - 8}" rx="4" '
              'fill="#181b1f" stroke="#2c3235"/>',
              f'<text x="{x + 10}" y="{y + 20}" class="t">{esc(panel["title"])}</text>']
-    for k in range(5):
-        yy = oy - PLOT_H * k / 4
+    top_left, step_left = scales[left]
+    for tick in _ticks(top_left, step_left):
+        yy = oy - PLOT_H * tick / top_left
         parts.append(f'<line x1="{ox}" y1="{yy:.1f}" x2="{ox + iw}" y2="{yy:.1f}" '
                      'stroke="#2c3235"/>')
         parts.append(f'<text x="{ox - 6}" y="{yy + 4:.1f}" class="a" text-anchor="end">'
-                     f"{esc(fmt(tops[left] * k / 4, left))}</text>")
-        if right:
+                     f"{esc(fmt(tick, left, decimals))}</text>")
+    if right:
+        top_right, step_right = scales[right]
+        for tick in _ticks(top_right, step_right):
+            yy = oy - PLOT_H * tick / top_right
             parts.append(f'<text x="{ox + iw + 6}" y="{yy + 4:.1f}" class="a">'
-                         f"{esc(fmt(tops[right] * k / 4, right))}</text>")
+                         f"{esc(fmt(tick, right, decimals))}</text>")
     step = max(10, int(t_max / 6) // 10 * 10 or 10)
     for k in range(0, int(t_max) + 1, step):
         parts.append(f'<text x="{ox + iw * k / t_max:.1f}" y="{oy + 14}" class="a" '
@@ -384,18 +308,24 @@ def draw_panel(x: float, y: float, h: float, panel: dict[str, Any], series: Seri
     parts.append(f'<text x="{x + 10}" y="{ly}" class="a">series</text>'
                  f'<text x="{x + COL_W - 150}" y="{ly}" class="a" text-anchor="end">last</text>'
                  f'<text x="{x + COL_W - 20}" y="{ly}" class="a" text-anchor="end">max</text>')
+    drawn: list[set[str]] = []
     for n, (label, pts, unit) in enumerate(lines):
         color = COLORS[n % len(COLORS)]
-        top = tops[unit]
+        top = scales[unit][0]
         dashed = ' stroke-dasharray="4 2"' if unit == right else ""
         if pts:
-            path = " ".join(f"{ox + iw * t / t_max:.1f},{oy - PLOT_H * min(v, top) / top:.1f}"
-                            for t, v in pts)
+            xy = [(ox + iw * t / t_max, oy - PLOT_H * min(v, top) / top) for t, v in pts]
+            points = {f"{px:.0f},{py:.0f}" for px, py in xy}
+            under = sum(len(points & earlier) >= len(points) / 2 for earlier in drawn)
+            drawn.append(points)
+            if under:  # on an earlier series for most of its length: dashed, and lifted
+                dashed = ' stroke-dasharray="6 4"'  # 2 px a series below, so both show
+            path = " ".join(f"{px:.1f},{py - 2 * under:.1f}" for px, py in xy)
             parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" '
                          f'stroke-width="1.6"{dashed}/>')
         row = ly + LEGEND_ROW * (n + 1)
-        last = fmt(pts[-1][1], unit) if pts else "-"
-        peak = fmt(max(v for _, v in pts), unit) if pts else "-"
+        last = fmt(pts[-1][1], unit, decimals) if pts else "-"
+        peak = fmt(max(v for _, v in pts), unit, decimals) if pts else "-"
         parts.append(f'<rect x="{x + 10}" y="{row - 6}" width="10" height="3" fill="{color}"/>'
                      f'<text x="{x + 24}" y="{row}" class="l">{esc(label)}'
                      f'{" (right axis)" if unit == right else ""}</text>'
@@ -425,10 +355,10 @@ def draw(series: Series, dashboard: dict[str, Any] | None = None) -> str:
     compiled = total(last, "farm_kernels_total", outcome="compiled")
     loaded = total(last, "farm_kernels_total", outcome="loaded")
     head = (f'<text x="8" y="26" class="h">{html.escape(board["title"])}</text>'
-            f'<text x="130" y="26" class="a">{len(panels)} panels, drawn from the metrics of '
-            f"a local cluster (2 PoCL workers, an ingester) running two overlapping builds: "
-            f"{compiled:.0f} kernels compiled, {loaded:.0f} loaded, {t_max:.0f} s of "
-            "scrapes</text>")
+            f'<text x="130" y="26" class="a">{len(panels)} panels, each drawn from its own '
+            "queries over the metrics of a local cluster (2 PoCL workers of 2 processes, an "
+            f"ingester) running three builds: {compiled:.0f} kernels compiled, "
+            f"{loaded:.0f} loaded by workers, {t_max:.0f} s of scrapes</text>")
     width, height = 2 * COL_W, y
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height:.0f}" '
             f'viewBox="0 0 {width} {height:.0f}">\n<style>.t{{font:600 13px sans-serif;'

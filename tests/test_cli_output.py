@@ -149,6 +149,9 @@ def test_families_list_has_a_header_and_explains_the_build_id(built: Built) -> N
     assert_fits(out)
     assert re.match(r"family\s+build id\s+from", out.splitlines()[0]), out
     assert "build id: a hash of the family's code" in out.replace("\n", " ")
+    ids = re.findall(r"^[a-z_]+\s+([0-9a-f]{24})\s", out, re.M)
+    assert len(ids) == len(set(ids)) >= 10  # one build id per family, not one for all
+    assert "the other families keep theirs" in " ".join(out.split())
 
 
 def test_every_command_has_help_with_an_example_at_80_columns() -> None:
@@ -196,3 +199,95 @@ def test_farm_workers_without_a_cluster_says_how_to_start_one(tmp_path: Path) ->
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("error: setting FARM_REDIS_URL") and \
         "`farm cluster up`" in proc.stderr
+
+
+def test_piped_progress_lines_fit_80_columns(built: Built) -> None:
+    """The count keeps its line; the last kernel goes on its own when both do not fit."""
+    assert_width(built.build.stderr)
+    assert re.search(r"^  last: Compiled reduce\(cols=410\d", built.build.stderr, re.M), \
+        built.build.stderr
+
+
+def assert_width(text: str, width: int = WIDTH) -> None:
+    for line in text.splitlines():
+        assert len(line) <= width, f"{len(line)} > {width}: {line!r}"
+
+
+def run_on_terminal(home: Path, *args: str) -> str:
+    """``farm ARGS`` with stderr on a pseudo-terminal 80 columns wide: what a person in a
+    terminal reads of an error (stdout piped)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(home), COLUMNS=str(WIDTH))
+    proc = subprocess.run([str(FARM), *args], env=env, stdout=subprocess.PIPE,
+                          stderr=follower, timeout=120, check=False)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal is closed: everything was read
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.returncode == 2
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_an_error_on_a_terminal_wraps_at_words_and_suggests_the_close_match(
+        tmp_path: Path) -> None:
+    long_name = "tinny-" + "x" * 30 + " and a few more words to go past the edge"
+    shown = run_on_terminal(tmp_path, "build", long_name)
+    lines = shown.rstrip("\n").split("\n")
+    assert len(lines) >= 2 and lines[0].startswith("error: ")
+    assert all(line.startswith("  ") for line in lines[1:])  # the rest indented
+    assert_width(shown)
+    words = " ".join(shown.split())
+    piped = subprocess.run([str(FARM), "build", long_name], capture_output=True, text=True,
+                           env={**os.environ, "FARM_HOME": str(tmp_path)}, timeout=120,
+                           check=False).stderr
+    assert piped.count("\n") == 1  # piped (a log): one line, for grep
+    assert words == " ".join(piped.split())  # the same words: no word was cut in two
+    tinny = run_on_terminal(tmp_path, "build", "tinny")
+    assert "did you mean tiny?" in " ".join(tinny.split())
+
+
+def test_a_mistyped_family_is_one_line_with_the_close_match(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.toml"
+    manifest.write_text('format = 1\nname = "m"\n\n[[kernels]]\nfamily = "matmull"\n'
+                        "params = { m = 8, n = 8, k = 8 }\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    for args in (("build", str(manifest)), ("families", "check", "matmull")):
+        proc = subprocess.run([str(FARM), *args], env={**env, "FARM_HOME": str(tmp_path)},
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "did you mean 'matmul'?" in proc.stderr
+
+
+def test_a_cluster_of_no_workers_is_refused_in_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    for option in ("--workers", "--concurrency"):
+        proc = subprocess.run([str(FARM), "cluster", "up", option, "0"],
+                              env={**env, "FARM_HOME": str(tmp_path)}, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("error: ") and option in proc.stderr
+        assert proc.stdout == ""  # nothing was started
+
+
+def test_farm_help_lists_the_commands_under_headings_in_the_order_they_are_met() -> None:
+    text = run_farm(Path("/nonexistent-farm-home"), "--help").stdout
+    assert_fits(text)
+    headings = re.findall(r"^(\S[^:\n]*):$", text, re.M)
+    assert headings[:6] == ["Options", "Start here", "Build and share kernels", "Look back",
+                            "Run a cluster", "Keep the store"], headings
+    commands = re.findall(r"^  ([a-z]+)\s{2,}\S", text.split("Start here:")[1]
+                          .split("Examples:")[0], re.M)
+    assert commands[:5] == ["demo", "devices", "families", "manifest", "build"]
+    assert len(commands) == len(set(commands)) >= 16
+    listing = text.split("Start here:")[1].split("Examples:")[0]
+    assert not re.search(r"\.\.\.$", listing, re.M)  # each summary whole

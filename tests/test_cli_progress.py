@@ -107,7 +107,7 @@ def test_clock_and_rate_texts() -> None:
 
 def test_plain_lines_come_at_the_first_kernel_then_every_interval_then_at_the_end() -> None:
     clock = FakeClock()
-    con, buf = console(80)
+    con, buf = console(120)
     shown = Progress(10, console=con, live=False, interval_s=5.0, clock=clock)
     clock.now += 2
     shown.advance("Compiled", "matmul(k=512,n=768)")
@@ -123,6 +123,23 @@ def test_plain_lines_come_at_the_first_kernel_then_every_interval_then_at_the_en
         "matmul(k=512,n=768)",
         "building: 3/10 kernels (30%), 0.38/s, ETA 0:19, elapsed 0:08; last: Compiled "
         "rotary(heads=4); in flight: vm:1 2"]
+
+
+def test_a_plain_line_too_wide_puts_each_detail_on_a_line_of_its_own() -> None:
+    """Piped at 80 columns: the count keeps its line, the last kernel and the status get
+    one each, cut to fit (its whole name is in the records)."""
+    clock = FakeClock()
+    con, buf = console(80)
+    shown = Progress(10, console=con, live=False, interval_s=5.0, clock=clock)
+    shown.status("in flight: vm:1 2, vm:2 2")
+    clock.now += 2
+    label = "matmul(dtype=float,k=4096,m=4096,n=4096,tile_k=16,tile_m=64,tile_n=64,wpt_m=4)"
+    shown.advance("Compiled", label)
+    lines = buf.getvalue().splitlines()
+    assert lines == ["building: 1/10 kernels (10%), 0.50/s, ETA 0:18, elapsed 0:02",
+                     f"  last: Compiled {label}"[:79] + "…",
+                     "  in flight: vm:1 2, vm:2 2"]
+    assert all(len(line) <= 80 for line in lines)
 
 
 @pytest.mark.parametrize("width", [40, 80, 100])

@@ -100,6 +100,7 @@ def test_build_spreads_over_both_workers_and_a_fresh_client_loads_all(
     first = build_json(cluster.env(tmp_path / "client-a"), str(manifest))
     assert first["summary"]["compiled"] == 8, first
     assert first["summary"]["failed"] == 0
+    assert first["summary"]["store_hits"] == 0  # the client found nothing stored
     assert len(first["workers"]) == 2, first["workers"]  # both workers did work
 
     store = minio_store(cluster)
@@ -117,6 +118,7 @@ def test_build_spreads_over_both_workers_and_a_fresh_client_loads_all(
     second = build_json(cluster.env(tmp_path / "client-b"), str(manifest))
     assert second["summary"]["loaded"] == 8
     assert second["summary"]["tasks_sent"] == 0
+    assert second["summary"]["store_hits"] == 8  # all found by the client itself
     assert second["summary"]["compiled"] == 0
 
 
@@ -201,8 +203,12 @@ def test_a_piped_cluster_build_and_farm_workers_read_at_80_columns(cluster: Loca
     manifest = write_manifest(tmp_path / "m.toml", salt=39, count=6)
     proc = farm(env, "build", str(manifest), "--cluster", "--fingerprint", fingerprint[:9])
     assert proc.returncode == 0, proc.stderr
+    # the count on its line; the last kernel and the chunks in flight on theirs (issue 32:
+    # together they were wider than the terminal), no line over 80 columns
     assert re.search(r"^building: \d+/6 kernels \(\d+%\), [\d.]+/s, ETA \d+:\d\d, elapsed "
-                     r"\d+:\d\d; last: Compiled reduce\(cols=390\d", proc.stderr, re.M), proc.stderr
+                     r"\d+:\d\d\n  last: Compiled reduce\(cols=390\d", proc.stderr, re.M), \
+        proc.stderr
+    assert all(len(line) <= 80 for line in proc.stderr.splitlines()), proc.stderr
     assert "…" not in proc.stdout
     assert all(len(line.rstrip()) <= 80 for line in proc.stdout.splitlines()), proc.stdout
     # the title, wrapped at a space where the fingerprint does not fit beside it (Debian's

@@ -205,7 +205,7 @@ def test_a_changed_cl_data_file_gives_a_new_build_id_and_a_compile(tmp_path: Pat
 
 
 def test_the_build_id_skips_byte_code_caches(tmp_path: Path) -> None:
-    from farm.families.base import _root_digest
+    from farm.families.buildid import _root_digest
 
     pkg = tmp_path / "pkg"
     pkg.mkdir()

@@ -406,42 +406,72 @@ def test_cluster_up_says_where_its_logs_are_and_keeps_them(tmp_path: Path) -> No
     assert not names & {"FARM_HOME", "FARM_DEVICE", "FARM_WORKERS"}, names
 
 
-def test_dashboard_picture_computes_quantiles_like_prometheus() -> None:
-    """scripts/dashboard_picture.py draws histogram_quantile over rate windows: check it
-    against a hand computation (10 observations in (0.1, 0.25], 10 in (0.25, 0.5])."""
-    import importlib.util
+def _script(name: str) -> Any:
+    """A module of scripts/ (not a package), loaded by path."""
+    import importlib
 
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("dashboard_picture",
-                                                  root / "scripts" / "dashboard_picture.py")
-    assert spec is not None and spec.loader is not None
-    picture = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(picture)
+    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module(name)
 
-    def sample(counts: dict[str, float]) -> dict[Any, float]:
+
+def test_the_dashboard_s_promql_is_evaluated_like_prometheus() -> None:
+    """scripts/promql.py, which the picture draws with: histogram_quantile over rate
+    windows against a hand computation (10 observations in (0.1, 0.25], 10 in (0.25,
+    0.5]), rate, a ratio of two aggregations, a filter, label_replace."""
+    promql = _script("promql")
+
+    def buckets(counts: dict[str, float]) -> dict[Any, float]:
         return {("farm_compile_seconds_bucket", (("fingerprint", "f"), ("le", le))): v
                 for le, v in counts.items()}
 
-    before = sample({"0.1": 0, "0.25": 0, "0.5": 0, "+Inf": 0})
-    after = sample({"0.1": 0, "0.25": 10, "0.5": 20, "+Inf": 20})
-    series = [(0.0, before), (5.0, after)]
-    ((_, p50),) = picture.quantile(series, "farm_compile_seconds", 0.5)[-1:]
-    ((_, p75),) = picture.quantile(series, "farm_compile_seconds", 0.75)[-1:]
-    assert p50 == pytest.approx(0.25)
-    assert p75 == pytest.approx(0.375)
-    counter = [(0.0, {("farm_kernels_total", (("outcome", "compiled"),)): 0.0}),
-               (2.0, {("farm_kernels_total", (("outcome", "compiled"),)): 8.0})]
-    assert picture.rates(counter, "farm_kernels_total", outcome="compiled")[-1] == (2.0, 4.0)
-    svg = picture.draw(series)
-    assert svg.startswith("<svg") and "Compile seconds" in svg
+    series = [(0.0, buckets({"0.1": 0, "0.25": 0, "0.5": 0, "+Inf": 0})),
+              (5.0, buckets({"0.1": 0, "0.25": 10, "0.5": 20, "+Inf": 20}))]
+    quantile = ("histogram_quantile({q}, sum by (le, fingerprint) "
+                "(rate(farm_compile_seconds_bucket{{fingerprint=~\"$fingerprint\"}}"
+                "[$__rate_interval])))")
+    for q, want in ((0.5, 0.25), (0.75, 0.375)):
+        found = promql.evaluate(quantile.format(q=q), series, rate_interval=10,
+                                variables={"fingerprint": ".*"})
+        assert found == {(("fingerprint", "f"),): [(5.0, pytest.approx(want))]}
+    counter = [(0.0, {("c_total", (("outcome", "compiled"),)): 0.0,
+                      ("c_total", (("outcome", "loaded"),)): 0.0}),
+               (2.0, {("c_total", (("outcome", "compiled"),)): 8.0,
+                      ("c_total", (("outcome", "loaded"),)): 2.0})]
+    rate = promql.evaluate("sum by (outcome) (rate(c_total[4s]))", counter, rate_interval=4)
+    assert rate == {(("outcome", "compiled"),): [(2.0, 4.0)],
+                    (("outcome", "loaded"),): [(2.0, 1.0)]}  # one sample: no rate yet
+    ratio = promql.evaluate('sum(c_total{outcome="loaded"}) / sum(c_total) > 0', counter,
+                            rate_interval=4)
+    assert ratio == {(): [(2.0, 0.2)]}  # 0/0 at the start is no point, as in Prometheus
+    long = "pocl-pthread-skylake-avx512-intel-r-xeon-r-pr-2da00bdc490f"
+    named = promql.evaluate('label_replace(g, "device", "$1…$2", "fingerprint", '
+                            '"(.{16}).{2,}(.{6})")',
+                            [(0.0, {("g", (("fingerprint", long),)): 1.0})], rate_interval=4)
+    assert dict(next(iter(named)))["device"] == "pocl-pthread-sky…dc490f"
+    with pytest.raises(promql.PromQLError, match="topk"):
+        promql.evaluate("topk(3, g)", counter, rate_interval=4)
+
+
+def test_every_panel_of_the_dashboard_is_read_by_the_picture_s_evaluator() -> None:
+    """A construct the evaluator does not read fails here, not in a docs picture."""
+    promql = _script("promql")
+    board = json.loads((Path(__file__).resolve().parent.parent / "helm" / "kernel-farm" /
+                        "dashboards" / "kernel-farm.json").read_text())
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            promql.parse(target["expr"], {"fingerprint": ".*", "__rate_interval": "4s"})
+            assert "{{fingerprint}}" not in target.get("legendFormat", ""), \
+                f"panel {panel['id']}: a short fingerprint ({{{{device}}}}) in the legend"
 
 
 def test_dashboard_picture_draws_every_panel_with_its_title_and_units() -> None:
     """docs/dashboard.svg (and any drawing of the script) has each of the dashboard's
-    panels under its own title; panel 9 keeps seconds for lease waits and a rate for
-    refused writes, on an axis of its own."""
+    panels under its own title and no panel without data; panel 9 keeps seconds for
+    lease waits and a rate for refused writes, on an axis of its own; counts get whole
+    ticks; kernels are counted in kernels/s."""
     import html
-    import importlib.util
     import xml.etree.ElementTree as ET
 
     root = Path(__file__).resolve().parent.parent
@@ -454,21 +484,38 @@ def test_dashboard_picture_draws_every_panel_with_its_title_and_units() -> None:
     (override,) = nine["fieldConfig"]["overrides"]
     refused = [t for t in nine["targets"] if "refused" in t["expr"]]
     assert override["matcher"] == {"id": "byFrameRefID", "options": refused[0]["refId"]}
-    assert {"id": "unit", "value": "ops"} in override["properties"]
+    assert {"id": "unit", "value": "suffix: writes/s"} in override["properties"]
 
-    spec = importlib.util.spec_from_file_location("dashboard_picture",
-                                                  root / "scripts" / "dashboard_picture.py")
-    assert spec is not None and spec.loader is not None
-    picture = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(picture)
+    picture = _script("dashboard_picture")
     sample = {("farm_store_requests_total", (("result", "refused"), ("tier", "minio"))): 0.0,
-              ("farm_lease_wait_seconds_bucket", (("fingerprint", "f"), ("le", "+Inf"))): 0.0}
-    later = {k: 4.0 for k in sample}
+              ("farm_lease_wait_seconds_bucket", (("fingerprint", "f"), ("le", "+Inf"))): 0.0,
+              ("farm_queue_depth", (("fingerprint", "f" * 40),)): 3.0,
+              ("farm_kernels_total", (("fingerprint", "f"), ("outcome", "compiled"))): 0.0}
+    later = {k: 4.0 for k in sample} | {("farm_queue_depth", (("fingerprint", "f" * 40),)): 7}
     drawn = picture.draw([(0.0, sample), (2.0, later)])
     for svg_text in (drawn, (root / "docs" / "dashboard.svg").read_text()):
         svg = ET.fromstring(svg_text)
         texts = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text")]
         for title in titles:
             assert html.unescape(title) in texts, title
+        assert not any("ops/s" in t for t in texts)
     assert "refused writes minio (right axis)" in drawn
-    assert "2 ops/s" in drawn and "750 ms" in drawn  # both units, each on its axis
+    assert "2 writes/s" in drawn and "750 ms" in drawn  # both units, each on its axis
+    assert "2 kernels/s" in drawn
+    svg = ET.fromstring(drawn)
+    texts = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+    assert "ffffffffffffffff…ffffff" in texts  # a short fingerprint in the legend
+    # the queue depth's axis: whole numbers in even steps (0, 2, 4, 6, 8)
+    assert {"0", "2", "4", "6", "8"} <= set(texts)
+    assert not any(re.fullmatch(r"\d+\.\d+", t) for t in texts if t)
+    document = (root / "docs" / "dashboard.svg").read_text()
+    assert "No data" not in document
+
+
+def test_nice_axis_scales() -> None:
+    picture = _script("dashboard_picture")
+    assert picture.nice_scale(14.9, "short", 0) == (15.0, 5.0)
+    assert picture.nice_scale(2.3, "short", 0) == (3.0, 1.0)
+    assert picture.nice_scale(0.3, "short", 0) == (1.0, 1.0)
+    assert picture.nice_scale(0.74, "s", None) == (0.8, 0.2)
+    assert picture.nice_scale(0.9, "percentunit", None) == (1.0, 0.25)

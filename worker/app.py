@@ -1,7 +1,8 @@
 """The compile task, registered on the Celery app of :mod:`farm.cluster.celery_app`.
 
-The app itself (its settings and why) lives in the core, so that clients reach it
-without importing the worker.
+The app itself (its settings and why) lives in ``farm/cluster/celery_app.py``, the
+cluster's side that clients and workers share, so that a client reaches it without
+importing the worker.
 
 What a chunk becomes (docs/RELIABILITY.md): built, its kernels' own failures in the
 reply; dropped, when its client is gone; or given back to its queue (Celery's ``Reject``
@@ -33,6 +34,15 @@ log = logging.getLogger(__name__)
 
 #: what a task may raise that is the farm's trouble, never its kernels'
 _TRANSIENT: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
+
+
+def chunk_status(reply: CompileReply) -> str:
+    """``success`` when every kernel of the chunk was obtained (or is one the device
+    cannot run), ``kernel_failed`` when one failed: a chunk with a failed kernel is not a
+    success on the dashboard's task panel."""
+    failed = any(k.outcome is None and not (k.failure and k.failure.kind == "unsupported")
+                 for k in reply.results)
+    return "kernel_failed" if failed else "success"
 
 
 def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
@@ -100,7 +110,7 @@ def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
         if reply.dropped:
             metrics.task(request.fingerprint, "dropped")
             return reply.model_dump(mode="json")
-        metrics.task(request.fingerprint, "success")
+        metrics.task(request.fingerprint, chunk_status(reply))
         metrics.reply(request.fingerprint, reply)
         counts = Counter(outcome_label(k.outcome, k.failure.kind if k.failure else None)
                          for k in reply.results)

@@ -31,9 +31,9 @@ def _group() -> None:
     "farm cluster up", "farm cluster up --workers 3 --concurrency 2",
     "farm cluster up --workdir ./cluster  # then: source ./cluster/cluster.env"))
 def up(
-    workers: Annotated[int, typer.Option("--workers", "-n", metavar="N",
+    workers: Annotated[int, typer.Option("--workers", "-n", metavar="N", min=1, max=64,
                                          help="worker processes")] = 2,
-    concurrency: Annotated[int, typer.Option(metavar="N",
+    concurrency: Annotated[int, typer.Option(metavar="N", min=1, max=256,
                                              help="pool processes per worker")] = 1,
     env_file: Annotated[Path | None, typer.Option(
         metavar="FILE", help="write the settings here (mode 0600; default: cluster.env in the work "

@@ -10,7 +10,9 @@ stderr or stdin, so ``farm records sessions | less`` still sees the terminal), e
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import textwrap
 
 from rich.console import Console
 
@@ -22,9 +24,23 @@ def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def print_error(message: str) -> None:
+    """``error: MESSAGE`` on stderr: one line in a log or a pipe (grep finds it whole);
+    on a terminal wrapped at words to its width, the rest indented, since a terminal
+    folds a long line mid-word (``lar|ge``). A word wider than the terminal (a long path)
+    stays whole on a line of its own."""
+    text = f"error: {message}"
+    if sys.stderr.isatty():
+        width = shutil.get_terminal_size().columns  # COLUMNS first, as rich's
+        text = "\n".join(textwrap.wrap(text, max(20, width), subsequent_indent="  ",
+                                        break_long_words=False,
+                                        break_on_hyphens=False)) or text
+    print(text, file=sys.stderr)
+
+
 def fail(message: str, code: int = 2) -> None:
     """One line on stderr and a non-zero exit, no traceback."""
     import typer
 
-    err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    print_error(message)
     raise typer.Exit(code)

@@ -54,11 +54,12 @@ def list_families(
     print_table([Column("family"), Column("build id"), Column("from", wrap=True)],
                 [[r["name"], r["build_id"],
                   r["source"] + ("" if r["example"] else "; no example")] for r in rows])
-    out.print("build id: a hash of the family's code (its whole package) and of the farm "
-              "version. Artifacts are stored under it, so a changed family is compiled anew "
-              "and its old artifacts are never served; the built-in families are one "
-              "package, so they share one. No example: `farm families check` cannot run "
-              "it.", markup=False, highlight=False)
+    out.print("build id: a hash of the family's code and of the farm version: for a "
+              "built-in family its module and the farm modules it imports, for a plugin "
+              "its whole package. Artifacts are stored under it, so a changed family is "
+              "compiled anew (or rekeyed, when its source did not change) and its old "
+              "artifacts are never served; the other families keep theirs. No example: "
+              "`farm families check` cannot run it.", markup=False, highlight=False)
     for name, why in registry.broken.items():
         out.print(f"not loaded: entry point {name}: {why}", markup=False, highlight=False,
                   soft_wrap=True)

@@ -11,7 +11,9 @@ goes:
   shortened, never the count or the times;
 - anything else (a CI log, a file, a pipe): a plain line at the first kernel, then at
   most one every ``PLAIN_INTERVAL_S`` seconds (also when no kernel finished meanwhile,
-  so a log shows a long compile is alive), and one at the end.
+  so a log shows a long compile is alive), and one at the end. No line is wider than
+  the console (``COLUMNS``, else 80): where count, last kernel and status do not fit
+  on one, the count keeps its line and each detail gets one of its own, cut to fit.
 
 The rate is kernels a second over the last ``RATE_WINDOW_S`` seconds (a build loads its
 stored kernels in a burst, then compiles the rest far slower: an average since the start
@@ -183,8 +185,14 @@ class Progress:
                     f"{'' if self.meter.total is None else f'/{self.meter.total}'} kernels "
                     f"in {clock_text(self.meter.elapsed_s)} ({rate_text(self.meter.rate)})")
         else:
-            line += "".join(f"; {part}" for part in (f"last: {self.last}" if self.last
-                                                     else "", self.status_line) if part)
+            parts = [p for p in (f"last: {self.last}" if self.last else "",
+                                 self.status_line) if p]
+            width = self.console.width
+            whole = line + "".join(f"; {part}" for part in parts)
+            if len(whole) <= width:
+                line = whole
+            else:  # the count on its line, each detail on its own, cut to the width
+                line += "".join("\n" + _cut(f"  {part}", width) for part in parts)
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -240,6 +248,12 @@ class Progress:
             if finished and self.meter.done:
                 with self._lock:
                     self._plain(final=True)
+
+
+def _cut(line: str, width: int) -> str:
+    """``line`` within ``width`` characters: a progress detail (the last kernel's name,
+    the chunks in flight) is a glimpse, its whole text is in the records."""
+    return line if len(line) <= width else line[:max(1, width - 1)] + "…"
 
 
 @contextlib.contextmanager

@@ -16,9 +16,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from farm.cli.console import out, print_json
+from farm.cli.console import out, print_error, print_json
 from farm.cli.help import examples, new_app
-from farm.cli.tables import Column, print_one_row, print_table
+from farm.cli.tables import (
+    Column,
+    natural_width,
+    new_table,
+    print_one_row,
+    print_table,
+    print_title,
+)
 from farm.core.errors import FarmError, InputError, StoreError
 
 if TYPE_CHECKING:
@@ -133,14 +140,38 @@ def sessions(
                Column("host", optional=True), Column("pid", "right", optional=True),
                Column("batches", "right", optional=True),
                Column("records", "right", optional=True)]
-    print_table(columns, [
-        [str(session.id), _when(session, seconds=wide), session.label, str(row["compiled"]),
-         str(row["rekeyed"]), str(row["loaded"]), session.host, str(session.pid),
-         str(row["batches"]), str(row["records"])]
-        for session, row in zip(found, rows, strict=True)],
-        title=f"sessions (newest first) in {storage.where}", wide=wide)
+    cells = [[str(session.id), _when(session, seconds=wide), session.label,
+              str(row["compiled"]), str(row["rekeyed"]), str(row["loaded"]), session.host,
+              str(session.pid), str(row["batches"]), str(row["records"])]
+             for session, row in zip(found, rows, strict=True)]
+    title = f"sessions (newest first) in {storage.where}"
+    if wide and natural_width(out, new_table(columns, cells)) > out.width:
+        _print_blocks(title, columns, cells)
+    else:
+        print_table(columns, cells, title=title, wide=wide)
     if not found:
         out.print("no session stored yet (a session is written once it changes something)")
+
+
+def _print_blocks(title: str, columns: list[Column], cells: list[list[str]]) -> None:
+    """Every column of a listing too wide for the terminal, one block per row: the
+    first three values on its first line, the others as ``name value`` pairs below,
+    wrapped at words (``--wide`` at 80 columns)."""
+    import textwrap
+
+    print_title(title)
+    width = max(40, out.width)
+    for row in cells:
+        out.print()
+        head = "  ".join(row[:3])
+        rest = ", ".join(f"{col.header} {value}" for col, value in
+                         zip(columns[3:], row[3:], strict=True))
+        for text, indent in ((head, "    "), (rest, "  ")):
+            first = "" if indent == "    " else indent
+            out.print("\n".join(textwrap.wrap(text, width, initial_indent=first,
+                                              subsequent_indent=indent,
+                                              break_long_words=False)),
+                      markup=False, highlight=False, soft_wrap=True)
 
 
 def _record_json(record: Record) -> dict[str, Any]:
@@ -171,17 +202,28 @@ def _record_what(record: Record, wide: bool = False) -> str:
 
 
 @app.command("show", epilog=examples("farm records show latest",
+                                     "farm records show latest --outcome compiled -n 20",
+                                     "farm records show latest --family matmul --limit 0",
                                      "farm records show 1796187761603293040 --wide"))
 def show(
     session: Annotated[str, typer.Argument(help="session id, or `latest`",
                                            metavar="SESSION")],
+    family: Annotated[str | None, typer.Option(
+        "--family", metavar="NAME", help="only the kernels of this family")] = None,
+    outcome: Annotated[str | None, typer.Option(
+        "--outcome", metavar="OUTCOME",
+        help="only the kernels of this outcome: compiled, rekeyed or loaded")] = None,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", "-n", min=0, metavar="N",
+        help=f"the first N records (default {SHOW_LIMIT}; 0: all; --json: all)")] = None,
     wide: Annotated[bool, typer.Option(
         "--wide", help="also each kernel's key (id hash . build id)")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Show one session and its records, in order.
 
-    Kernels are named by family and parameters; --wide adds their keys.
+    Kernels are named by family and parameters; --wide adds their keys. A long session
+    shows its first records and says how many more there are.
     """
     with open_storage() as storage:
         session_id = _session_id(storage, session)
@@ -189,9 +231,12 @@ def show(
         records = storage.records(session_id)
     if found is None and not records:
         raise InputError(f"no session {session_id} in {storage.where}")
+    records = _filtered(records, family, outcome)
+    shown = records if (json_out and limit is None) or limit == 0 else \
+        records[:SHOW_LIMIT if limit is None else limit]
     if json_out:
         print_json({"session": found.model_dump(mode="json") if found else None,
-                    "records": [_record_json(r) for r in records]})
+                    "records": [_record_json(r) for r in shown]})
         return
     if found is not None:
         out.print(f"session {found.id}: {found.label!r} on {found.host} (pid {found.pid}, "
@@ -203,10 +248,47 @@ def show(
     print_table([Column("seq", "right"), Column("offset s", "right"),
                  Column("work s", "right"), Column("what", wrap=True)],
                 [[str(record.stamp.seq), f"{record.stamp.offset_s:.3f}",
-                  f"{record.work_s:.3f}", _record_what(record, wide)] for record in records])
+                  f"{record.work_s:.3f}", _record_what(record, wide)] for record in shown])
+    which = " of that family or outcome" if family or outcome else ""
+    if not records:
+        out.print(f"no record{which}", markup=False)
+    elif len(shown) < len(records):
+        out.print(f"({len(records) - len(shown)} more record(s){which}: --limit N, --limit 0 "
+                  "for all, --family, --outcome, or --json)", markup=False, highlight=False)
+
+
+SHOW_LIMIT = 50
+"""Records ``farm records show`` prints unless told (a model build has thousands)."""
+
+
+def _filtered(records: list[Record], family: str | None,
+              outcome: str | None) -> list[Record]:
+    """The compilation records of ``family`` and ``outcome`` (either may be None); every
+    record when neither is given. An outcome that is none is bad input, with the
+    closest one."""
+    import difflib
+
+    from farm.core.model import Outcome
+    from farm.records.model import CompilationRecord
+
+    if family is None and outcome is None:
+        return records
+    wanted = None
+    if outcome is not None:
+        names = {o.value.lower(): o for o in Outcome}
+        wanted = names.get(outcome.lower())
+        if wanted is None:
+            close = difflib.get_close_matches(outcome.lower(), list(names), n=1)
+            guess = f"; did you mean {close[0]}?" if close else ""
+            raise InputError(f"--outcome {outcome[:40]!r}: one of {', '.join(names)}{guess}")
+    return [r for r in records if isinstance(r, CompilationRecord)
+            and (family is None or r.family == family)
+            and (wanted is None or r.outcome is wanted)]
 
 
 def _print_summary(found: Summary, wide: bool = False) -> None:
+    from farm.records.query import CLIENT_LANE
+
     o = found.outcomes
 
     def pct(value: float | None) -> str:
@@ -227,13 +309,16 @@ def _print_summary(found: Summary, wide: bool = False) -> None:
               markup=False)
     for title, groups in (("by family", found.by_family), ("by worker", found.by_worker)):
         out.print()
-        print_table([Column("name"), *(Column(c, "right") for c in (
+        print_table([Column("name", wrap=True, fold=True), *(Column(c, "right") for c in (
             "kernels", "loaded", "rekeyed", "compiled", "work", "slowest"))],
             [[g.name, str(g.kernels), str(g.loaded), str(g.rekeyed), str(g.compiled),
               f"{g.work_s:.3f} s", f"{g.slowest_s:.3f} s"] for g in groups], title=title)
+    if any(g.name == CLIENT_LANE for g in found.by_worker):
+        out.print(f"({CLIENT_LANE}: kernels the build's own process found in the store)",
+                  markup=False, highlight=False)
     out.print()
     print_table([Column("work", "right"), Column("outcome"), Column("kernel", wrap=True),
-                 Column("worker"), Column("key", optional=True),
+                 Column("worker", fold=True), Column("key", optional=True),
                  Column("build", optional=True)],
                 [[f"{line.work_s:.3f} s", line.outcome.value, kernel_name(line), line.worker,
                   line.key, line.build] for line in found.slowest],
@@ -298,10 +383,11 @@ def timeline_cmd(
     stragglers = sum(bar.straggler for bar in data.bars)
     if json_out:
         print_json({"file": str(written), "build": data.build, "lanes": data.lanes,
+                    "workers": data.workers,
                     "bars": len(data.bars), "stragglers": stragglers, "wall_s": data.wall_s,
                     "missing_sessions": data.missing_sessions})
         return
-    out.print(f"wrote {written}: {len(data.bars)} kernel(s) on {len(data.lanes)} lane(s), "
+    out.print(f"wrote {written}: {len(data.bars)} kernel(s) on {data.lanes_text()}, "
               f"{stragglers} straggler(s), wall {data.wall_s:.2f} s", markup=False)
 
 
@@ -327,7 +413,7 @@ def run_standalone(typer_app: typer.Typer) -> None:
     try:
         typer_app(standalone_mode=False)
     except FarmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_error(str(exc))
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -46,6 +46,9 @@ class Column:
     optional: bool = False
     #: free text that may wrap onto more lines; otherwise one line, whole
     wrap: bool = False
+    #: a value without spaces that may be long (a host name): folded at the column's
+    #: width rather than widening the table past the terminal
+    fold: bool = False
 
 
 def new_table(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> Table:
@@ -55,7 +58,7 @@ def new_table(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> Table
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 1, 0, 0))
     for col in columns:
-        table.add_column(col.header, justify=col.justify, no_wrap=not col.wrap,
+        table.add_column(col.header, justify=col.justify, no_wrap=not (col.wrap or col.fold),
                          overflow="fold", min_width=len(col.header))
     for row in rows:
         table.add_row(*(Text(value) for value in row))
@@ -78,7 +81,8 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], *, width: int,
     optional = [i for i, col in enumerate(columns) if col.optional]
 
     def needed(indexes: list[int]) -> int:
-        squeezed = [[_squeezed(row[i]) if columns[i].wrap else row[i] for i in indexes]
+        squeezed = [[row[i][:WRAP_ROOM] if columns[i].fold else
+                     _squeezed(row[i]) if columns[i].wrap else row[i] for i in indexes]
                     for row in rows]
         return natural_width(console, new_table([columns[i] for i in indexes], squeezed))
 

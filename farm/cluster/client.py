@@ -175,6 +175,7 @@ class ClusterClient:
         device = _device_of(self._workers(fingerprint, options.wait_for_workers))
         results = [KernelResult(artifact=a) for a in artifacts]
         misses = self._misses(results, options, device, notify)
+        store_hits = sum(1 for r in results if r.outcome is Outcome.LOADED)  # before sending
         requested_by = None
         if recorder is not None:
             requested_by = RequestedBy(session=recorder.session.id,
@@ -202,7 +203,8 @@ class ClusterClient:
                              parallelism=len({r.worker for r in results if r.worker}) or 1,
                              compiler_invocations=sum(
                                  1 for r in results if r.outcome is Outcome.COMPILED),
-                             tasks_sent=gather.tasks_sent)
+                             tasks_sent=gather.tasks_sent,
+                             store_hits=store_hits)
         if recorder is not None:
             rec = recorder.batch(report.counts(), label=options.label,
                                  seq=requested_by.batch if requested_by else None)

@@ -27,7 +27,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,12 @@ LEASE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
+#: what became of a chunk (``farm_tasks_total{status}``): built with every kernel obtained
+#: (or unsupported), built with a failed kernel, given back to the queue, the task raised,
+#: the time limit, its client gone, avoided by its client
+TASK_STATUSES = ("success", "kernel_failed", "returned", "failure", "timeout", "dropped",
+                 "avoided")
+
 
 def outcome_label(outcome: Outcome | None, failure_kind: str | None) -> str:
     """``compiled``/``loaded``/``rekeyed``, or ``unsupported``/``failed``."""
@@ -75,10 +81,12 @@ class WorkerMetrics:
     store_requests: Counter
     store_bytes: Counter
     lease_wait_seconds: Histogram
+    _seen: set[str] = field(default_factory=set)
 
     def reply(self, fingerprint: str, reply: CompileReply) -> None:
         """Count one chunk's kernels by outcome (and a failure's kind: compile, crashed,
         load, store, ...), with their compile or load seconds."""
+        self._first(fingerprint)
         for k in reply.results:
             kind = k.failure.kind if k.failure else None
             self.kernels.labels(fingerprint=fingerprint, outcome=outcome_label(k.outcome, kind),
@@ -89,7 +97,23 @@ class WorkerMetrics:
                 self.load_seconds.labels(fingerprint=fingerprint).observe(k.work_s)
 
     def task(self, fingerprint: str, status: str) -> None:
+        self._first(fingerprint)
         self.tasks.labels(fingerprint=fingerprint, status=status).inc()
+
+    def _first(self, fingerprint: str) -> None:
+        """Every series of ``fingerprint`` from 0, at its first chunk in this process: a
+        series that appears with its first count shows no increase (no rate, no quantile)
+        in Prometheus, so the first failure or load would be lost on the dashboard."""
+        if fingerprint in self._seen:
+            return
+        self._seen.add(fingerprint)
+        for status in TASK_STATUSES:
+            self.tasks.labels(fingerprint=fingerprint, status=status).inc(0)
+        for outcome in Outcome:
+            self.kernels.labels(fingerprint=fingerprint, outcome=outcome_label(outcome, None),
+                                kind="").inc(0)
+        for histogram in (self.compile_seconds, self.load_seconds, self.lease_wait_seconds):
+            histogram.labels(fingerprint=fingerprint)
 
     def timed_out(self, fingerprint: str, kernels: int) -> None:
         """A chunk stopped by the compile time limit: its kernels failed, kind timeout."""
@@ -315,6 +339,9 @@ def build_registry(summary: dict[str, Any], *, manifest: str, fingerprint: str,
                              "Work seconds (summed over kernels)")):
         Gauge(name, f"{what} of the last build", list(labels),
               registry=registry).labels(**labels).set(summary[key])
+    Gauge("farm_build_store_hits", "Kernels of the last build its client found in the "
+          "store itself, before asking any worker", list(labels), registry=registry
+          ).labels(**labels).set(summary.get("store_hits", 0))
     Gauge("farm_build_tasks_sent", "Chunks the last build sent to the workers",
           list(labels), registry=registry).labels(**labels).set(summary.get("tasks_sent", 0))
     Gauge("farm_build_last_timestamp_seconds", "When the last build ended (Unix time)",

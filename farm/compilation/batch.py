@@ -107,6 +107,9 @@ class BatchReport:
     batch_seq: int | None = None
     #: cluster builds: compile tasks sent to the workers
     tasks_sent: int = 0
+    #: kernels the client found in the store itself, before asking any worker (a
+    #: cluster build sets it; a local build's are its Loaded kernels)
+    store_hits: int | None = None
 
     @property
     def work_s(self) -> float:
@@ -147,6 +150,8 @@ class BatchReport:
             "parallelism": self.parallelism,
             "compiler_invocations": self.compiler_invocations,
             "tasks_sent": self.tasks_sent,
+            "store_hits": (self.count(Outcome.LOADED) if self.store_hits is None
+                           else self.store_hits),
             "native_fallbacks": sum(1 for r in self.results if r.native_fallback),
             "work_parts": {part: round(sum(r.parts.get(part, 0.0) for r in self.results), 4)
                            for part in WORK_PARTS},

@@ -4,29 +4,19 @@ A family is a registered kernel definition. A task names a family and carries it
 parameters as data; a worker only ever expands families its registry knows, so no code
 travels with a task.
 
-A family's *build id* hashes every file of the package the family comes from (the
-outermost regular package of its module, and of each module it names in
-``depends_on``): Python modules and data files alike, e.g. a ``.cl`` file the family
-reads its OpenCL C from, or a helper module that builds the source. Together with the
-farm version. Changing anything that could change a generated source therefore gives
-new keys, and old artifacts are never served as ``Loaded`` (a change that leaves the
-source as it was costs only a rekey, never a compile). Why the whole package rather
-than the family's module: a stale binary must be impossible by construction, not by a
-family author remembering to list every file it reads in ``depends_on``.
+A family's *build id* hashes the code that defines it (for a built-in family its module
+and the farm modules it imports; for a plugin's family its whole package, data files
+included) and the farm version: :mod:`farm.families.buildid` holds the rule. Changing
+anything that could change a generated source therefore gives new keys, and old
+artifacts are never served as ``Loaded`` (a change that leaves the source as it was
+costs only a rekey, never a compile).
 """
-
 from __future__ import annotations
 
-import functools
-import hashlib
-import importlib
 import logging
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -41,7 +31,6 @@ from farm.core.errors import (
     every_error,
     first_error,
 )
-from farm.core.hashing import sha256_hex
 from farm.core.model import (
     ArtifactId,
     KernelId,
@@ -51,8 +40,7 @@ from farm.core.model import (
     ReadyLaunch,
     Variant,
 )
-from farm.families import boundary
-from farm.version import __version__
+from farm.families import boundary, buildid
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +239,9 @@ class KernelFamily(ABC, Generic[P]):
     # -- identity of the code -----------------------------------------------------------
     @property
     def build_id(self) -> str:
-        """Hash of the code that defines this family, and of the farm version."""
-        return _build_id(type(self))
+        """Hash of the code that defines this family, and of the farm version
+        (:mod:`farm.families.buildid` says which code)."""
+        return buildid.build_id(type(self))
 
     # -- helpers for subclasses -----------------------------------------------------------
     @staticmethod
@@ -282,69 +271,3 @@ class KernelFamily(ABC, Generic[P]):
         if dtype == "double" and not device.has_fp64:
             raise UnsupportedFeature("element type double needs cl_khr_fp64, which the "
                                      "device lacks")
-
-
-@functools.cache
-def _build_id(cls: type) -> str:
-    """Hash the code roots of the family's module and of its ``depends_on``; cached per
-    process because files do not change under a running process (a changed family is
-    seen by the next process)."""
-    parts = [f"farm {__version__}"]
-    roots: list[str] = []
-    for name in [cls.__module__, *getattr(cls, "depends_on", ())]:
-        module = sys.modules.get(name) or importlib.import_module(name)
-        for root in _code_roots(module):
-            if root not in roots:
-                roots.append(root)
-    parts += [_root_digest(root) for root in roots]
-    return sha256_hex("\n\0".join(parts))[:24]
-
-
-#: never part of a package's code: byte-code caches, editor and VCS litter
-_SKIPPED_DIRS = frozenset({"__pycache__"})
-_SKIPPED_SUFFIXES = (".pyc", ".pyo", "~", ".swp")
-
-
-def _code_roots(module: ModuleType) -> list[str]:
-    """What can change ``module``'s behaviour: its outermost regular package (folders
-    with every file in them), or the module file itself when it is in no package."""
-    parts = module.__name__.split(".")
-    for depth in range(1, len(parts) + 1):
-        outer = sys.modules.get(".".join(parts[:depth]))
-        if outer is None:
-            break
-        outer_file = getattr(outer, "__file__", None)
-        if outer_file is None:
-            continue  # a namespace package spans unrelated projects: look one level down
-        paths = list(getattr(outer, "__path__", []) or [])
-        return [str(Path(p).resolve()) for p in paths] or [str(Path(outer_file).resolve())]
-    file = getattr(module, "__file__", None)
-    return [str(Path(file).resolve())] if file else [f"module:{module.__name__}"]
-
-
-@functools.cache
-def _root_digest(root: str) -> str:
-    """SHA-256 over every file under ``root`` (or of the file ``root``): relative names
-    and contents, in a fixed order, read in chunks so that size costs no memory."""
-    digest = hashlib.sha256()
-    path = Path(root)
-    if root.startswith("module:") or not path.exists():
-        digest.update(root.encode())
-        return digest.hexdigest()
-    files = [path] if path.is_file() else sorted(
-        f for f in path.rglob("*")
-        if f.is_file() and not f.name.startswith(".")
-        and not f.name.endswith(_SKIPPED_SUFFIXES)
-        and not _SKIPPED_DIRS.intersection(f.relative_to(path).parts)
-        and not any(part.startswith(".") for part in f.relative_to(path).parts))
-    for f in files:
-        name = f.name if f == path else f.relative_to(path).as_posix()
-        digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
-        try:
-            with f.open("rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    digest.update(chunk)
-        except OSError as exc:  # unreadable: its name and the reason still count
-            digest.update(f"unreadable {exc.errno}".encode())
-        digest.update(b"\0")
-    return digest.hexdigest()

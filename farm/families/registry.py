@@ -24,6 +24,7 @@ docs/PLUGINS.md.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 from collections.abc import Iterable, Iterator
@@ -72,7 +73,10 @@ class Registry:
             return self._families[name]
         except KeyError:
             hint = ""
-            if self.broken:
+            close = difflib.get_close_matches(str(name), list(self._families), n=1)
+            if close:
+                hint = f" (did you mean {close[0]!r}?)"
+            elif self.broken:
                 first = next(iter(self.broken.items()))
                 hint = (f" (the family plugin {first[0]!r} could not be loaded: "
                         f"{first[1]})")

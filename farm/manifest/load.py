@@ -3,6 +3,7 @@ finding a built-in manifest by name."""
 
 from __future__ import annotations
 
+import difflib
 import re
 import stat
 import tomllib
@@ -149,5 +150,7 @@ def resolve_manifest(name_or_path: str) -> Path:
     if name in builtins and "/" not in name_or_path and "\\" not in name_or_path:
         return builtins[name]
     names = ", ".join(builtins) or "none installed"
+    close = difflib.get_close_matches(name, list(builtins), n=1)
+    guess = f": did you mean {close[0]}?" if close else ""
     raise ManifestError(_one_line(f"{name_or_path}: no such file, and no built-in manifest "
-                                  f"of that name (built-in: {names})"))
+                                  f"of that name{guess} (built-in: {names})"))

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 _PRECEDENCE = {Outcome.COMPILED: 3, Outcome.REKEYED: 2, Outcome.LOADED: 1}
 """Which of a kernel's records says most about it (see the module docstring)."""
 
+CLIENT_LANE = "client"
+"""The lane (and "by worker" row) of the kernels the build's own process obtained itself
+(found in the store before sending the rest): not a worker, and named so."""
+
 STRAGGLER_FACTOR = 2.0
 """A kernel is a straggler when its work is at least this many times the median work of
 its build's kernels (of builds of at least ``STRAGGLER_MIN_KERNELS``)."""
@@ -265,6 +269,14 @@ def load_builds(storage: SessionStorage, ref: BuildRef | None = None) -> list[Bu
     return builds
 
 
+def lane_of(run: CompilationRecord, client: int) -> str:
+    """Where a kernel was obtained: its worker (``host:pid``), else its host, else the
+    build's own process (:data:`CLIENT_LANE`), else the session that recorded it."""
+    if run.worker or run.host:
+        return run.worker or run.host
+    return CLIENT_LANE if run.stamp.session == client else f"session {run.stamp.session}"
+
+
 def summarize(builds: Sequence[Build], *, scope: str = "all", top: int = 10) -> Summary:
     """Totals over ``builds``, each kernel once per build."""
     outcomes = Outcomes()
@@ -282,7 +294,7 @@ def summarize(builds: Sequence[Build], *, scope: str = "all", top: int = 10) -> 
         unattributed += max(0, counted.kernels - len(kernels))
         missing += build.missing()
         for run in kernels.values():
-            worker = run.worker or run.host or f"session {run.stamp.session}"
+            worker = lane_of(run, build.ref.session)
             for group, name in ((families, run.family), (workers, worker)):
                 row = group.setdefault(name, GroupSummary(name=name))
                 row.kernels += 1
@@ -366,6 +378,19 @@ class Timeline(BaseModel):
         description="sessions with records in the build but no session row (not ingested "
         "yet, or pruned): their bars cannot be placed")
 
+    @property
+    def workers(self) -> list[str]:
+        """The lanes that are workers: every lane but the build's own process."""
+        return [lane for lane in self.lanes if lane != CLIENT_LANE]
+
+    def lanes_text(self) -> str:
+        """``2 worker(s) and the client``: what the lanes are, the same words in the
+        picture and the CLI."""
+        client = CLIENT_LANE in self.lanes
+        if not self.workers:
+            return "the client alone" if client else "no lane"
+        return f"{len(self.workers)} worker(s){' and the client' if client else ''}"
+
 
 def timeline(storage: SessionStorage, ref: BuildRef) -> Timeline:
     """The timeline of one build (all its batches when ``ref`` names only a session)."""
@@ -404,7 +429,7 @@ def place(ref: BuildRef, runs: Sequence[CompilationRecord],
     works = [r.work_s for r in placed]
     median = statistics.median(works) if len(works) >= STRAGGLER_MIN_KERNELS else None
     bars = [
-        Bar(lane=r.worker or r.host or f"session {r.stamp.session}",
+        Bar(lane=lane_of(r, ref.session),
             start_s=round(start - origin, 6), end_s=round(end - origin, 6), family=r.family,
             kernel=r.kernel, key=r.key, outcome=r.outcome, work_s=r.work_s,
             straggler=median is not None and median > 0
@@ -423,6 +448,7 @@ def place(ref: BuildRef, runs: Sequence[CompilationRecord],
 
 
 __all__ = [
+    "CLIENT_LANE",
     "Bar",
     "Build",
     "BuildRef",
@@ -432,6 +458,7 @@ __all__ = [
     "Summary",
     "Timeline",
     "group_builds",
+    "lane_of",
     "load_builds",
     "place",
     "summarize",

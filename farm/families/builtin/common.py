@@ -5,9 +5,10 @@ row, reduced with a tree in ``__local`` memory) and of the elementwise-style one
 work-item per element, surplus work-items guarded), and the examples' tolerances. Each
 kernel's body stays in its family's module.
 
-Like every file of the ``farm`` package, this module is part of every built-in family's
-build id (``farm.families.base``: a family's build id hashes its whole package), so a
-change here, which can change generated source, never serves an old binary.
+Every built-in family imports this module, so it is part of every one's build id
+(``farm.families.buildid``: a built-in family's module and the farm modules it
+imports), and a change here, which can change generated source, never serves an old
+binary.
 """
 
 from __future__ import annotations
