@@ -43,7 +43,7 @@ from farm.programs.includes import (
 from farm.programs.options import Options, UnservedOptions, parse_options
 
 #: bump when the farm changes what it stores for a program (every key changes with it)
-PROGRAM_FORMAT = 1
+PROGRAM_FORMAT = 2  # 2: the stored bytes are a body (farm.programs.body)
 PROGRAM_BUILD_ID = stable_hash({"kind": PROGRAM_FAMILY, "format": PROGRAM_FORMAT}, 24)
 
 #: the largest source or header the farm keeps (a bigger one is built the plain way)
