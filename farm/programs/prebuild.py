@@ -45,14 +45,13 @@ def handle(spec: ProgramSpec) -> ArtifactId:
 
 
 def targets(capture: CaptureFile, fingerprint: str | None) -> dict[str, list[ProgramSpec]]:
-    """Fingerprint -> the programs to build for it."""
-    if fingerprint:
-        return {fingerprint: [p.spec for p in capture.programs]}
-    out: dict[str, list[ProgramSpec]] = {}
+    """Fingerprint -> the programs to build for it, each key once (a capture may list the
+    same program many times: it is built once)."""
+    out: dict[str, dict[str, ProgramSpec]] = {}
     for p in capture.programs:
-        for fp in p.fingerprints:
-            out.setdefault(fp, []).append(p.spec)
-    return out
+        for fp in [fingerprint] if fingerprint else p.fingerprints:
+            out.setdefault(fp, {}).setdefault(p.spec.key.id_hash, p.spec)
+    return {fp: list(specs.values()) for fp, specs in out.items()}
 
 
 def put_blobs(store: ArtifactStore, capture: CaptureFile, specs: list[ProgramSpec]) -> int:
@@ -101,6 +100,7 @@ def build_here(settings: Settings, device: DeviceInfo, capture: CaptureFile, *,
         put_blobs(store, capture, [s for _, s in misses])
         pool = ProcessPoolCompiler(device, max(1, workers), settings.native_binaries,
                                    crash_limit=settings.crash_limit)
+        stopped = False
         try:
             futures: dict[Future[FinalizeResult], tuple[KernelResult, ProgramSpec]] = {}
             for res, spec in misses:
@@ -111,8 +111,13 @@ def build_here(settings: Settings, device: DeviceInfo, capture: CaptureFile, *,
                 res, spec = futures[fut]
                 _finish(store, device, res, spec, fut.result(), recorder)
                 notify(res)
+        except BaseException:  # interrupted (SIGINT, or SIGTERM made one): stop them now
+            stopped = True
+            pool.close(now=True)
+            raise
         finally:
-            pool.close()
+            if not stopped:
+                pool.close()
     return BatchReport(results=results, wall_s=time.perf_counter() - start,
                        parallelism=max(1, workers), compiler_invocations=len(misses))
 
