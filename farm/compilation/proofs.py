@@ -224,16 +224,24 @@ class Prover:
         self.close()
 
 
-def prove_family(prover: Prover, art: Artifact, names: tuple[str, ...]) -> str:
-    """"" when ``art`` (a family's stored artifact) is proven on this node to load
-    holding exactly ``names`` (any kernels when empty), else why not;
-    :class:`~farm.core.errors.DeviceError` when nothing could be decided here (no child
-    could start, or it did not answer in time): the caller then loads nothing."""
+def prove_family(prover: Prover, art: Artifact, names: tuple[str, ...] = ()) -> str:
+    """"" when ``art`` (a family's stored artifact) is proven on this node to load, else
+    why not; :class:`~farm.core.errors.DeviceError` when nothing could be decided here
+    (no child could start, or it did not answer in time): the caller then loads nothing.
+
+    The claim is the bytes' alone, and so is the child's check: which kernels a binary
+    may hold depends on the key it is served under, and is the caller's to check at its
+    own load (``farm.compilation.load``: exactly the family's declared names). So a
+    verdict made without them (a bundle import's) serves every loader of the node, and
+    a valid binary copied under another kernel's key is refused under that key only,
+    never on this node for the kernel it belongs to. ``names`` are the caller's
+    (kept for its signature: ``Obtainer``'s validate)."""
     from farm.compilation.validate import Request
     from farm.core.errors import DeviceError
 
-    claim = Claim("family", prover.device.fingerprint, art.meta.digest, names=names or None)
-    verdict = prover.prove(claim, art.binary, Request(names=names or None))
+    del names  # checked by the caller's own load, see above
+    claim = Claim("family", prover.device.fingerprint, art.meta.digest)
+    verdict = prover.prove(claim, art.binary, Request())
     if not verdict.definite:
         raise DeviceError(verdict.why)
     return verdict.why

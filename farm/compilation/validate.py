@@ -40,10 +40,13 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from farm.compilation.proofs import Verdict
 from farm.core.device import DeviceInfo
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +237,7 @@ def _serve() -> int:
     return 0
 
 
-def _check(ctx: Any, cl_device: Any, info: DeviceInfo, binary: bytes,
+def _check(ctx: cl.Context, cl_device: cl.Device, info: DeviceInfo, binary: bytes,
            request: dict[str, Any]) -> str:
     """"" when ``binary`` passes every check of ``request`` here, else why not."""
     import pyopencl as cl

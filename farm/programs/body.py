@@ -23,12 +23,15 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, StringConstraints, ValidationError
 
 from farm.core.keys import PROGRAM_FAMILY
 from farm.core.model import Artifact, Frozen, Key, LogText
+
+if TYPE_CHECKING:
+    from farm.compilation.finalize import FinalizeResult
 
 MAGIC = b"KFPROG01"
 _LEN = struct.Struct(">I")
@@ -100,11 +103,12 @@ def read_body(data: bytes, program: Key, device: str) -> Body:
     return Body(header=header, binary=data[start + size:])
 
 
-def program_artifact(program: Key, device: str, kernels: tuple[str, ...], log: str,
-                     binary: bytes, spec_digest: str, *, host: str = "", worker: str = "",
-                     work_s: float = 0.0) -> Artifact:
-    """The artifact of a program compiled and loaded on ``device`` (``spec_digest``: its
-    spec blob's, which the artifact names as its source)."""
+def program_artifact(program: Key, device: str, built: FinalizeResult, binary: bytes,
+                     spec_digest: str) -> Artifact:
+    """The artifact of ``binary``, compiled (``built``: its kernels, log, where and how
+    long) for ``program`` on ``device`` (``spec_digest``: its spec blob's, which the
+    artifact names as its source)."""
     return Artifact.create(program, PROGRAM_FAMILY,
-                           encode_body(program, device, kernels, log, binary), spec_digest,
-                           host=host, worker=worker, work_s=work_s)
+                           encode_body(program, device, built.kernel_names, built.build_log,
+                                       binary), spec_digest,
+                           host=built.host, worker=built.worker, work_s=built.work_s)

@@ -308,15 +308,13 @@ def compiled_here(info: DeviceInfo, key: Key, spec_digest: str, built: FinalizeR
         except PoclBinaryError:
             storable = False
     storable = storable and not structure(binary, info)
-    kernels = built.kernel_names
     try:
-        art = program_artifact(key, info.fingerprint, kernels, built.build_log, binary,
-                               spec_digest, host=built.host, worker=built.worker,
-                               work_s=built.work_s)
-    except ValidationError:  # a kernel name no body keeps: served, not stored
-        kernels, storable = (), False
-        art = program_artifact(key, info.fingerprint, kernels, built.build_log[:1 << 20],
-                               binary, spec_digest)
+        art = program_artifact(key, info.fingerprint, built, binary, spec_digest)
+    except ValidationError:  # a kernel name or log no body keeps: served, not stored
+        storable = False
+        art = program_artifact(key, info.fingerprint, built.model_copy(update={
+            "kernel_names": (), "build_log": built.build_log[:1 << 20]}), binary,
+                               spec_digest)
     body = read_body(art.binary, key, info.fingerprint)
     prepared = (merge(binary, build_hash(binary), [], 0)
                 if info.compiles_at_launch and storable else None)
