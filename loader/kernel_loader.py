@@ -176,6 +176,10 @@ class KernelLoader:
             #: the store tiers, walked front to back (shared with warm)
             self.fetcher = TierFetcher(store, self.namespace, self._context, self.stats.bump,
                                        self.declared_names, self.validate_isolated)
+            if not self.prover.book.holds(self._device.fingerprint):
+                # a node that never proved a binary of this device will: its child opens
+                # the device while this one does (farm.compilation.proofs)
+                self.prover.start()
             if recorder is None:
                 recorder = open_recorder(self.settings, label)
                 self._environment.callback(recorder.close)

@@ -45,7 +45,6 @@ from farm.compilation.poclbin import (
     rewrite,
 )
 from farm.compilation.proofs import Claim, ProofBook, Prover, Verdict, prove_family
-from farm.compilation.validate import Request
 from farm.core.errors import DeviceError
 from farm.core.keys import PROGRAM_FAMILY, PROGRAM_FUNCTIONS_FAMILY, Namespace
 from farm.core.model import Artifact, Key, Outcome
@@ -64,6 +63,7 @@ from farm.store.tiers import Tier
 
 if TYPE_CHECKING:
     from farm.compilation.finalize import FinalizeResult
+    from farm.compilation.validate import Request
     from farm.core.device import DeviceInfo
 
 
@@ -329,6 +329,8 @@ def _record_claim(fingerprint: str, program: Artifact, cand: Candidate) -> Claim
 
 
 def _request(body: Body, records: list[Candidate]) -> Request:
+    from farm.compilation.validate import Request  # the child's side: when one is asked
+
     launches: list[dict[str, Any]] = [launch.model_dump(mode="json")
                                       for rec in records
                                       for launch in rec.decoded.launches.values()]
