@@ -187,3 +187,37 @@ def test_with_a_verify_key_a_record_not_signed_is_refused(
     served = run(tmp_path, {**env(home, tmp_path / "b-pocl"), "FARM_VERIFY_KEY": public},
                  locals_="128")
     assert served.returncode == 0 and served.ok and served.counts["loaded"] == 1, served
+
+
+@pytest.mark.integration
+def test_a_bad_record_in_minio_is_quarantined_there_and_replaced_for_every_node(
+        genuine: dict[str, Any], tmp_path: Path, minio_server: Any) -> None:
+    """The node that meets a bad record in the shared store quarantines it there, and its
+    harvest stores the functions its launches made in the freed slot: a fresh node then
+    loads the program with that record and compiles nothing at its launches."""
+    import uuid
+
+    from farm.core.settings import Settings
+    from farm.store.minio import MinioStore
+
+    bucket = f"t29r-{uuid.uuid4().hex[:12]}"
+    ns = genuine["ns"]
+    bad = _record(genuine, {("twice", SMALL): _does_not_open(
+        genuine["functions"][("twice", SMALL)])})
+    store = MinioStore.from_settings(Settings(
+        minio_endpoint=minio_server.endpoint, minio_access_key=minio_server.access_key,
+        minio_secret_key=minio_server.secret_key, minio_bucket=bucket))
+    try:
+        store.put(ns, genuine["art"])
+        store.put(ns, bad)
+        first = run(tmp_path, env(tmp_path / "b", tmp_path / "b-pocl", minio_server, bucket))
+        assert first.returncode == 0 and first.ok and len(first.warnings) == 1, first
+        assert [q.artifact.meta.digest for q in store.quarantined(ns)] == [bad.meta.digest]
+        held = store.get(ns, bad.meta.key)
+        assert held is not None and held.meta.digest != bad.meta.digest
+    finally:
+        store.close()
+    fresh = run(tmp_path, {**env(tmp_path / "c", tmp_path / "c-pocl", minio_server, bucket),
+                           "POCL_DEBUG": "general"})
+    assert fresh.returncode == 0 and fresh.ok and fresh.warnings == [], fresh
+    assert "Built a" not in fresh.stderr and "Using a cached WG function" in fresh.stderr
