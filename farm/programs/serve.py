@@ -5,7 +5,12 @@ devices that share a fingerprint, in order:
 
 1. **memory**: this process already served the key (pyopencl rebuilds the same source);
 2. **the store tiers**, front to back (the environment's SQLite file, then MinIO): each
-   verifies the digest; a later tier's hit is copied forward only after it loaded;
+   verifies the digest, and the program (with its work-group function records) is proven
+   on this node before the application loads it (:mod:`~farm.programs.proving`: its body
+   names this program and device; a child process with a private driver cache loads it;
+   the node keeps the verdict); one refused is quarantined in its tier, said once, and
+   the next tier asked, then the compile below; a later tier's hit is copied forward
+   only after it loaded;
 3. **compile here**: the farm's own compile path (:func:`~farm.compilation.finalize.
    finalize_and_validate` on the application's context and device: the native linker on
    NVIDIA), then the application's own load of the binary validates it, and only then
@@ -24,9 +29,11 @@ program obtained is recorded in the process's records session (family ``program`
 **Never break the application.** A source the compiler refuses is built again by
 pyopencl itself, which raises its own error (same type, code and build log): the farm
 never invents one. When the farm cannot help (options it cannot key, a store or
-service that fails, a stored binary the device refuses), the program is built the plain
-way and one warning line says why; a store that failed once is not asked again in this
-process (an outage would otherwise stall every build).
+service that fails), the program is built the plain way and one warning line says why; a
+store that failed once is not asked again in this process (an outage would otherwise
+stall every build). A stored program that is refused is built again by the farm from
+the source the application just gave, and the repair stored. A stored build log is shown
+escaped (:func:`escaped_log`).
 """
 
 from __future__ import annotations
@@ -300,9 +307,9 @@ class ProgramServer:
             tiers = tiers_of(self.store)
             got = proving.stored(info, key, tiers, self._reader(info, key), self._warn_once)
             if got is None:
-                art = self._on_cluster(info, described)
-                got = proving.served(info, key, art, 0, tiers, None, self._warn_once) \
-                    if art is not None else None
+                art = self._on_cluster(info, described)  # stored by a worker: proven too
+                got = proving.served(info, key, art, len(tiers) - 1, tiers, None,
+                                     self._warn_once) if art is not None else None
                 got = got or self._compile(ctx, dev, info, described)
                 got.outcome = Outcome.COMPILED
             self._memory.put(mkey, got)
