@@ -218,3 +218,30 @@ def test_a_killed_capture_build_ends_its_compile_processes(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_capture_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    """A pipe named like a capture would be read for ever."""
+    path = tmp_path / "pipe.json"
+    os.mkfifo(path)
+    _refused(tmp_path / "home", path, "regular file")
+
+
+def test_a_header_name_the_file_system_refuses_fails_that_program_in_one_line(
+        fingerprint: str, tmp_path: Path) -> None:
+    """A header path the build host cannot lay out (a component over its name limit)
+    fails that program as ``validation``, never a compile process's traceback."""
+    header = "#define VALUE 1\n"
+    name = "h" * 300 + ".h"
+    digest = hashlib.sha256(header.encode()).hexdigest()
+    source = f'#include "{name}"\n' + KERNEL.replace("1;", "VALUE;")
+    path = _capture(tmp_path / "c.json", fingerprint, [source],
+                    includes=[[name, True, [digest]]],
+                    headers=[{"root": 0, "path": name, "digest": digest}])
+    data = json.loads(path.read_text())
+    data["blobs"][digest] = {"text": header}
+    path.write_text(json.dumps(data))
+    proc = _farm(tmp_path / "home", "build", str(path), "--json")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    failure = json.loads(proc.stdout)["builds"][0]["failures"][0]
+    assert failure["kind"] == "validation" and "laid out" in failure["message"], failure

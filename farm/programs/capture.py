@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import stat
 import threading
 from pathlib import Path
 from typing import Annotated, Literal
@@ -163,7 +164,10 @@ def write_capture(path: Path, capture: CaptureFile) -> None:
 def read_capture(path: Path) -> CaptureFile:
     """The validated capture at ``path``; :class:`CaptureError` in one line otherwise."""
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a pipe or a device would be read for ever
+            raise CaptureError(f"capture {path}: not a regular file")
+        size = info.st_size
         if size > MAX_CAPTURE_BYTES:
             raise CaptureError(f"capture {path}: {size} bytes, over the limit of "
                                f"{MAX_CAPTURE_BYTES}")

@@ -71,7 +71,11 @@ def compile_laid_out(ctx: cl.Context, device: cl.Device, spec: ProgramSpec,
     if why:
         return FinalizeResult(error=why, error_kind="validation")
     with tempfile.TemporaryDirectory(prefix="farm-program-") as folder:
-        roots = lay_out(folder, spec.layout(), dict(blobs), max(spec.roots, 1))
+        try:
+            roots = lay_out(folder, spec.layout(), dict(blobs), max(spec.roots, 1))
+        except OSError as exc:  # a name this file system will not take (too long...)
+            return FinalizeResult(error=f"the headers cannot be laid out here: "
+                                        f"{exc.strerror or exc}", error_kind="validation")
         options = remote_options(spec.options, roots)
         with _CWD_LOCK:
             before = os.getcwd()
