@@ -8,6 +8,7 @@
 #   bench/h200_round.sh fanout-nvidia pyapp-pocl              # about 9 minutes
 #   bench/h200_round.sh control-plane                         # about 4 minutes
 #   bench/h200_round.sh ready-speed-pocl gpu-cluster-bench    # not run yet (next session)
+#   bench/h200_round.sh proofs-nvidia proofs-pocl trust-pocl  # about 9 minutes (issue 29)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
@@ -44,6 +45,12 @@ for name in "$@"; do
         control-plane) step control-plane 540 $host python3 bench/bench_control_plane.py \
             --workers 8,32,128 --chunks 4 --rtt-ms 0.5,5 --kernels 2000 --clients 2 \
             --latency-rounds 24 ;;
+        proofs-nvidia) step proofs-nvidia 200 $host python3 bench/bench_proofs.py \
+            --device nvidia --rounds 2 --manifest medium ;;
+        proofs-pocl) step proofs-pocl 200 env FARM_DEVICE=pocl $host python3 \
+            bench/bench_proofs.py --device pocl --rounds 2 --manifest tiny ;;
+        trust-pocl) step trust-pocl 200 env FARM_DEVICE=pocl $host python3 -m pytest -x -q \
+            -p no:cacheprovider tests/test_program_trust.py tests/test_program_records.py ;;
         *) echo "h200_round.sh: no step named $name"; exit 2 ;;
     esac
 done

@@ -49,13 +49,13 @@ from pydantic import BaseModel
 from farm.compilation.batch import Batch, BatchReport, Progress
 from farm.compilation.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
 from farm.compilation.obtain import store_key
-from farm.compilation.validate import IsolatedValidator, ValidatorError
+from farm.compilation.proofs import ProofBook, Prover, prove_family
 from farm.core.device import DeviceContext, DeviceInfo, probe_devices
 from farm.core.device_probe import choose_device
-from farm.core.errors import DeviceError, KernelError, SettingsError
+from farm.core.errors import KernelError, SettingsError
 from farm.core.generation import bump_generation
 from farm.core.keys import Namespace
-from farm.core.model import ArtifactId, Key, LaunchSettings, Outcome, Variant
+from farm.core.model import Artifact, ArtifactId, Key, LaunchSettings, Outcome, Variant
 from farm.core.settings import Settings, load_settings
 from farm.families import Registry
 from farm.manifest import Manifest
@@ -151,7 +151,7 @@ class KernelLoader:
         self._compiler = compiler
         self._owns_compiler = False
         self._cluster: ClusterClient | None = None
-        self._validator: IsolatedValidator | None = None
+        self._prover: Prover | None = None
         self._closed = False
         try:
             if isinstance(device, DeviceContext):  # a caller started the context earlier
@@ -178,6 +178,10 @@ class KernelLoader:
             #: the store tiers, walked front to back (shared with warm)
             self.fetcher = TierFetcher(store, self.namespace, self._context, self.stats.bump,
                                        self.declared_names, self.validate_isolated)
+            if not self.prover.book.holds(self._device.fingerprint):
+                # a node that never proved a binary of this device will: its child opens
+                # the device while this one does (farm.compilation.proofs)
+                self.prover.start()
             if recorder is None:
                 recorder = open_recorder(self.settings, label)
                 self._environment.callback(recorder.close)
@@ -352,21 +356,19 @@ class KernelLoader:
         return family.lower_id(artifact, self._device).kernel_names
 
     @property
-    def validator(self) -> IsolatedValidator:
-        """This loader's child process for binaries not validated here (started on the
-        first one, closed with the loader)."""
+    def prover(self) -> Prover:
+        """This loader's proofs: the node's book, and a child process for binaries this
+        node has not proven (started on the first one, closed with the loader)."""
         with self._lock:
-            if self._validator is None:
-                self._validator = IsolatedValidator(self._device)
-                self._owned.callback(self._validator.close)
-            return self._validator
+            if self._prover is None:
+                self._prover = Prover(self._device, ProofBook(self.settings.home))
+                self._owned.callback(self._prover.close)
+            return self._prover
 
-    def validate_isolated(self, binary: bytes, names: tuple[str, ...]) -> str:
-        """Load ``binary`` in the child first: "" when it loads, else why not."""
-        try:
-            return self.validator.validate(binary, names)
-        except ValidatorError as exc:
-            raise DeviceError(str(exc)) from None
+    def validate_isolated(self, art: Artifact, names: tuple[str, ...]) -> str:
+        """Prove ``art`` on this node before it is loaded here: "" when it loads, else
+        why not (:class:`DeviceError` when nothing could be decided)."""
+        return prove_family(self.prover, art, names)
 
     def _obtain(self, artifact: ArtifactId) -> LoadedProgram:
         """Memory, else a trip; concurrent asks for one key share one trip."""
@@ -436,6 +438,7 @@ class KernelLoader:
                       compiler=self._compiler_for(len(artifacts)),
                       recorder=self.recorder, record_batch=False,
                       keep_programs=True, label=label or self.label)
+        batch.prover = self.prover
         report = batch.run(artifacts, progress=progress)
         self.stats.bump("compiler_invocations", report.compiler_invocations)
         return report

@@ -5,12 +5,14 @@ digest), load, and copy a later tier's hit into the tiers in front of it *after*
 loaded, so the next process on this machine needs no network and a binary this device
 refused is never copied.
 
-Two rules guard the process that loads (docs/SECURITY.md): an artifact not validated on
-this fingerprint (``origin="imported"``: a bundle's, not yet loaded here) is first
-loaded in a child process (:mod:`farm.compilation.validate`), and only then here; and
-an artifact this device refuses, or that kills the child, is proven bad on its own
-device: it is quarantined (moved aside with why, its bytes kept), so that the kernel's
-repair can be stored instead of being refused by first-writer-wins for ever.
+Two rules guard the process that loads (docs/SECURITY.md, "One trust rule for every
+stored binary"): every artifact is proven on this node before this process loads it,
+in a child process with a private driver cache (:mod:`farm.compilation.proofs`; the
+node's book answers for those proven before, so a warm node pays a ``stat``), whatever
+its origin (an ``imported`` one is then noted ``validated`` in its tier); and an
+artifact this device refuses, or that kills the child, is proven bad on its own device:
+it is quarantined (moved aside with why, its bytes kept), so that the kernel's repair
+can be stored instead of being refused by first-writer-wins for ever.
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ def load_binary(ctx: cl.Context, device: cl.Device, binary: bytes,
 
 #: the kernel names a family declares for an artifact id (its lowering's)
 Declared = Callable[[ArtifactId], tuple[str, ...]]
-#: loads a binary in an isolated process: "" when it loads, else why not
-Isolate = Callable[[bytes, tuple[str, ...]], str]
+#: proves a stored artifact in an isolated process (the node's verdict first): "" when
+#: it loads holding exactly the names given, else why not
+Isolate = Callable[[Artifact, tuple[str, ...]], str]
 
 
 class TierFetcher:
@@ -66,8 +69,8 @@ class TierFetcher:
 
     ``count`` receives the names of what happened (``loads``, ``native_fallbacks``) for
     the loader's statistics; ``declared`` gives the kernel names the family declares,
-    the only ones a binary served for that kernel may hold; ``isolate`` loads an
-    unvalidated binary in a child process first.
+    the only ones a binary served for that kernel may hold; ``isolate`` proves a binary
+    in a child process before it is loaded here.
     """
 
     def __init__(self, store: ArtifactStore, namespace: Namespace, context: DeviceContext,
@@ -119,12 +122,11 @@ class TierFetcher:
                                 tier.name, key)
                     continue
                 t = time.perf_counter()
-                if art.meta.origin == "imported":
-                    checked = self._validated(tier, art, names)
-                    if checked is None:
-                        load_s += time.perf_counter() - t
-                        continue
-                    art = checked
+                checked = self._validated(tier, art, names)
+                if checked is None:
+                    load_s += time.perf_counter() - t
+                    continue
+                art = checked
                 try:
                     ctx, cl_device = self._context.get()
                     loaded = load_binary(ctx, cl_device, art.binary,
@@ -153,19 +155,21 @@ class TierFetcher:
 
     def _validated(self, tier: Tier, art: Artifact, names: tuple[str, ...]
                    ) -> Artifact | None:
-        """``art`` (imported) once a child process loaded it, noted as validated in its
-        tier; ``None`` (quarantined) when the child could not."""
+        """``art`` once proven on this node (an imported one noted as validated in its
+        tier); ``None`` (quarantined) when the child could not load it."""
         try:
-            why = self._isolate(art.binary, names)
+            why = self._isolate(art, names)
         except FarmError as exc:  # no child here: the binary is not loaded unchecked
             log.warning("loader: %s was not validated here (%s); a miss", art.meta.key, exc)
             return None
         if why:
-            log.warning("loader: %s (imported) failed validation in a child process: %s",
-                        art.meta.key, why)
+            log.warning("loader: %s (%s) failed validation in a child process: %s",
+                        art.meta.key, art.meta.origin, why)
             self._count("quarantined")
             set_aside(tier.store, self.namespace, art, why)
             return None
+        if art.meta.origin != "imported":
+            return art
         self._count("validated")
         return mark_validated(tier.store, self.namespace, art)
 

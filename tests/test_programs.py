@@ -253,14 +253,22 @@ def test_a_corrupt_or_refused_stored_binary_never_reaches_the_application(
     again.build(program, None, None, lambda: pytest.fail("plain build"))
     assert again.counts.snapshot()["compiled"] == 1 and list(_run(ctx, program)) == [6] * 4
     assert store.get(ns, key) is not None
-    # refused: a valid entry the device will not load is built the plain way, one warning
+    # refused: an entry that is not this program's is quarantined and built again from
+    # the source the application gave, one warning; the next process loads the repair
     store.delete(ns, key)
     store.put(ns, Artifact.create(key, PROGRAM_FAMILY, b"garbage", key.id_hash))
+    capfd.readouterr()
     third = ProgramServer(settings, store=store)
     program = cl.Program(ctx, src)
-    third.build(program, None, None, lambda p=program: _original_build(p))
-    assert third.counts.snapshot()["fallbacks"] == 1 and list(_run(ctx, program)) == [6] * 4
-    assert "refused" in capfd.readouterr().err
+    third.build(program, None, None, lambda: pytest.fail("plain build"))
+    assert third.counts.snapshot()["compiled"] == 1 and list(_run(ctx, program)) == [6] * 4
+    warned = [line for line in capfd.readouterr().err.splitlines() if "kernel-farm" in line]
+    assert len(warned) == 1 and "refused" in warned[0] and "quarantined" in warned[0]
+    assert [q.artifact.binary for q in store.quarantined(ns)] == [b"garbage"]
+    fourth = ProgramServer(settings, store=store)
+    program = cl.Program(ctx, src)
+    fourth.build(program, None, None, lambda: pytest.fail("plain build"))
+    assert fourth.counts.snapshot()["loaded"] == 1 and list(_run(ctx, program)) == [6] * 4
 
 
 def test_the_farm_compile_never_enters_the_hook(ctx: Any, served: ProgramServer) -> None:

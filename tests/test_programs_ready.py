@@ -58,7 +58,8 @@ from farm.programs.supplements import (
     SupplementError,
     decode,
     encode,
-    prepare,
+    merge,
+    read_records,
 )
 from farm.store.memory import MemoryStore
 from farm.store.tiers import Tier
@@ -69,6 +70,7 @@ __kernel void shift(__global float *a, float k) { int i = get_global_id(0); a[i]
 __kernel void never(__global float *a) { a[0] = 0; }
 """
 PROGRAM = Key(id_hash="ab" * 32, build_id="cd" * 12)
+DEVICE = "pocl-test-0123456789ab"
 #: a child process's context on the PoCL device (a GPU host lists NVIDIA first)
 POCL_CONTEXT = ("ctx = cl.Context([next(d for p in cl.get_platforms() if 'Portable' in p.name"
                 " for d in p.get_devices())])")
@@ -230,39 +232,75 @@ def _raw_record(header: dict[str, Any], bodies: list[bytes]) -> bytes:
     return MAGIC + struct.pack(">I", len(raw)) + raw + b"".join(bodies)
 
 
-def _header(base: str, kernel: str, spec: str, body: bytes, **extra: Any) -> dict[str, Any]:
+def _header(base: str, kernel: str, local: list[Any], body: bytes, device: str = DEVICE
+            ) -> dict[str, Any]:
     import hashlib
 
-    return {"format": 1, "program": str(PROGRAM), "base": base,
-            "functions": [{"kernel": kernel, "spec": spec, "size": len(body),
-                           "sha256": hashlib.sha256(body).hexdigest()}], **extra}
+    return {"format": 2, "program": str(PROGRAM), "base": base, "device": device,
+            "functions": [{"kernel": kernel, "local_size": local, "zero_offset": True,
+                           "small_grid": False, "size": len(body),
+                           "sha256": hashlib.sha256(body).hexdigest()}]}
+
+
+def _enc(base: str, functions: dict[tuple[str, str], bytes], device: str = DEVICE,
+         **launches: Any) -> bytes:
+    return encode(PROGRAM, base, device, functions, launches.get("launches"))
+
+
+def _launch(kernel: str, local: tuple[int, ...], glob: tuple[int, ...] = (1024,)) -> Any:
+    from farm.core.model import ReadyLaunch
+
+    return ReadyLaunch(kernel_name=kernel, global_size=glob, local_size=local,
+                       args=({"kind": "buffer", "nbytes": 4096},
+                             {"kind": "scalar", "dtype": "<f4", "value": 2.0}))
 
 
 HOSTILE = {
-    "path out of the folder": lambda b, f: _raw_record(
-        _header(b, "../../../tmp/x", "16-1-1-goffs0", f), [f]),
-    "the generic function": lambda b, f: _raw_record(_header(b, "scale", "0-0-0", f), [f]),
-    "a specialisation PoCL never makes": lambda b, f: _raw_record(
-        _header(b, "scale", "16-1-1/../../x", f), [f]),
-    "a kernel the program lacks": lambda b, f: _raw_record(
-        _header(b, "nosuch", "16-1-1-goffs0", f), [f]),
-    "not ELF": lambda b, f: _raw_record(_header(b, "scale", "16-1-1-goffs0", b"x" * 64),
-                                        [b"x" * 64]),
-    "a stub": lambda b, f: _raw_record(_header(b, "scale", "16-1-1-goffs0",
-                                               stub("scale") or b""), [stub("scale") or b""]),
-    "another kernel's code": lambda b, f: _raw_record(
-        _header(b, "shift", "16-1-1-goffs0", f), [f]),
-    "truncated": lambda b, f: encode(PROGRAM, b, {("scale", "16-1-1-goffs0"): f})[:-10],
-    "bytes after": lambda b, f: encode(PROGRAM, b, {("scale", "16-1-1-goffs0"): f}) + b"!",
-    "digest wrong": lambda b, f: _raw_record(
-        {**_header(b, "scale", "16-1-1-goffs0", f), "functions": [
-            {**_header(b, "scale", "16-1-1-goffs0", f)["functions"][0], "sha256": "0" * 64}]},
+    "path out of the folder": lambda b, f, d=DEVICE: _raw_record(
+        _header(b, "../../../tmp/x", [16, 1, 1], f, d), [f]),
+    "the generic function": lambda b, f, d=DEVICE: _raw_record(
+        _header(b, "scale", [0, 0, 0], f, d), [f]),
+    "a local size PoCL never makes": lambda b, f, d=DEVICE: _raw_record(
+        _header(b, "scale", [16, 1, 99999], f, d), [f]),
+    "a local size that is text": lambda b, f, d=DEVICE: _raw_record(
+        _header(b, "scale", ["16/../../x", 1, 1], f, d), [f]),
+    "a kernel the program lacks": lambda b, f, d=DEVICE: _raw_record(
+        _header(b, "nosuch", [16, 1, 1], f, d), [f]),
+    "not ELF": lambda b, f, d=DEVICE: _raw_record(
+        _header(b, "scale", [16, 1, 1], b"x" * 64, d), [b"x" * 64]),
+    "a stub": lambda b, f, d=DEVICE: _raw_record(
+        _header(b, "scale", [16, 1, 1], stub("scale") or b"", d), [stub("scale") or b""]),
+    "another kernel's code": lambda b, f, d=DEVICE: _raw_record(
+        _header(b, "shift", [16, 1, 1], f, d), [f]),
+    "truncated": lambda b, f, d=DEVICE: _enc(b, {("scale", "16-1-1-goffs0"): f}, d)[:-10],
+    "bytes after": lambda b, f, d=DEVICE: _enc(b, {("scale", "16-1-1-goffs0"): f}, d) + b"!",
+    "digest wrong": lambda b, f, d=DEVICE: _raw_record(
+        {**_header(b, "scale", [16, 1, 1], f, d), "functions": [
+            {**_header(b, "scale", [16, 1, 1], f, d)["functions"][0], "sha256": "0" * 64}]},
         [f]),
-    "another program's binary": lambda b, f: encode(PROGRAM, "kf" + "0" * 38,
-                                                    {("scale", "16-1-1-goffs0"): f}),
-    "header not JSON": lambda b, f: MAGIC + struct.pack(">I", 5) + b"{{{{{" + f,
-    "header length past the end": lambda b, f: MAGIC + struct.pack(">I", 1 << 30),
-    "no magic": lambda b, f: b"KFWGSUP9" + encode(PROGRAM, b, {("scale", "16-1-1"): f})[8:],
+    "another program's binary": lambda b, f, d=DEVICE: _enc(
+        "kf" + "0" * 38, {("scale", "16-1-1-goffs0"): f}, d),
+    "another device's record": lambda b, f, d=DEVICE: _enc(
+        b, {("scale", "16-1-1-goffs0"): f}, "pocl-other-0123456789ab"),
+    "a function twice": lambda b, f, d=DEVICE: _raw_record(
+        {**_header(b, "scale", [16, 1, 1], f, d), "functions": 2 * _header(
+            b, "scale", [16, 1, 1], f, d)["functions"]}, [f, f]),
+    "a launch of another kernel": lambda b, f, d=DEVICE: _enc(
+        b, {("scale", "16-1-1-goffs0-smallgrid"): f}, d,
+        launches={("scale", "16-1-1-goffs0-smallgrid"): _launch("shift", (16,))}),
+    "a launch of another local size": lambda b, f, d=DEVICE: _enc(
+        b, {("scale", "16-1-1-goffs0-smallgrid"): f}, d,
+        launches={("scale", "16-1-1-goffs0-smallgrid"): _launch("scale", (128,))}),
+    "a launch of another grid class": lambda b, f, d=DEVICE: _enc(
+        b, {("scale", "16-1-1-goffs0-smallgrid"): f}, d,
+        launches={("scale", "16-1-1-goffs0-smallgrid"): _launch("scale", (16,), (1 << 20,))}),
+    "an old format record": lambda b, f, d=DEVICE: b"KFWGSUP1" + _enc(
+        b, {("scale", "16-1-1-goffs0"): f}, d)[8:],
+    "header not JSON": lambda b, f, d=DEVICE: MAGIC + struct.pack(">I", 5) + b"{{{{{" + f,
+    "header nested too deep": lambda b, f, d=DEVICE: (
+        MAGIC + struct.pack(">I", 200000) + b"[" * 200000),
+    "header length past the end": lambda b, f, d=DEVICE: MAGIC + struct.pack(">I", 1 << 30),
+    "no magic": lambda b, f, d=DEVICE: b"KFWGSUP9" + _enc(b, {("scale", "16-1-1"): f}, d)[8:],
 }
 
 
@@ -271,21 +309,23 @@ def test_a_hostile_record_is_refused_whole(kind: str, base_binary: bytes,
                                            real_function: bytes) -> None:
     base = build_hash(base_binary)
     kernels = frozenset(kernel_files(base_binary))
-    good = decode(encode(PROGRAM, base, {("scale", "16-1-1-goffs0-smallgrid"):
-                                         real_function}), PROGRAM, base, kernels)
-    assert list(good) == [("scale", "16-1-1-goffs0-smallgrid")]
+    good = decode(_enc(base, {("scale", "16-1-1-goffs0-smallgrid"): real_function},
+                       launches={("scale", "16-1-1-goffs0-smallgrid"): _launch(
+                           "scale", (16,))}), PROGRAM, base, DEVICE, kernels)
+    assert list(good.functions) == [("scale", "16-1-1-goffs0-smallgrid")]
+    assert list(good.launches) == [("scale", "16-1-1-goffs0-smallgrid")]
     with pytest.raises(SupplementError):
-        decode(HOSTILE[kind](base, real_function), PROGRAM, base, kernels)
+        decode(HOSTILE[kind](base, real_function), PROGRAM, base, DEVICE, kernels)
 
 
 def test_damaged_records_are_refused_or_read_never_anything_else(
         base_binary: bytes, real_function: bytes) -> None:
     base = build_hash(base_binary)
-    record = encode(PROGRAM, base, {("scale", "16-1-1-goffs0"): real_function})
+    record = _enc(base, {("scale", "16-1-1-goffs0"): real_function})
     rng = random.Random(17)
     for _ in range(300):
         try:
-            decode(_damaged(record, rng), PROGRAM, base, frozenset({"scale", "shift"}))
+            decode(_damaged(record, rng), PROGRAM, base, DEVICE, frozenset({"scale", "shift"}))
         except SupplementError:
             pass
 
@@ -296,53 +336,58 @@ def _put(store: MemoryStore, ns: Namespace, base: str, slot: int, data: bytes,
                                   "0" * 64))
 
 
-def test_prepare_merges_what_it_accepts_and_skips_the_rest(base_binary: bytes,
-                                                           real_function: bytes) -> None:
-    ns = Namespace.for_fingerprint("pocl-test-0123456789ab")
+def test_records_are_read_in_order_refused_or_merged_under_a_name_of_their_own(
+        base_binary: bytes, real_function: bytes) -> None:
+    ns = Namespace.for_fingerprint(DEVICE)
     base = build_hash(base_binary)
+    kernels = frozenset(kernel_files(base_binary))
     store = MemoryStore()
-    _put(store, ns, base, 0, encode(PROGRAM, base, {("scale", "16-1-1-goffs0-smallgrid"):
-                                                    real_function}))
+    _put(store, ns, base, 0, _enc(base, {("scale", "16-1-1-goffs0-smallgrid"):
+                                         real_function}))
     _put(store, ns, base, 1, HOSTILE["not ELF"](base, real_function))
-    _put(store, ns, base, 2, encode(PROGRAM, base, {("scale", "8-1-1-goffs0-smallgrid"):
-                                                    real_function}), family="program")
-    _put(store, ns, base, 3, encode(PROGRAM, base, {("scale", "32-1-1-goffs0"):
-                                                    real_function}))
+    _put(store, ns, base, 2, _enc(base, {("scale", "8-1-1-goffs0-smallgrid"):
+                                         real_function}), family="program")
+    _put(store, ns, base, 3, _enc(base, {("scale", "32-1-1-goffs0"): real_function}))
     _put(store, ns, base, 4, HOSTILE["another program's binary"](base, real_function))
     with ThreadPoolExecutor(4) as pool:  # slots read ahead, two at a time
-        prep = prepare(SlotReader([Tier("local", store)], ns, PROGRAM, pool), PROGRAM,
-                       base_binary)
-    assert prep is not None
+        found = read_records(SlotReader([Tier("local", store)], ns, PROGRAM, pool), PROGRAM,
+                             base, DEVICE, kernels)
     # slot 4 is stale (a record of another binary of the program): skipped in silence
-    assert prep.merged == 2 and prep.next_slot == 5 and len(prep.ignored) == 2, prep.ignored
+    assert [c.slot for c in found.candidates] == [0, 3]
+    assert [r.slot for r in found.refused] == [1, 2] and found.next_slot == 5
+    prep = merge(base_binary, base, found.candidates, found.next_slot)
+    assert prep.merged == 2 and prep.base == base
     files = kernel_file_data(prep.binary)["scale"]
     assert files[function_path("scale", "16-1-1-goffs0-smallgrid")] == real_function
     assert function_path("scale", "32-1-1-goffs0") in files
-    assert build_hash(prep.binary) == base  # the same folder: the same program
+    # a folder of its own: never the stored binary's, and another for other records
+    assert build_hash(prep.binary) == prep.folder != base
+    assert merge(base_binary, base, found.candidates[:1], 5).folder != prep.folder
+    assert merge(base_binary, base, [], 5).folder not in (base, prep.folder)
     layout(prep.binary)
-    assert prepare(SlotReader([], ns, PROGRAM), PROGRAM, b"not a binary") is None
 
 
 def test_a_bundle_carries_a_programs_records(base_binary: bytes, real_function: bytes,
                                             tmp_path: Path) -> None:
     """Records are artifacts of the program's namespace: a bundle of it carries them, and
-    the importing store's reader merges them."""
+    the importing store's reader finds them."""
     from farm.store.bundle import export_bundle, import_bundle
     from farm.store.sqlite import SQLiteStore
 
-    ns = Namespace.for_fingerprint("pocl-test-0123456789ab")
+    ns = Namespace.for_fingerprint(DEVICE)
     base = build_hash(base_binary)
     source = SQLiteStore(tmp_path / "a.sqlite")
     source.put(ns, Artifact.create(PROGRAM, "program", base_binary, "0" * 64))
     source.put(ns, Artifact.create(program_functions_key(PROGRAM, 0),
-                                   PROGRAM_FUNCTIONS_FAMILY, encode(PROGRAM, base, {
+                                   PROGRAM_FUNCTIONS_FAMILY, _enc(base, {
                                        ("scale", "16-1-1-goffs0-smallgrid"): real_function}),
                                    "0" * 64))
     export_bundle(source, None, tmp_path / "b.tar")
     target = SQLiteStore(tmp_path / "b.sqlite")
     import_bundle(tmp_path / "b.tar", target)
-    prep = prepare(SlotReader([Tier("local", target)], ns, PROGRAM), PROGRAM, base_binary)
-    assert prep is not None and prep.merged == 1 and not prep.ignored
+    found = read_records(SlotReader([Tier("local", target)], ns, PROGRAM), PROGRAM, base,
+                         DEVICE, frozenset(kernel_files(base_binary)))
+    assert len(found.candidates) == 1 and not found.refused
     source.close()
     target.close()
 
@@ -429,6 +474,13 @@ def _run(script: Path, out: Path, env: dict[str, str], plain: bool = False
     return ({} if plain else json.loads(counts.read_text())), proc.stderr
 
 
+def _binary(ns: Namespace, art: Artifact) -> bytes:
+    """The device binary of a stored program (its body's)."""
+    from farm.programs.body import read_body
+
+    return read_body(art.binary, art.meta.key, ns.fingerprint).binary
+
+
 def _same(a: Path, b: Path) -> None:
     with np.load(a) as x, np.load(b) as y:
         assert sorted(x.files) == sorted(y.files)
@@ -470,17 +522,18 @@ def served(minio_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
 def test_a_run_stores_the_work_group_functions_its_launches_made(
         served: dict[str, Any], minio_server: Any) -> None:
     stored = _records(minio_server, served["bucket"])
-    programs = [a for _, a in stored if a.meta.family == "program"]
+    programs = [(ns, a) for ns, a in stored if a.meta.family == "program"]
     records = [a for _, a in stored if a.meta.family == PROGRAM_FUNCTIONS_FAMILY]
     assert len(programs) == served["counts"]["compiled"]
-    assert all(_generic(a.binary) == [] for a in programs)
+    assert all(_generic(_binary(ns, a)) == [] for ns, a in programs)
     functions: dict[str, set[str]] = {}
     for rec in records:
-        program = next(p for p in programs if rec.meta.key == program_functions_key(
-            p.meta.key, int(rec.meta.key.id_hash[-2:], 16)))
-        base = build_hash(program.binary)
-        for (kernel, spec) in decode(rec.binary, program.meta.key, base,
-                                     frozenset(kernel_files(program.binary))):
+        ns, program = next((ns, p) for ns, p in programs
+                           if rec.meta.key == program_functions_key(
+                               p.meta.key, int(rec.meta.key.id_hash[-2:], 16)))
+        binary = _binary(ns, program)
+        for (kernel, spec) in decode(rec.binary, program.meta.key, build_hash(binary),
+                                     ns.fingerprint, frozenset(kernel_files(binary))).functions:
             functions.setdefault(kernel, set()).add(spec)
     assert functions["scale"] == {"64-1-1-goffs0-smallgrid"}
     assert "16-1-1-goffs0-smallgrid" in functions["shift"] and len(functions["shift"]) == 2
@@ -522,8 +575,8 @@ def test_hostile_records_are_ignored_and_the_run_behaves_as_a_plain_one(
                     if a.meta.family == "program"]
         for i, (ns, art) in enumerate(programs):
             store.put(ns, art)
-            base = build_hash(art.binary)
-            data = HOSTILE[kinds[i % len(kinds)]](base, real_function)
+            base = build_hash(_binary(ns, art))
+            data = HOSTILE[kinds[i % len(kinds)]](base, real_function, ns.fingerprint)
             store.put(ns, Artifact.create(program_functions_key(art.meta.key, 0),
                                           PROGRAM_FUNCTIONS_FAMILY, data, "0" * 64))
     finally:
@@ -533,4 +586,4 @@ def test_hostile_records_are_ignored_and_the_run_behaves_as_a_plain_one(
     _same(root / "plain.npz", root / "c.npz")
     assert "Built a" in stderr  # the first launches compile, as without stored functions
     warnings = [line for line in stderr.splitlines() if line.startswith("kernel-farm: warn")]
-    assert len(warnings) == 1 and "ignored" in warnings[0], warnings
+    assert len(warnings) == 1 and "refused" in warnings[0], warnings

@@ -6,7 +6,9 @@ rekey: a program's key *is* its source, options and headers, and the source inde
 hash of source and options only) would hand it a binary made with other headers.
 
 1. the key, computed here from the spec (never taken from the client), is in the store
-   and the binary loads on this device -> **Loaded**;
+   and its body is proven on this node (``farm.programs.proving``: the program and device
+   it names, its structure, and a load in a child process with a private driver cache,
+   the node's book first) -> **Loaded**; one refused is quarantined, and compiled again;
 2. take the compile lease for the key; holding it, read the source and headers from the
    store by digest, check they resolve as the spec says, compile them laid out in a
    private folder (``farm.programs.compile``), validate by a load, record, store ->
@@ -23,8 +25,7 @@ import socket
 import time
 
 from farm.cluster.payloads import KernelReply, ProgramRequest
-from farm.compilation.load import LoadedBinary, load_binary
-from farm.compilation.obtain import Obtainer, compiled_artifact
+from farm.compilation.obtain import Obtainer
 from farm.core.errors import (
     CompileError,
     FarmError,
@@ -35,8 +36,10 @@ from farm.core.errors import (
 from farm.core.keys import PROGRAM_FAMILY
 from farm.core.model import KernelFailure, Key, Lowered, Outcome
 from farm.programs.compile import compile_laid_out
+from farm.programs.proving import Proving, compiled_here
 from farm.programs.spec import ProgramSpec
 from farm.records.model import RequestedBy, Trip
+from farm.store.base import set_aside
 from worker.execute import LEASE_WAIT_S, send_records
 from worker.state import WorkerState
 
@@ -64,16 +67,22 @@ def obtain_program(req: ProgramRequest, state: WorkerState,
                        worker=state.name, host=socket.gethostname())
 
 
-def _rules(state: WorkerState) -> Obtainer:
-    """The obtain rules for programs here: a program may hold no kernel."""
-    def load(binary: bytes, kernel_names: tuple[str, ...] = ()) -> LoadedBinary:
-        return load_binary(state.ctx, state.cl_device, binary, kernel_names,
-                           arch=state.device.native_arch, require_kernel=False)
-    return Obtainer(state.store, state.ns, load)
-
-
 def _loads(key: Key, state: WorkerState) -> bool:
-    return _rules(state).stored(key) is not None
+    """Whether the store holds ``key``'s program, proven on this node (a refused one is
+    quarantined: the key is then free for the compile that repairs it)."""
+    art = state.store.get(state.ns, key)
+    if art is None:
+        return False
+    proven = _proving(state).program(state.device, key, art)
+    if proven.body is None and proven.definite:
+        set_aside(state.store, state.ns, art, proven.why)
+    return proven.body is not None
+
+
+def _proving(state: WorkerState) -> Proving:
+    """The program proofs of this worker process: the node's book and the one child the
+    families' proofs use too."""
+    return Proving.around(state.prover)
 
 
 def _resolve(spec: ProgramSpec, key: Key, state: WorkerState,
@@ -108,7 +117,12 @@ def _compile(spec: ProgramSpec, key: Key, state: WorkerState,
             raise _Refused(kind, built.error)
         error = LoadError if built.error_kind == "load" else CompileError
         raise error(built.error, build_log=built.build_log)
-    art = compiled_artifact(key, PROGRAM_FAMILY, built, spec.blob_digest, worker=state.name)
+    got = compiled_here(state.device, key, spec.blob_digest,
+                        built.model_copy(update={"worker": state.name}))
+    if not got.storable:
+        raise LoadError("the compiled binary is not one the farm can store (its layout "
+                        "does not walk, or its kernel names do not fit a program body)")
+    art = got.art
     # recorded (and sent) before the store is written, as for kernels (worker.execute)
     state.recorder.compilation(
         Trip(family=PROGRAM_FAMILY, key=key, outcome=Outcome.COMPILED,
@@ -118,7 +132,7 @@ def _compile(spec: ProgramSpec, key: Key, state: WorkerState,
                 kernel_names=()))
     send_records(state)
     state.store.put_blob(spec.to_blob())  # the artifact names its spec (source_hash)
-    _rules(state).keep(key, PROGRAM_FAMILY, art, None)  # no source index: no rekey
+    Obtainer(state.store, state.ns).keep(key, PROGRAM_FAMILY, art, None)  # no rekey
 
 
 class _Refused(KernelError):

@@ -17,10 +17,11 @@ from farm.compilation.backend import DeviceBackend, OpenCLBackend, open_backend
 from farm.compilation.finalize import worker_name
 from farm.compilation.load import LoadedBinary
 from farm.compilation.obtain import Obtainer
-from farm.compilation.validate import IsolatedValidator, ValidatorError
+from farm.compilation.proofs import ProofBook, Prover, prove_family
 from farm.core.device import DeviceInfo
-from farm.core.errors import DeviceError, FarmError
+from farm.core.errors import FarmError
 from farm.core.keys import Namespace
+from farm.core.model import Artifact
 from farm.core.outage import Waiter, redis_client, redis_waiter
 from farm.core.settings import Settings
 from farm.families import Registry
@@ -58,22 +59,20 @@ class WorkerState:
 
     @cached_property
     def rules(self) -> Obtainer:
-        """The obtain rules here: every artifact found is loaded on this device first,
-        one not validated on this fingerprint (a bundle's) in a child process before
-        (docs/SECURITY.md): a binary that crashes the driver costs the child, not this
-        pool process and the task it holds."""
+        """The obtain rules here: every artifact found is proven on this node (its book,
+        else a child process) and then loaded on this device (docs/SECURITY.md): a
+        binary that crashes the driver costs the child, not this pool process and the
+        task it holds."""
         validate = self._validate if isinstance(self.backend, OpenCLBackend) else None
         return Obtainer(self.store, self.ns, self._load, validate=validate)
 
     @cached_property
-    def _validator(self) -> IsolatedValidator:
-        return IsolatedValidator(self.device)  # its child starts on first use
+    def prover(self) -> Prover:
+        """The proofs of stored binaries on this node (its child starts on first use)."""
+        return Prover(self.device, ProofBook(self.settings.home))
 
-    def _validate(self, binary: bytes, kernel_names: tuple[str, ...]) -> str:
-        try:
-            return self._validator.validate(binary, kernel_names)
-        except ValidatorError as exc:
-            raise DeviceError(str(exc)) from None
+    def _validate(self, art: Artifact, kernel_names: tuple[str, ...]) -> str:
+        return prove_family(self.prover, art, kernel_names)
 
     def _load(self, binary: bytes, kernel_names: tuple[str, ...] = ()) -> LoadedBinary:
         return self.backend.load(binary, kernel_names)
@@ -107,8 +106,8 @@ class WorkerState:
     def close(self) -> None:
         self.recorder.close()
         self.store.close()
-        if "_validator" in self.__dict__:  # started: end its child
-            self._validator.close()
+        if "prover" in self.__dict__:  # started: end its child
+            self.prover.close()
 
 
 def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> WorkerState:

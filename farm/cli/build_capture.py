@@ -3,7 +3,12 @@ ahead of time for every device type the capture names or ``--fingerprint`` names
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -56,7 +61,7 @@ def build_capture(name: str, *, workers: int | None, json_out: bool, cluster: bo
     reports: list[tuple[str, BatchReport]] = []
     try:
         for fp, specs in plan.items():
-            with progress(len(specs), quiet=json_out) as tick:
+            with progress(len(specs), quiet=json_out) as tick, _sigterm_interrupts():
                 if use_cluster:
                     report = _on_cluster(settings, capture, fp, store, tick)
                 else:
@@ -107,3 +112,22 @@ def _on_cluster(settings: Settings, capture: CaptureFile, fp: str, store: Artifa
     with ClusterClient(settings, registry=Registry(), store=store, say=say) as client:
         client.served(fp)  # no worker for it: one line naming those served
         return build_on_cluster(client, capture, fp, progress=tick, status=tick.status)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM interrupts the build as Ctrl-C does (``KeyboardInterrupt``), so that its
+    compile processes are stopped on the way out; by default it ended this process and
+    left them compiling."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

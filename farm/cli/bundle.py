@@ -119,29 +119,27 @@ def import_(
 
     Every digest is checked, and each binary for a device of this machine is loaded in
     a child process first (--no-validate: the loaders do it before first use)."""
-    import contextlib
-
-    from farm.compilation.validate import IsolatedValidator
     from farm.core.device import discover_devices
     from farm.core.settings import load_settings
+    from farm.programs.proving import Proving, prove_stored
     from farm.store import open_store
     from farm.store.bundle import Validate, import_bundle
 
+    settings = load_settings()
     devices = {d.fingerprint: d for d in discover_devices()} if validate else {}
-    children = contextlib.ExitStack()
+    proving = Proving(settings.home)  # what it proves, the node's book keeps
 
     def validators(ns: Namespace) -> Validate | None:
         device = devices.get(ns.fingerprint)
         if device is None:
             return None
-        child = children.enter_context(IsolatedValidator(device))
-        return lambda binary: child.validate(binary)
+        return lambda art: prove_stored(proving, device, art)
 
-    store = open_store(load_settings())
+    store = open_store(settings)
     try:
-        with children:
-            report = import_bundle(bundle, store, max_bytes=max_size, validators=validators)
+        report = import_bundle(bundle, store, max_bytes=max_size, validators=validators)
     finally:
+        proving.close()
         store.close()
     summary = report.summary()
     if json_out:

@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 from farm.compilation.finalize import FinalizeResult
 from farm.compilation.load import LoadedBinary, load_binary
 from farm.compilation.obtain import Obtainer, compiled_artifact, store_key
-from farm.compilation.validate import IsolatedValidator, ValidatorError
+from farm.compilation.proofs import ProofBook, Prover, prove_family
 from farm.core.device import DeviceContext, DeviceInfo
-from farm.core.errors import DeviceError, FarmError, KernelError, LoadError
+from farm.core.errors import FarmError, KernelError, LoadError
 from farm.core.keys import Namespace
-from farm.core.model import ArtifactId, KernelFailure, Key, Lowered, Outcome
+from farm.core.model import Artifact, ArtifactId, KernelFailure, Key, Lowered, Outcome
 from farm.families import Registry
 from farm.records.model import BatchCounts, Trip
 from farm.store.base import ArtifactStore
@@ -191,9 +191,11 @@ class Batch:
         self.keep_programs = keep_programs
         self.label = label
         self.record_batch = record_batch
-        #: the child process for unvalidated binaries, made on first use and closed at
-        #: the end of each run
-        self._validator: IsolatedValidator | None = None
+        #: the proofs of stored binaries (docs/SECURITY.md): the caller's, sharing the
+        #: node's book (:attr:`prover`), else a child of this batch's own, made on first
+        #: use and closed at the end of each run
+        self.prover: Prover | None = None
+        self._own_prover: Prover | None = None
         #: the rules; a kernel found in the store is loaded here only to keep its program
         self.rules = Obtainer(store, self.ns, self._load if keep_programs else None,
                               validate=self._validate)
@@ -204,9 +206,9 @@ class Batch:
         try:
             return self._run(artifacts, progress)
         finally:
-            if self._validator is not None:
-                self._validator.close()
-                self._validator = None
+            if self._own_prover is not None:
+                self._own_prover.close()
+                self._own_prover = None
 
     def _run(self, artifacts: Iterable[ArtifactId],
              progress: Progress | None = None) -> BatchReport:
@@ -351,14 +353,15 @@ class Batch:
         family = self.registry.get(res.artifact.kernel.family)
         return family.lower_id(res.artifact, self.device).kernel_names
 
-    def _validate(self, binary: bytes, names: tuple[str, ...]) -> str:
-        """Load ``binary`` in this batch's child process: "" when it loads, else why."""
-        if self._validator is None:
-            self._validator = IsolatedValidator(self.device)
-        try:
-            return self._validator.validate(binary, names)
-        except ValidatorError as exc:
-            raise DeviceError(str(exc)) from None
+    def _validate(self, art: Artifact, names: tuple[str, ...]) -> str:
+        """Prove ``art`` (the node's book, else a child process): "" when it loads, else
+        why."""
+        prover = self.prover
+        if prover is None:
+            if self._own_prover is None:
+                self._own_prover = Prover(self.device, ProofBook(None))
+            prover = self._own_prover
+        return prove_family(prover, art, names)
 
     def _load(self, binary: bytes, kernel_names: tuple[str, ...] = ()) -> LoadedBinary:
         """Load on this batch's device (LoadError when it refuses the binary)."""

@@ -123,6 +123,9 @@ class ProcessPoolCompiler:
         out: Future[FinalizeResult] = Future()
 
         def _done(f: Future[object]) -> None:
+            if f.cancelled():  # the pool was closed with it still queued
+                out.cancel()
+                return
             exc = f.exception()
             if isinstance(exc, JobCrashed):
                 out.set_result(FinalizeResult(error=str(exc), error_kind="crashed"))
@@ -134,5 +137,7 @@ class ProcessPoolCompiler:
         raw.add_done_callback(_done)
         return out
 
-    def close(self) -> None:
-        self._pool.close()
+    def close(self, *, now: bool = False) -> None:
+        """Stop the pool; ``now``: its processes too, whatever they are compiling (the
+        caller was interrupted: nothing they make would be kept)."""
+        self._pool.close(now=now)

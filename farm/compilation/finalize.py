@@ -77,6 +77,9 @@ class FinalizeResult(BaseModel):
     ready_spec: str = ""
     #: why none is carried where the device needed one ("" when it is, or none needed)
     ready_error: str = ""
+    #: the kernels of the built program, in the driver's order (an application's
+    #: program records them in its stored body: ``farm.programs.body``)
+    kernel_names: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -199,7 +202,8 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
     work = time.perf_counter() - start
     return FinalizeResult(binary=binary, build_log=_build_log(program, device),
                           work_s=work, host=socket.gethostname(), worker=worker_name(),
-                          ready_spec=spec, ready_error=error)
+                          ready_spec=spec, ready_error=error,
+                          kernel_names=_kernel_names(program))
 
 
 def finalize_and_validate(ctx: cl.Context, device: cl.Device,
@@ -284,6 +288,16 @@ def _spent(built: FinalizeResult, start: float, error: str) -> FinalizeResult:
     spent = time.perf_counter() - start
     return built.model_copy(update={"native_error": error, "native_s": spent,
                                     "work_s": built.work_s + spent})
+
+
+def _kernel_names(program: BuiltProgram) -> tuple[str, ...]:
+    import pyopencl as cl
+
+    try:
+        names = str(program.get_info(cl.program_info.KERNEL_NAMES))
+    except cl.Error:
+        return ()
+    return tuple(n for n in names.split(";") if n)
 
 
 def _build_log(program: BuiltProgram, device: cl.Device) -> str:

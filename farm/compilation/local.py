@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from farm.compilation.batch import Batch
 from farm.compilation.compiler import Compiler, InlineCompiler, ProcessPoolCompiler
+from farm.compilation.proofs import ProofBook, Prover
 from farm.core.device import DeviceContext, DeviceInfo, probe_devices
 from farm.core.device_probe import choose_device
 from farm.core.settings import Settings
@@ -33,11 +34,15 @@ class LocalFarm:
     store: ArtifactStore
     recorder: Recorder
     compiler: Compiler
+    #: the proofs of stored binaries, with the node's book (farm.compilation.proofs)
+    prover: Prover
 
     def batch(self, *, keep_programs: bool = False, label: str = "") -> Batch:
-        return Batch(registry=self.registry, ctx=self.context,
-                     store=self.store, compiler=self.compiler,
-                     recorder=self.recorder, keep_programs=keep_programs, label=label)
+        batch = Batch(registry=self.registry, ctx=self.context,
+                      store=self.store, compiler=self.compiler,
+                      recorder=self.recorder, keep_programs=keep_programs, label=label)
+        batch.prover = self.prover
+        return batch
 
 
 @contextlib.contextmanager
@@ -60,10 +65,12 @@ def local_farm(settings: Settings, *, label: str, workers: int | None = None,
                else InlineCompiler(*context.get(), settings.native_binaries,
                                    ready=settings.pocl_ready))
         compiler = own
+    prover = Prover(device, ProofBook(settings.home))
     try:
         yield LocalFarm(settings=settings, registry=registry, device=device, context=context,
-                        store=store, recorder=recorder, compiler=compiler)
+                        store=store, recorder=recorder, compiler=compiler, prover=prover)
     finally:
+        prover.close()
         if own is not None:
             own.close()
         recorder.close()

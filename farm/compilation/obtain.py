@@ -18,13 +18,16 @@ compile lease, through :func:`obtain`), and the loader (through the batch, and
    (:mod:`farm.compilation.rekey`).
 4. **Compiled**: finalize, validate by a load, keep (:meth:`Obtainer.keep`).
 
-Trust (docs/SECURITY.md): an artifact not validated on this fingerprint
-(``origin="imported"``: a bundle's) is first loaded in an isolated process (the
-``validate`` of :class:`Obtainer`), and noted ``validated`` when it loads there; one that
-does not, or that this device refuses, is proven bad on its own device and quarantined
-(moved aside with why, its bytes kept), so the kernel's repair can be stored instead of
-being refused by first-writer-wins for ever. A binary is loaded as exactly the kernels
-its family declares, where they are known (after lowering).
+Trust (docs/SECURITY.md, "One trust rule for every stored binary"): an artifact is
+proven in an isolated process (the ``validate`` of :class:`Obtainer`:
+:func:`farm.compilation.proofs.prove_family`, the node's book first) before this process
+loads it, whatever its origin; one a caller does not load is proven only when it came
+from outside a worker's validation (``origin="imported"``: a bundle's), and then noted
+``validated``. One that does not load there, or that this device refuses, is proven bad
+on its own device and quarantined (moved aside with why, its bytes kept), so the
+kernel's repair can be stored instead of being refused by first-writer-wins for ever. A
+binary is loaded as exactly the kernels its family declares, where they are known
+(after lowering).
 
 Nothing of a kernel that fails is stored. Where a record must be durable before the
 store changes (a worker), :func:`obtain` records first.
@@ -54,8 +57,9 @@ log = logging.getLogger(__name__)
 #: puts a binary on the device holding exactly the kernel names given, when any are
 #: (raising :class:`LoadError` when it refuses it)
 LoadOnDevice = Callable[[bytes, tuple[str, ...]], LoadedBinary]
-#: loads a binary in an isolated process: "" when it loads, else why not
-ValidateIsolated = Callable[[bytes, tuple[str, ...]], str]
+#: proves a stored artifact in an isolated process (the node's verdict first): "" when
+#: it loads holding exactly the names given, else why not
+ValidateIsolated = Callable[[Artifact, tuple[str, ...]], str]
 #: the kernel names a family declares, given now or worked out when needed (lowering)
 Names = tuple[str, ...] | Callable[[], tuple[str, ...]]
 
@@ -150,7 +154,8 @@ class Obtainer:
     def _accepted(self, key: Key, art: Artifact, names: Names) -> Found | None:
         """``art`` once this device accepts it; ``None`` (a miss) when it does not, and
         then, proven bad on its own device, it is quarantined."""
-        validating = art.meta.origin == "imported" and self._validate is not None
+        validating = self._validate is not None and (
+            self._load is not None or art.meta.origin == "imported")
         if not validating and self._load is None:
             return Found(key=key, artifact=art)  # nothing runs here: no names needed
         try:
@@ -173,20 +178,22 @@ class Obtainer:
             return None
 
     def _validated(self, art: Artifact, names: tuple[str, ...]) -> Artifact | None:
-        """``art`` (imported) once an isolated process loaded it, noted ``validated``;
+        """``art`` once proven on this node (an imported one noted ``validated``);
         ``None`` when it did not load there (quarantined), or could not be tried."""
         assert self._validate is not None
         try:
-            why = self._validate(art.binary, names)
+            why = self._validate(art, names)
         except FarmError as exc:  # no validating process can start here
             log.warning("stored artifact %s was not validated here (%s); a miss",
                         art.meta.key, exc)
             return None
         if why:
-            log.warning("stored artifact %s (imported) failed validation in a child "
-                        "process: %s; a miss", art.meta.key, why)
+            log.warning("stored artifact %s (%s) failed validation in a child process: "
+                        "%s; a miss", art.meta.key, art.meta.origin, why)
             set_aside(self.store, self.ns, art, why)
             return None
+        if art.meta.origin != "imported":
+            return art
         return mark_validated(self.store, self.ns, art)
 
 

@@ -218,9 +218,29 @@ def rewrite(binary: bytes, drop_generic: frozenset[str]) -> bytes:
                    + meta + files)
     body = b"".join(out)
     at = found.hash_at
-    digest = hashlib.sha256(body[:at] + body[at + HASH_LEN:]).hexdigest()
-    name = ("kf" + digest[:HASH_LEN - 3]).encode("ascii") + b"\0"
-    return body[:at] + name + body[at + HASH_LEN:]
+    return body[:at] + _content_name(body, at) + body[at + HASH_LEN:]
+
+
+def _content_name(binary: bytes, at: int, tag: bytes = b"") -> bytes:
+    """The build hash field (41 bytes) naming ``binary`` by its content and ``tag``."""
+    digest = hashlib.sha256(tag + binary[:at] + binary[at + HASH_LEN:]).hexdigest()
+    return ("kf" + digest[:HASH_LEN - 3]).encode("ascii") + b"\0"
+
+
+def named_by_content(binary: bytes) -> bool:
+    """Whether ``binary``'s build hash is the one :func:`rewrite` gives its content: the
+    folder it unpacks into then holds only what these very bytes hold (and what PoCL
+    makes from them), never another binary's files under a borrowed name."""
+    at = layout(binary).hash_at
+    return binary[at:at + HASH_LEN] == _content_name(binary, at)
+
+
+def renamed(binary: bytes, tag: bytes) -> bytes:
+    """``binary`` under a build hash derived from ``tag`` and its content: a folder of
+    its own for exactly these bytes, apart from any folder an untagged or differently
+    tagged binary of the same program used (see :mod:`farm.programs.supplements`)."""
+    at = layout(binary).hash_at
+    return binary[:at] + _content_name(binary, at, tag) + binary[at + HASH_LEN:]
 
 
 def build_hash(binary: bytes) -> str:

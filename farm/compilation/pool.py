@@ -155,6 +155,9 @@ class CrashSafePool:
         raw.add_done_callback(done)
 
     def _done(self, job: _Job, gen: _Generation, raw: Future[Any]) -> None:
+        if raw.cancelled():  # the pool was closed with it still queued
+            job.out.cancel()
+            return
         exc = raw.exception()
         if not isinstance(exc, BrokenProcessPool):
             with self._lock:
@@ -208,8 +211,8 @@ class CrashSafePool:
                     continue
             self._launch(job)
 
-    def close(self) -> None:
-        """Stop the processes.
+    def close(self, *, now: bool = False) -> None:
+        """Stop the processes (``now``: busy ones too, unwaited: an interrupted caller).
 
         Idle ones (every job answered: the end of a batch) hold nothing to flush, so
         they are sent SIGTERM and not waited for: a process's exit includes the driver's
@@ -225,9 +228,13 @@ class CrashSafePool:
             idle = gen is not None and all(j.out.done() for j in gen.jobs.values())
         if gen is None:
             return
-        if idle:
+        if now:  # the executor sees them die and ends its jobs: nothing waits at exit
+            for process in list((getattr(gen.executor, "_processes", None) or {}).values()):
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    process.terminate()
+        elif idle:
             _stop_without_waiting(gen.executor)
-        gen.executor.shutdown(wait=True, cancel_futures=True)
+        gen.executor.shutdown(wait=not now, cancel_futures=True)
 
 
 def _stop_without_waiting(executor: ProcessPoolExecutor) -> None:

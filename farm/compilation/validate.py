@@ -1,21 +1,28 @@
-"""Validation in an isolated process: load a binary the farm did not validate on this
-fingerprint in a child, so that a binary that crashes the driver kills the child, not a
-process that matters.
+"""Validation in an isolated process: load a stored binary in a child, so that a binary
+that crashes the driver kills the child, not a process that matters.
 
 Why: PoCL (and any driver) trusts the bytes it parses; a truncated ``poclbin`` whose
 digest is right (a damaged bundle, a copy from another prefix) dies with SIGSEGV inside
-``clCreateProgramWithBinary``. The workers validate what they compile by a load in the
-process that compiled it, before it is stored; bytes from outside (a bundle import,
-another prefix) get the same check here, in a child that holds nothing else.
+``clCreateProgramWithBinary``, one flipped bit aborts inside LLVM. Every stored binary is
+proven here before its first use on a node (:mod:`farm.compilation.proofs`).
 
-What the child does per binary, and nothing more: the architecture check, a load
-(:func:`farm.compilation.load.load_binary`), and the kernel names the family declares
-when the caller gives them. It runs no kernel. A child that dies is a verdict on the
-binary it was loading ("crashed", with the signal); one that does not answer within
-``timeout_s`` is killed ("did not finish"); the next binary gets a fresh child.
+The child's driver cache is **private**: ``POCL_CACHE_DIR``, ``CUDA_CACHE_PATH`` and
+``XDG_CACHE_HOME`` point into a temporary folder made for each child and removed when it
+ends. A load the driver dies in leaves its half-written files there, never in the node's
+own cache, where every later process would trip on them.
+
+What the child does per binary, as its :class:`Request` says, and nothing more: the
+architecture check and a load (:func:`farm.compilation.load.load_binary`); the exact
+kernel names; for each work-group function the request names, the file PoCL unpacked
+from the binary into the private cache is ``dlopen``\\ ed and its symbol looked up (what
+PoCL does at a launch); and the recorded launch, where there is one
+(:func:`farm.compilation.ready.launch`, on zero-filled buffers). A child that dies is a
+verdict on the binary it was loading ("crashed", with the signal); one that does not
+answer within ``timeout_s`` is killed and decides nothing; the next binary gets a fresh
+child and a fresh cache folder.
 
 Protocol on the child's stdin/stdout: the device (a ``DeviceInfo`` JSON line), then per
-binary a JSON line ``{"names": [...], "size": N}`` and N raw bytes; the child answers
+binary a JSON line (the request and ``"size": N``) and N raw bytes; the child answers
 ``ready`` once, then one JSON line per binary, ``{"error": ""}`` when it loads.
 """
 
@@ -25,14 +32,21 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from typing import IO
+from dataclasses import asdict, dataclass
+from typing import IO, TYPE_CHECKING, Any
 
+from farm.compilation.proofs import Verdict
 from farm.core.device import DeviceInfo
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 log = logging.getLogger(__name__)
 
@@ -44,28 +58,51 @@ class ValidatorError(Exception):
     """The child could not start (no such device here, a driver that will not open)."""
 
 
-class IsolatedValidator:
-    """One child process on ``device``, started on first use, used one binary at a time.
+@dataclass(frozen=True)
+class Request:
+    """What the child checks of one binary."""
 
-    Thread-safe (a lock serializes the calls). :meth:`validate` answers "" when the
-    binary loads, else why not; :meth:`close` ends the child.
-    """
+    #: the exact kernel names (``None``: any)
+    names: tuple[str, ...] | None = None
+    #: a binary without kernels is refused (a family's); an application's may hold none
+    require_kernel: bool = True
+    #: (kernel, specialisation) of each work-group function to ``dlopen`` (PoCL)
+    functions: tuple[tuple[str, str], ...] = ()
+    #: recorded launches (``ReadyLaunch`` as JSON data), each run once
+    launches: tuple[dict[str, Any], ...] = ()
+
+
+class IsolatedValidator:
+    """One child process on ``device``, started on first use (or by :meth:`start`), used
+    one binary at a time. Thread-safe; :meth:`close` ends the child."""
 
     def __init__(self, device: DeviceInfo, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.device = device
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
+        self._ready = False
+        self._cache: str | None = None
         #: children started (a crash costs one): for tests and summaries
         self.started = 0
+
+    def start(self) -> None:
+        """Start the child without waiting for it to open the device."""
+        with self._lock:
+            self._spawn()
 
     def validate(self, binary: bytes, kernel_names: tuple[str, ...] = ()) -> str:
         """"" when ``binary`` loads on the device in the child (holding exactly
         ``kernel_names`` when given), else one line saying why it does not."""
+        return self.check(binary, Request(names=kernel_names or None)).why
+
+    def check(self, binary: bytes, request: Request) -> Verdict:
+        """The child's verdict on ``binary`` under ``request``; :class:`ValidatorError`
+        when no child can start here."""
         with self._lock:
-            child = self._start()
+            child = self._started()
             assert child.stdin is not None and child.stdout is not None
-            header = json.dumps({"names": list(kernel_names), "size": len(binary)})
+            header = json.dumps({**asdict(request), "size": len(binary)})
             try:
                 child.stdin.write(header.encode() + b"\n" + binary)
                 child.stdin.flush()
@@ -74,15 +111,15 @@ class IsolatedValidator:
             line = _read_line(child.stdout, self.timeout_s)
             if line is None:
                 self._stop(child)
-                return f"loading it did not finish within {self.timeout_s:.0f} s"
+                return Verdict(f"loading it did not finish within {self.timeout_s:.0f} s",
+                               definite=False)
             if not line:
                 return self._died(child)
             try:
-                answer = json.loads(line)
-                return str(answer["error"])
+                return Verdict(str(json.loads(line)["error"]))
             except (ValueError, KeyError, TypeError):
                 self._stop(child)
-                return "the validating process answered nonsense"
+                return Verdict("the validating process answered nonsense")
 
     def close(self) -> None:
         with self._lock:
@@ -96,39 +133,56 @@ class IsolatedValidator:
         self.close()
 
     # -- the child -------------------------------------------------------------------------
-    def _start(self) -> subprocess.Popen[bytes]:
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """The child, started if there is none (not waited for)."""
         if self._child is not None and self._child.poll() is None:
             return self._child
+        self._cache = tempfile.mkdtemp(prefix="farm-validate-")
+        env = {**os.environ, "POCL_CACHE_DIR": os.path.join(self._cache, "pocl"),
+               "CUDA_CACHE_PATH": os.path.join(self._cache, "cuda"),
+               "XDG_CACHE_HOME": os.path.join(self._cache, "xdg"), "PYOPENCL_NO_CACHE": "1"}
+        for sub in ("pocl", "cuda", "xdg"):
+            os.mkdir(os.path.join(self._cache, sub))
         child = subprocess.Popen(
             [sys.executable, "-m", "farm.compilation.validate"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=os.environ.copy(), close_fds=True)
+            env=env, close_fds=True)
         self.started += 1
-        assert child.stdin is not None and child.stdout is not None
+        self._child, self._ready = child, False
+        assert child.stdin is not None
         try:
             child.stdin.write(self.device.model_dump_json().encode() + b"\n")
             child.stdin.flush()
         except OSError:
             pass
+        return child
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        """The child, started and ready; :class:`ValidatorError` when it cannot be."""
+        child = self._spawn()
+        if self._ready:
+            return child
+        assert child.stdout is not None
         ready = _read_line(child.stdout, self.timeout_s)
         if ready != "ready":
             self._stop(child)
             why = ready or "it exited"
             raise ValidatorError(f"the validating process did not start on "
                                  f"{self.device.fingerprint}: {why}")
-        self._child = child
+        self._ready = True
         return child
 
-    def _died(self, child: subprocess.Popen[bytes]) -> str:
+    def _died(self, child: subprocess.Popen[bytes]) -> Verdict:
         code = child.wait()
-        self._child = None
+        self._stop(child)
         if code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            return f"the driver crashed loading it ({name}, in the validating process)"
-        return f"the validating process exited with status {code} loading it"
+            return Verdict(f"the driver crashed loading it ({name}, in the validating "
+                           "process)")
+        return Verdict(f"the validating process exited with status {code} loading it")
 
     def _stop(self, child: subprocess.Popen[bytes]) -> None:
         if child.poll() is None:
@@ -141,7 +195,10 @@ class IsolatedValidator:
                 except OSError:
                     pass
         if self._child is child:
-            self._child = None
+            self._child, self._ready = None, False
+            if self._cache is not None:  # what a crashed load left goes with it
+                shutil.rmtree(self._cache, ignore_errors=True)
+                self._cache = None
 
 
 def _read_line(stream: IO[bytes], timeout_s: float) -> str | None:
@@ -157,8 +214,7 @@ def _read_line(stream: IO[bytes], timeout_s: float) -> str | None:
 
 
 def _serve() -> int:
-    """The child: open the device, then load what comes until stdin closes."""
-    from farm.compilation.load import load_binary
+    """The child: open the device, then check what comes until stdin closes."""
     from farm.core.device import open_device
     from farm.core.errors import FarmError
 
@@ -175,15 +231,70 @@ def _serve() -> int:
     while header := stdin.readline():
         request = json.loads(header)
         binary = stdin.read(int(request["size"]))
-        try:
-            load_binary(ctx, cl_device, binary, tuple(request["names"]),
-                        arch=info.native_arch)
-            error = ""
-        except FarmError as exc:
-            error = " ".join(str(exc).split())[:500]
-        stdout.write(json.dumps({"error": error}).encode() + b"\n")
+        error = _check(ctx, cl_device, info, binary, request)
+        stdout.write(json.dumps({"error": " ".join(error.split())[:500]}).encode() + b"\n")
         stdout.flush()
     return 0
+
+
+def _check(ctx: cl.Context, cl_device: cl.Device, info: DeviceInfo, binary: bytes,
+           request: dict[str, Any]) -> str:
+    """"" when ``binary`` passes every check of ``request`` here, else why not."""
+    import pyopencl as cl
+
+    from farm.compilation.load import load_binary
+    from farm.core.errors import FarmError
+
+    names = request.get("names")
+    try:
+        loaded = load_binary(ctx, cl_device, binary,
+                             tuple(names) if names is not None else (),
+                             arch=info.native_arch,
+                             require_kernel=bool(request.get("require_kernel", True)))
+    except FarmError as exc:
+        return str(exc)
+    if names is not None and sorted(loaded.names) != sorted(names):
+        return (f"the binary holds kernels {', '.join(loaded.names) or 'none'}, its record "
+                f"says {', '.join(names) or 'none'}")
+    for kernel, spec in request.get("functions") or ():
+        why = _opens(binary, kernel, spec)
+        if why:
+            return why
+    for launch in request.get("launches") or ():
+        from farm.compilation.ready import launch as run_launch
+        from farm.core.model import ReadyLaunch
+
+        try:
+            ready = ReadyLaunch.model_validate(launch)
+            run_launch(cl.CommandQueue(ctx, cl_device),
+                       cl.Kernel(loaded.program, ready.kernel_name), ready, one_group=False)
+        except (cl.Error, ValueError, TypeError) as exc:
+            return f"its recorded launch failed: {exc}"
+    return ""
+
+
+def _opens(binary: bytes, kernel: str, spec: str) -> str:
+    """"" when the work-group function ``kernel``/``spec`` that PoCL unpacked from
+    ``binary`` into this child's cache opens and exports its symbol, as at a launch."""
+    import ctypes
+
+    from farm.compilation.elfstub import workgroup_symbol
+    from farm.compilation.poclbin import PoclBinaryError, build_hash
+    from farm.compilation.poclcache import loaded_folder
+
+    try:
+        folder = loaded_folder(build_hash(binary))
+    except PoclBinaryError as exc:
+        return str(exc)
+    path = folder / kernel / spec / f"{kernel}.so" if folder is not None else None
+    if path is None or not path.is_file():
+        return f"work-group function {kernel}/{spec} was not unpacked from the binary"
+    try:
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        getattr(lib, workgroup_symbol(kernel))
+    except (OSError, AttributeError) as exc:
+        return f"work-group function {kernel}/{spec} does not open: {exc}"
+    return ""
 
 
 if __name__ == "__main__":

@@ -14,7 +14,14 @@ A program's source and headers are named by digest in its spec and held once eac
 ``blobs`` (as text when UTF-8, else base64), so the file needs nothing else to be built
 on another machine. A capture is **input**: it is validated as a whole before anything
 is built (JSON, every field, every blob's digest, every digest a spec names present), and
-a file that fails says so in one line naming the place (:class:`CaptureError`).
+a file that fails says so in one line naming the place (:class:`CaptureError`). Its
+reader has limits, checked before the models see a byte: the file's size, JSON nested
+at most :data:`MAX_DEPTH` deep, integers of at most :data:`MAX_DIGITS` digits, no
+``NaN`` or ``Infinity``, ``version`` the integer 1 (``true`` is not), at most
+:data:`MAX_PROGRAMS` programs and :data:`MAX_BLOBS` blobs; and a spec's build options go
+through the rules of an application's (``farm.programs.options``: no include folder, no
+option naming a file). The same program listed many times is one program
+(:func:`farm.programs.prebuild.targets` builds each key once).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import stat
 import threading
 from pathlib import Path
 from typing import Annotated, Literal
@@ -39,6 +47,13 @@ FORMAT: Literal["kernel-farm-capture"] = "kernel-farm-capture"
 VERSION: Literal[1] = 1
 #: a capture larger than this is refused before it is read
 MAX_CAPTURE_BYTES = 1024 * 1024 * 1024
+#: JSON nesting a capture may have (the format itself nests 6 deep)
+MAX_DEPTH = 32
+#: digits an integer of a capture may have (every field fits in 64 bits)
+MAX_DIGITS = 20
+#: programs, and blobs, one capture may list
+MAX_PROGRAMS = 100_000
+MAX_BLOBS = 1_000_000
 
 Fingerprint = Annotated[str, StringConstraints(min_length=1, max_length=100)]
 
@@ -83,11 +98,11 @@ class CapturedProgram(Frozen):
 
 class CaptureFile(Frozen):
     format: Literal["kernel-farm-capture"] = FORMAT
-    version: Literal[1] = VERSION
+    version: Literal[1] = VERSION  # an integer: read_capture refuses true
     farm_version: str = Field(default=__version__, max_length=64)
-    programs: tuple[CapturedProgram, ...] = Field(default=(), max_length=1_000_000)
+    programs: tuple[CapturedProgram, ...] = Field(default=(), max_length=MAX_PROGRAMS)
     blobs: dict[Annotated[str, StringConstraints(pattern=SHA256_HEX)], Blob] = Field(
-        default_factory=dict)
+        default_factory=dict, max_length=MAX_BLOBS)
 
     def fingerprints(self) -> list[str]:
         """Every fingerprint a program of the capture was built for, sorted."""
@@ -149,22 +164,33 @@ def write_capture(path: Path, capture: CaptureFile) -> None:
 def read_capture(path: Path) -> CaptureFile:
     """The validated capture at ``path``; :class:`CaptureError` in one line otherwise."""
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a pipe or a device would be read for ever
+            raise CaptureError(f"capture {path}: not a regular file")
+        size = info.st_size
         if size > MAX_CAPTURE_BYTES:
             raise CaptureError(f"capture {path}: {size} bytes, over the limit of "
                                f"{MAX_CAPTURE_BYTES}")
-        raw = json.loads(path.read_bytes())
+        raw = json.loads(path.read_bytes(), parse_int=_bounded_int,
+                         parse_constant=_no_constant)
     except OSError as exc:
         raise CaptureError(f"capture {path}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CaptureError(f"capture {path}: not JSON ({_json_where(exc)}); truncated or "
                            "edited?") from None
+    except _Refused as exc:
+        raise CaptureError(f"capture {path}: {exc}") from None
+    except RecursionError:
+        raise CaptureError(f"capture {path}: JSON nested deeper than {MAX_DEPTH}") from None
+    if _depth(raw) > MAX_DEPTH:
+        raise CaptureError(f"capture {path}: JSON nested deeper than {MAX_DEPTH}")
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise CaptureError(f"capture {path}: not a kernel-farm capture (no \"format\": "
                            f"\"{FORMAT}\")")
-    if raw.get("version") != VERSION:
-        raise CaptureError(f"capture {path}: format version {raw.get('version')!r}, this "
-                           f"farm reads version {VERSION}")
+    version = raw.get("version")
+    if type(version) is not int or version != VERSION:
+        raise CaptureError(f"capture {path}: format version {version!r}"[:200]
+                           + f", this farm reads version {VERSION}")
     try:
         capture = CaptureFile.model_validate(raw)
     except ValidationError as exc:
@@ -197,6 +223,35 @@ def _check_blobs(path: Path, capture: CaptureFile) -> None:
         if program.spec.source_size != len(capture.blob(program.spec.source)):
             raise CaptureError(f"capture {path}: programs[{i}]: source size disagrees "
                                "with its blob")
+
+
+class _Refused(ValueError):
+    """A JSON value past a reader's limit (raised while parsing)."""
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise _Refused(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_DIGITS})")
+    return int(text)
+
+
+def _no_constant(text: str) -> float:
+    raise _Refused(f"{text} is not a number JSON allows")
+
+
+def _depth(value: object) -> int:
+    """How deep ``value`` (parsed JSON) nests, without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_DEPTH:
+                return depth
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict)
+                                                   else item))
+    return deepest
 
 
 def _json_where(exc: ValueError) -> str:

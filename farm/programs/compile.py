@@ -28,8 +28,8 @@ from pydantic import field_serializer, field_validator
 from farm.compilation.finalize import FinalizeResult, RawSource, finalize_and_validate
 from farm.core.hashing import sha256_hex
 from farm.core.model import Frozen
-from farm.programs.includes import lay_out, scan_laid_out
-from farm.programs.options import remote_options
+from farm.programs.includes import lay_out, reaches_outside, scan_laid_out
+from farm.programs.options import portable_options, remote_options
 from farm.programs.spec import ProgramSpec
 
 if TYPE_CHECKING:
@@ -50,11 +50,16 @@ def check_inputs(spec: ProgramSpec, blobs: Mapping[str, bytes]) -> str:
     bad = [d for d in spec.digests() if sha256_hex(blobs[d]) != d]
     if bad:
         return f"blob {bad[0]} does not hold the bytes its digest names"
-    directives, _, _ = scan_laid_out(blobs[spec.source], spec.roots, spec.layout(),
-                                     dict(blobs))
+    why = portable_options(spec.options)
+    if why:
+        return f"{why}; nothing compiled"
+    outside: set[str] = set()
+    directives, _, read = scan_laid_out(blobs[spec.source], spec.roots, spec.layout(),
+                                        dict(blobs), outside)
     if directives != spec.includes:
         return "the headers do not resolve as the spec says (edited?); nothing compiled"
-    return ""
+    why = reaches_outside([blobs[spec.source], *read.values()], outside)
+    return f"{why}; nothing compiled" if why else ""
 
 
 def compile_laid_out(ctx: cl.Context, device: cl.Device, spec: ProgramSpec,
@@ -66,7 +71,11 @@ def compile_laid_out(ctx: cl.Context, device: cl.Device, spec: ProgramSpec,
     if why:
         return FinalizeResult(error=why, error_kind="validation")
     with tempfile.TemporaryDirectory(prefix="farm-program-") as folder:
-        roots = lay_out(folder, spec.layout(), dict(blobs), max(spec.roots, 1))
+        try:
+            roots = lay_out(folder, spec.layout(), dict(blobs), max(spec.roots, 1))
+        except OSError as exc:  # a name this file system will not take (too long...)
+            return FinalizeResult(error=f"the headers cannot be laid out here: "
+                                        f"{exc.strerror or exc}", error_kind="validation")
         options = remote_options(spec.options, roots)
         with _CWD_LOCK:
             before = os.getcwd()

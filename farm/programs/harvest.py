@@ -12,6 +12,13 @@ program's binary did not carry are read, checked
 allows; before writing a slot the harvest reads it, so what another process stored
 meanwhile is not stored twice.
 
+What it stores is only what PoCL made in this node from a binary the node proved: the
+folder it reads is the one of the binary the application loaded, named by that binary's
+own content (:func:`farm.programs.supplements.merge`), so nothing in it came from another
+binary, and what the binary itself carried (records merged in) is known and never
+stored again. :func:`store_functions` is the one writer of records; a build process that
+made functions by launching recorded settings calls it with those launches.
+
 With PoCL's kernel cache off, PoCL deletes a program's folder when the program is
 released, so the harvester keeps the programs it watches alive until the last harvest
 (at most :data:`MAX_HELD`; a process that makes more than that has the later ones
@@ -20,11 +27,9 @@ harvested while they live).
 
 from __future__ import annotations
 
-import os
-import socket
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +37,7 @@ from farm.compilation.elfstub import exports
 from farm.compilation.poclcache import loaded_folder, work_group_functions
 from farm.core.errors import FarmError
 from farm.core.keys import PROGRAM_FUNCTION_SLOTS, Namespace, program_functions_key
-from farm.core.model import Key
+from farm.core.model import Key, ReadyLaunch
 from farm.programs.supplements import (
     MAX_FUNCTIONS,
     MAX_RECORD_BYTES,
@@ -136,43 +141,84 @@ class Harvester:
         return stored
 
     def _store_new(self, w: Watched, new: dict[Pair, bytes]) -> int:
-        """Put ``new`` into the program's next free slots; what a slot already holds
-        (another process's harvest) is not put again."""
-        store = self._store()
+        """Put ``new`` into the program's next free slots (see :func:`store_functions`)."""
         prep = w.prepared
-        names = frozenset(prep.kernels)
-        stored = 0
-        rounds = 2 * PROGRAM_FUNCTION_SLOTS  # a slot refused and then not found, forever
-        while new and prep.next_slot < PROGRAM_FUNCTION_SLOTS and rounds > 0:
-            rounds -= 1
-            slot = prep.next_slot
-            there = store.get(w.ns, program_functions_key(w.program, slot))
-            if there is not None:
-                try:
-                    held = read_slot(there, w.program, prep.base, slot, names)
-                except SupplementError:
-                    held = {}
-                prep.known.update(held)
-                new = {p: d for p, d in new.items() if p not in held}
-                prep.next_slot += 1
-                continue
-            chunk = _chunk(new)
-            art = record(w.program, prep.base, slot, chunk, w.source_hash,
-                         host=socket.gethostname(), worker=f"{socket.gethostname()}:"
-                                                           f"{os.getpid()}")
-            if store.put(w.ns, art) is PutResult.REFUSED:
-                continue  # another harvest took the slot: read it next round
-            prep.known.update(chunk)
-            prep.next_slot += 1
-            stored += len(chunk)
-            new = {p: d for p, d in new.items() if p not in chunk}
-        return stored
+        made = Made(program=w.program, base=prep.base, kernels=frozenset(prep.kernels),
+                    source_hash=w.source_hash)
+        done = store_functions(self._store(), w.ns, made, new, first_slot=prep.next_slot)
+        prep.known.update(done.known)
+        prep.next_slot = done.next_slot
+        return done.stored
+
+
+@dataclass(frozen=True)
+class Made:
+    """What work-group functions were made from: a program's validated binary (named
+    ``base``, holding ``kernels``) and its artifact's source hash (a record names the
+    same spec)."""
+
+    program: Key
+    base: str
+    kernels: frozenset[str]
+    source_hash: str
+
+
+@dataclass
+class Stored:
+    """What :func:`store_functions` did: functions stored, the pairs the program's
+    records now hold, and the first slot it did not look at."""
+
+    stored: int = 0
+    known: set[Pair] = field(default_factory=set)
+    next_slot: int = 0
+
+
+def store_functions(store: ArtifactStore, ns: Namespace, made: Made,
+                    functions: Mapping[Pair, bytes], *, first_slot: int = 0,
+                    launches: Mapping[Pair, ReadyLaunch] | None = None) -> Stored:
+    """Store ``functions``, made on ``ns``'s device by PoCL from the binary ``made``
+    names, in the program's free record slots from ``first_slot`` on, as few records as
+    their size allows; ``launches``: the launch that made a function, where the maker
+    knows it (a build that launched recorded settings: the records' proofs then run
+    them).
+
+    Who may call it: a process that made these functions itself, from a binary it loaded
+    after its proof (a harvest of an application's launches, or a build process that
+    launched them). Before writing a slot it reads it: what another process stored there
+    meanwhile is not stored twice."""
+    out = Stored(next_slot=first_slot)
+    new = dict(functions)
+    rounds = 2 * PROGRAM_FUNCTION_SLOTS  # a slot refused and then not found, forever
+    while new and out.next_slot < PROGRAM_FUNCTION_SLOTS and rounds > 0:
+        rounds -= 1
+        slot = out.next_slot
+        there = store.get(ns, program_functions_key(made.program, slot))
+        if there is not None:
+            try:
+                held = set(read_slot(there, made.program, made.base, ns.fingerprint, slot,
+                                     made.kernels).functions)
+            except SupplementError:
+                held = set()
+            out.known.update(held)
+            new = {p: d for p, d in new.items() if p not in held}
+            out.next_slot += 1
+            continue
+        chunk = _chunk(new)
+        art = record(made.program, made.base, ns.fingerprint, slot, chunk, made.source_hash,
+                     {p: launch for p, launch in (launches or {}).items() if p in chunk})
+        if store.put(ns, art) is PutResult.REFUSED:
+            continue  # another harvest took the slot: read it next round
+        out.known.update(chunk)
+        out.next_slot += 1
+        out.stored += len(chunk)
+        new = {p: d for p, d in new.items() if p not in chunk}
+    return out
 
 
 def _new_functions(w: Watched) -> dict[Pair, bytes]:
     """The functions ``w``'s folder holds that its binary did not, checked."""
     if w.folder is None:
-        w.folder = loaded_folder(w.prepared.base)
+        w.folder = loaded_folder(w.prepared.folder)
         if w.folder is None:
             return {}
     found = work_group_functions(w.folder, w.prepared.kernels)

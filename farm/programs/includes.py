@@ -16,7 +16,12 @@ under one folder per *root* (root 0: the application's current folder, then its 
 folders), each file at its path relative to every root that holds it. The layout is
 checked by resolving the source again over it in memory: a program whose includes do not
 come out the same (a header outside every root, reached through ``..`` or an absolute
-name) is compiled only where it was built (``portable`` is False).
+name) is compiled only where it was built (``portable`` is False). So is one whose
+``#include`` could reach outside every root on the build host even where nothing was
+found here (an absolute name, enough ``..``: the build host would read its own file
+there), and one that includes by a macro's name (``#include HEADER``), which no scan can
+follow: a build elsewhere only ever reads the headers the program carries
+(:func:`reaches_outside`).
 """
 
 from __future__ import annotations
@@ -29,8 +34,13 @@ from dataclasses import dataclass, field
 
 from farm.core.hashing import sha256_hex
 
-#: ``#include "name"`` or ``#include <name>`` at the start of a line
-_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^">\r\n]+)[">]', re.MULTILINE)
+#: ``#include "name"`` or ``#include <name>`` at the start of a line (``#include_next``
+#: and ``#import``, which clang also reads in C, alike)
+_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*(?:include(?:_next)?|import)[ \t]*([<"])([^">\r\n]+)[">]',
+                      re.MULTILINE)
+#: an ``#include`` by a macro's name (or anything but a quoted or bracketed name)
+_BY_MACRO = re.compile(rb'^[ \t]*#[ \t]*(?:include(?:_next)?|import|embed)\b[ \t]*[^ \t<"\r\n]',
+                       re.MULTILINE)
 
 #: headers one program may reach; past it the program is built the plain way
 MAX_HEADERS = 4096
@@ -92,10 +102,13 @@ def root_folders(cwd: str, include_dirs: Sequence[str]) -> list[str]:
 
 
 def scan(source: bytes, roots: Sequence[str], read: Reader = read_file,
-         realpath: Callable[[str], str] = os.path.realpath
+         realpath: Callable[[str], str] = os.path.realpath,
+         outside: set[str] | None = None
          ) -> tuple[tuple[Directive, ...], dict[str, str], dict[str, bytes]]:
     """Every ``#include`` of ``source``, recursively, against ``roots`` (absolute):
-    (directives sorted, real path -> digest of every file read, digest -> bytes)."""
+    (directives sorted, real path -> digest of every file read, digest -> bytes).
+    ``outside`` receives each name that, searched from some folder, lies outside every
+    root."""
     contents: dict[str, bytes] = {}
     visited: dict[str, str] = {}
     directives: set[Directive] = set()
@@ -108,6 +121,8 @@ def scan(source: bytes, roots: Sequence[str], read: Reader = read_file,
             folders = ([here] if quoted and here is not None else []) + list(roots)
             found: list[str] = []
             for path in dict.fromkeys(realpath(posixpath.join(f, name)) for f in folders):
+                if outside is not None and not _within(path, roots):
+                    outside.add(name)
                 if path not in visited:
                     data = read(path)
                     if data is None:
@@ -123,10 +138,29 @@ def scan(source: bytes, roots: Sequence[str], read: Reader = read_file,
     return tuple(sorted(directives)), visited, contents
 
 
+def _within(path: str, roots: Sequence[str]) -> bool:
+    return any(path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def reaches_outside(sources: Sequence[bytes], names: set[str]) -> str:
+    """Why a program whose ``sources`` (its source and headers) include ``names`` (those
+    reaching outside its roots) cannot be built elsewhere, "" when it can."""
+    if names:
+        return f"an #include can reach outside the program's folders ({sorted(names)[0]!r})"
+    if any(_BY_MACRO.search(text) for text in sources):
+        return "an #include names its header by a macro, which cannot be followed"
+    return ""
+
+
 def resolve(source: bytes, roots: Sequence[str]) -> Includes:
     """The includes of ``source`` on this machine, laid out and checked for elsewhere."""
-    directives, visited, contents = scan(source, roots)
+    outside: set[str] = set()
+    directives, visited, contents = scan(source, roots, outside=outside)
     result = Includes(directives=directives, contents=contents)
+    why = reaches_outside([source, *contents.values()], outside)
+    if why:
+        result.portable, result.why_local = False, why
+        return result
     layout: list[HeaderFile] = []
     for path, digest in sorted(visited.items()):
         homes = [HeaderFile(k, posixpath.relpath(path, root), digest)
@@ -152,14 +186,14 @@ def virtual_root(index: int) -> str:
 
 
 def scan_laid_out(source: bytes, roots: int, layout: Sequence[HeaderFile],
-                  contents: dict[str, bytes]
+                  contents: dict[str, bytes], outside: set[str] | None = None
                   ) -> tuple[tuple[Directive, ...], dict[str, str], dict[str, bytes]]:
     """:func:`scan` over ``layout`` held in memory (roots ``/r0``, ``/r1``...): what a
     compile elsewhere will see, computed without writing a file."""
     files = {posixpath.normpath(f"/{virtual_root(h.root)}/{h.path}"): contents.get(h.digest)
              for h in layout}
     return scan(source, [f"/{virtual_root(k)}" for k in range(roots)],
-                read=files.get, realpath=posixpath.normpath)
+                read=files.get, realpath=posixpath.normpath, outside=outside)
 
 
 def lay_out(folder: str, layout: Sequence[HeaderFile], contents: dict[str, bytes],

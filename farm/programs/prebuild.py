@@ -21,10 +21,11 @@ from farm.compilation.compiler import ProcessPoolCompiler
 from farm.compilation.finalize import FinalizeResult
 from farm.core.device import DeviceInfo
 from farm.core.keys import PROGRAM_FAMILY, Namespace
-from farm.core.model import Artifact, ArtifactId, KernelFailure, KernelId, Outcome
+from farm.core.model import ArtifactId, KernelFailure, KernelId, Outcome
 from farm.core.settings import Settings
 from farm.programs.capture import CaptureFile
 from farm.programs.compile import ProgramJob, pool_compile
+from farm.programs.proving import compiled_here
 from farm.programs.spec import ProgramSpec
 from farm.records import Recorder
 from farm.records.model import Trip
@@ -44,14 +45,13 @@ def handle(spec: ProgramSpec) -> ArtifactId:
 
 
 def targets(capture: CaptureFile, fingerprint: str | None) -> dict[str, list[ProgramSpec]]:
-    """Fingerprint -> the programs to build for it."""
-    if fingerprint:
-        return {fingerprint: [p.spec for p in capture.programs]}
-    out: dict[str, list[ProgramSpec]] = {}
+    """Fingerprint -> the programs to build for it, each key once (a capture may list the
+    same program many times: it is built once)."""
+    out: dict[str, dict[str, ProgramSpec]] = {}
     for p in capture.programs:
-        for fp in p.fingerprints:
-            out.setdefault(fp, []).append(p.spec)
-    return out
+        for fp in [fingerprint] if fingerprint else p.fingerprints:
+            out.setdefault(fp, {}).setdefault(p.spec.key.id_hash, p.spec)
+    return {fp: list(specs.values()) for fp, specs in out.items()}
 
 
 def put_blobs(store: ArtifactStore, capture: CaptureFile, specs: list[ProgramSpec]) -> int:
@@ -100,6 +100,7 @@ def build_here(settings: Settings, device: DeviceInfo, capture: CaptureFile, *,
         put_blobs(store, capture, [s for _, s in misses])
         pool = ProcessPoolCompiler(device, max(1, workers), settings.native_binaries,
                                    crash_limit=settings.crash_limit)
+        stopped = False
         try:
             futures: dict[Future[FinalizeResult], tuple[KernelResult, ProgramSpec]] = {}
             for res, spec in misses:
@@ -108,15 +109,20 @@ def build_here(settings: Settings, device: DeviceInfo, capture: CaptureFile, *,
                 futures[pool.submit_job(pool_compile, job.model_dump_json())] = res, spec
             for fut in as_completed(futures):
                 res, spec = futures[fut]
-                _finish(store, ns, res, spec, fut.result(), recorder)
+                _finish(store, device, res, spec, fut.result(), recorder)
                 notify(res)
+        except BaseException:  # interrupted (SIGINT, or SIGTERM made one): stop them now
+            stopped = True
+            pool.close(now=True)
+            raise
         finally:
-            pool.close()
+            if not stopped:
+                pool.close()
     return BatchReport(results=results, wall_s=time.perf_counter() - start,
                        parallelism=max(1, workers), compiler_invocations=len(misses))
 
 
-def _finish(store: ArtifactStore, ns: Namespace, res: KernelResult, spec: ProgramSpec,
+def _finish(store: ArtifactStore, device: DeviceInfo, res: KernelResult, spec: ProgramSpec,
             built: FinalizeResult, recorder: Recorder) -> None:
     res.add_part("compile", built.work_s)
     res.worker = built.worker
@@ -125,10 +131,13 @@ def _finish(store: ArtifactStore, ns: Namespace, res: KernelResult, spec: Progra
             "compile", "load", "crashed", "validation") else "error"
         res.failure = KernelFailure(kind=kind, message=built.error, build_log=built.build_log)
         return
-    art = Artifact.create(spec.key, PROGRAM_FAMILY, built.binary, spec.blob_digest,
-                          build_log=built.build_log, host=built.host, worker=built.worker,
-                          work_s=built.work_s)
-    store.put(ns, art)
+    got = compiled_here(device, spec.key, spec.blob_digest, built)
+    if not got.storable:
+        res.failure = KernelFailure(kind="load", message=(
+            "the compiled binary is not one the farm can store (its layout does not walk, "
+            "or its kernel names do not fit a program body)"))
+        return
+    store.put(Namespace.for_fingerprint(device.fingerprint), got.art)
     res.outcome = Outcome.COMPILED
     recorder.compilation(Trip(family=PROGRAM_FAMILY, key=spec.key, outcome=Outcome.COMPILED,
                               work_s=built.work_s, worker=built.worker))

@@ -5,7 +5,12 @@ devices that share a fingerprint, in order:
 
 1. **memory**: this process already served the key (pyopencl rebuilds the same source);
 2. **the store tiers**, front to back (the environment's SQLite file, then MinIO): each
-   verifies the digest; a later tier's hit is copied forward only after it loaded;
+   verifies the digest, and the program (with its work-group function records) is proven
+   on this node before the application loads it (:mod:`~farm.programs.proving`: its body
+   names this program and device; a child process with a private driver cache loads it;
+   the node keeps the verdict); one refused is quarantined in its tier, said once, and
+   the next tier asked, then the compile below; a later tier's hit is copied forward
+   only after it loaded;
 3. **compile here**: the farm's own compile path (:func:`~farm.compilation.finalize.
    finalize_and_validate` on the application's context and device: the native linker on
    NVIDIA), then the application's own load of the binary validates it, and only then
@@ -24,13 +29,16 @@ program obtained is recorded in the process's records session (family ``program`
 **Never break the application.** A source the compiler refuses is built again by
 pyopencl itself, which raises its own error (same type, code and build log): the farm
 never invents one. When the farm cannot help (options it cannot key, a store or
-service that fails, a stored binary the device refuses), the program is built the plain
-way and one warning line says why; a store that failed once is not asked again in this
-process (an outage would otherwise stall every build).
+service that fails), the program is built the plain way and one warning line says why; a
+store that failed once is not asked again in this process (an outage would otherwise
+stall every build). A stored program that is refused is built again by the farm from
+the source the application just gave, and the repair stored. A stored build log is shown
+escaped (:func:`escaped_log`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import sys
@@ -42,19 +50,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from farm.compilation.compiling import farm_compiling
-from farm.compilation.native import unpack
 from farm.core.device import DeviceInfo, info_from_device
-from farm.core.errors import FarmError, LoadError, StoreError
+from farm.core.errors import FarmError, LoadError, StoreError, printable
 from farm.core.gcpause import cyclic_gc_paused
 from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
 from farm.core.model import Artifact, Key, Lowered, Outcome
 from farm.core.settings import Settings, load_settings
-from farm.programs.assemble import Assembled, assemble
+from farm.programs.assemble import Assembled, assemble, kernel_names
 from farm.programs.counts import RunCounts
 from farm.programs.harvest import Harvester
+from farm.programs.proving import UNSTORED, Got, Proving, compiled_here
 from farm.programs.spec import Described, Unserved, describe
-from farm.programs.supplements import READ_AHEAD, Prepared, SlotReader, fill_front, prepare
+from farm.programs.supplements import READ_AHEAD, Prepared, SlotReader, fill_front
 from farm.records.model import Trip
 from farm.store.base import ArtifactStore, PutResult
 from farm.store.tiers import tiers_of
@@ -109,10 +117,9 @@ class ProgramServer:
         self._label = label or f"program hook {os.path.basename(sys.argv[0] or 'python')}"
         self._lock = threading.Lock()
         self._key_locks: dict[tuple[str, Key], threading.Lock] = {}
-        self._memory: GenerationCache[tuple[str, Key], Artifact] = GenerationCache()
-        #: per (fingerprint, key): the prepared binary, or (None,) where none applies
-        self._prepared: GenerationCache[tuple[str, Key], tuple[Prepared | None]] = \
-            GenerationCache()
+        #: per (fingerprint, key): the program as served (proven, records merged)
+        self._memory: GenerationCache[tuple[str, Key], Got] = GenerationCache()
+        self._proofs: Proving | None = None
         self._harvester: Harvester | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._devices: dict[int, DeviceInfo] = {}
@@ -169,6 +176,9 @@ class ProgramServer:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+        proofs, self._proofs = self._proofs, None
+        if proofs is not None:
+            proofs.close()
         with self._lock:
             if self._remote is not None:
                 self._remote.close()
@@ -224,54 +234,40 @@ class ProgramServer:
         binaries: list[bytes] = []
         logs: dict[int, str] = {}
         outcome = Outcome.LOADED
-        by_fp: dict[str, tuple[Artifact, int]] = {}
-        prepared: dict[str, Prepared] = {}
-        compiled: dict[str, Artifact] = {}  # compiled here: stored once it loaded
-        stored: list[bytes] = []
+        by_fp: dict[str, Got] = {}
+        infos: dict[str, DeviceInfo] = {}
         for dev in devs:
-            info = self._info(dev)
-            if info.fingerprint not in by_fp:
-                reader = self._read_ahead(info, key)  # while the artifact is fetched
-                art, got, tier = self._obtain(ctx, dev, info, described)
-                by_fp[info.fingerprint] = art, max(tier, 0)
-                if got is Outcome.COMPILED:
-                    outcome = got
-                if tier == _UNSTORED:
-                    compiled[info.fingerprint] = art
-                prep = self._prepare(info, key, art, reader)
-                if prep is not None:
-                    prepared[info.fingerprint] = prep
-            art = by_fp[info.fingerprint][0]
-            prep = prepared.get(info.fingerprint)
-            binaries.append(prep.binary if prep is not None else art.binary)
-            stored.append(art.binary)
-            logs[dev.int_ptr] = art.meta.build_log
+            info = infos.setdefault(self._info(dev).fingerprint, self._info(dev))
+            got = by_fp.get(info.fingerprint)
+            if got is None:
+                got = by_fp[info.fingerprint] = self._obtain(ctx, dev, info, described)
+                if got.outcome is Outcome.COMPILED:
+                    outcome = got.outcome
+            binaries.append(got.binary)
+            logs[dev.int_ptr] = escaped_log(got.body.log)
         archs = [self._info(d).native_arch for d in devs]
-        try:
-            assembled = assemble(ctx, devs, binaries, described.options, archs)
-        except LoadError:
-            if binaries == stored:
-                raise
-            self._warn("a program's stored work-group functions were refused; it is "
-                       "loaded without them")
-            assembled, prepared = assemble(ctx, devs, stored, described.options, archs), {}
-        for fp, art in compiled.items():  # it loaded: now it may be stored
-            if not self._keep(fp, described, art):
-                prepared.pop(fp, None)  # another binary won: harvest for that one
+        assembled = assemble(ctx, devs, binaries, described.options, archs)
+        names = sorted(kernel_names(assembled.program))
+        for fp, got in by_fp.items():
+            if got.tier == UNSTORED:  # it loaded: now it may be stored
+                if not self._keep(infos[fp], described, got, names):
+                    got.prepared = None  # another binary won: harvest for that one
         seconds = time.perf_counter() - start
-        for fp, (art, tier) in by_fp.items():
+        for fp, got in by_fp.items():
             ns = Namespace.for_fingerprint(fp)
-            self._fill_front(ns, art, tier)
-            if fp in prepared:
-                self._watch(ns, key, prepared[fp], art, assembled.program)
+            self._fill_front(ns, got.art, got.tier)
+            if got.prepared is not None and self._settings().pocl_ready:
+                fill_front([] if self._broken else tiers_of(self.store), ns,
+                           got.prepared.fills)
+                got.prepared.fills = []
+                self._watch(ns, key, got.prepared, got.art, assembled.program)
         self._record(key, outcome, seconds, described, assembled.native_fallback)
         return Served(assembled, outcome, logs, seconds)
 
-    def _read_ahead(self, info: DeviceInfo, key: Key) -> SlotReader | None:
+    def _reader(self, info: DeviceInfo, key: Key) -> SlotReader | None:
         """A reader of the program's work-group function records, its first slots on
-        their way (PoCL's CPU drivers, the first time this process serves the key)."""
-        if (not info.compiles_at_launch or not self._settings().pocl_ready or self._broken
-                or self._prepared.get((info.fingerprint, key)) is not None):
+        their way while the program is fetched (PoCL's CPU drivers)."""
+        if not info.compiles_at_launch or not self._settings().pocl_ready or self._broken:
             return None
         with self._lock:
             if self._pool is None:
@@ -280,29 +276,6 @@ class ProgramServer:
             pool = self._pool
         return SlotReader(tiers_of(self.store), Namespace.for_fingerprint(info.fingerprint),
                           key, pool)
-
-    def _prepare(self, info: DeviceInfo, key: Key, art: Artifact,
-                 reader: SlotReader | None) -> Prepared | None:
-        """On PoCL's CPU drivers, ``art``'s binary with the work-group functions stored
-        beside it (once per key in this process); ``None`` elsewhere."""
-        if (not info.compiles_at_launch or not self._settings().pocl_ready
-                or unpack(art.binary) is not None):
-            return None
-        mkey = (info.fingerprint, key)
-        with self._key_lock(mkey):
-            known = self._prepared.get(mkey)
-            if known is not None:
-                return known[0]
-            ns = Namespace.for_fingerprint(info.fingerprint)
-            tiers = [] if self._broken else tiers_of(self.store)
-            prep = prepare(reader or SlotReader(tiers, ns, key), key, art.binary)
-            if prep is not None and prep.ignored:  # said once a run: what and why
-                self._warn_once("ignored", "work-group functions stored for a program were "
-                                f"ignored ({prep.ignored[0]}); its first launches compile")
-                fill_front(tiers, ns, prep.fills)
-                prep.fills.clear()
-            self._prepared.put(mkey, (prep,))
-            return prep
 
     def _watch(self, ns: Namespace, key: Key, prep: Prepared, art: Artifact,
                handle: object) -> None:
@@ -318,34 +291,40 @@ class ProgramServer:
         return self.store
 
     def _obtain(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
-                described: Described) -> tuple[Artifact, Outcome, int]:
-        """The artifact for ``dev``'s fingerprint, how it was got, and the index of the
-        store tier that served it (0 for memory and the cluster's compiles: nothing to
-        copy; :data:`_UNSTORED` for a compile here, stored once the application's load
-        validated it)."""
+                described: Described) -> Got:
+        """The program for ``dev``'s fingerprint: from memory, else the first store tier
+        holding one this node proves (:mod:`farm.programs.proving`; what is refused is
+        quarantined and said once), else the cluster's compile, else a compile here
+        (stored once the application's load validated it)."""
         key = described.spec.key
         mkey = (info.fingerprint, key)
         with self._key_lock(mkey):
-            art = self._memory.get(mkey)
-            if art is not None:
-                return art, Outcome.LOADED, 0
-            ns = Namespace.for_fingerprint(info.fingerprint)
-            outcome, tier = Outcome.LOADED, 0
-            for tier, stored in enumerate(tiers_of(self.store)):  # noqa: B007
-                art = stored.store.get(ns, key)
-                if art is not None:
-                    break
-            if art is None:
-                outcome, art, tier = Outcome.COMPILED, self._on_cluster(info, described), 0
-                if art is None:
-                    art, tier = self._compile(ctx, dev, described), _UNSTORED
-            self._memory.put(mkey, art)
-            return art, outcome, tier
+            got = self._memory.get(mkey)
+            if got is not None:
+                return dataclasses.replace(got, outcome=Outcome.LOADED, tier=0)
+            proving = self._proving()
+            proving.start_early(info)
+            tiers = tiers_of(self.store)
+            got = proving.stored(info, key, tiers, self._reader(info, key), self._warn_once)
+            if got is None:
+                art = self._on_cluster(info, described)  # stored by a worker: proven too
+                got = proving.served(info, key, art, len(tiers) - 1, tiers, None,
+                                     self._warn_once) if art is not None else None
+                got = got or self._compile(ctx, dev, info, described)
+                got.outcome = Outcome.COMPILED
+            self._memory.put(mkey, got)
+            return got
+
+    def _proving(self) -> Proving:
+        with self._lock:
+            if self._proofs is None:
+                self._proofs = Proving(self._settings().home)
+            return self._proofs
 
     def _fill_front(self, ns: Namespace, art: Artifact, served_by: int) -> None:
         """Copy what a later tier served into the tiers in front of it, after it loaded
         (a binary this device refused is never copied)."""
-        for front in tiers_of(self.store)[:served_by]:
+        for front in tiers_of(self.store)[:max(served_by, 0)]:
             try:
                 front.store.put(ns, art)
             except _CANNOT_HELP as exc:
@@ -370,7 +349,8 @@ class ProgramServer:
         except RemoteRefused as exc:
             raise _CompileRefused(str(exc)) from None
 
-    def _compile(self, ctx: cl.Context, dev: cl.Device, described: Described) -> Artifact:
+    def _compile(self, ctx: cl.Context, dev: cl.Device, info: DeviceInfo,
+                 described: Described) -> Got:
         """Compile here; the binary is not loaded here (the application's load that
         follows validates it, and :meth:`_keep` stores it then)."""
         # the compile path loads only in a process that compiles (a served one never does)
@@ -384,20 +364,25 @@ class ProgramServer:
             if built.error_kind == "compile":
                 raise _CompileRefused(built.error)
             raise LoadError(built.error)
-        return Artifact.create(described.spec.key, PROGRAM_FAMILY, built.binary,
-                               described.spec.blob_digest, build_log=built.build_log,
-                               host=built.host, worker=built.worker, work_s=built.work_s)
+        return compiled_here(info, described.spec.key, described.spec.blob_digest, built)
 
-    def _keep(self, fingerprint: str, described: Described, art: Artifact) -> bool:
-        """Store a binary compiled here that the application loaded: the sources first
-        (see the docstring), then the artifact, first writer wins. False when another
-        process's binary was there first."""
+    def _keep(self, info: DeviceInfo, described: Described, got: Got,
+              names: list[str]) -> bool:
+        """Store a binary compiled here that the application loaded, holding the kernels
+        its body names: the sources first (see the docstring), then the artifact, first
+        writer wins. False when another process's binary was there first."""
+        if not got.storable or names != sorted(got.body.kernels):
+            return False
         store = self.store
         for digest, data in described.blobs().items():
             if digest not in self._blobs_put:
                 store.put_blob(data)
                 self._blobs_put.add(digest)
-        return store.put(Namespace.for_fingerprint(fingerprint), art) is not PutResult.REFUSED
+        kept = store.put(Namespace.for_fingerprint(info.fingerprint), got.art)
+        if kept is PutResult.REFUSED:
+            return False
+        self._proving().note_compiled(info, got.art, got.body.kernels)
+        return True
 
     def _record(self, key: Key, outcome: Outcome, seconds: float, described: Described,
                 native_fallback: str) -> None:
@@ -465,13 +450,24 @@ def _install(program: Any, served: Served, options: bytes) -> None:
         _say_log(program, served.log)
 
 
+def escaped_log(log: str) -> str:
+    """A stored build log as the application may see it: its lines kept, every other
+    control character shown as an escape (``\\x1b``), like every text the farm echoes
+    from input (``farm.core.errors.printable``): a log from the store moves no cursor."""
+    return "\n".join(printable(line, 1 << 30) for line in log.splitlines())
+
+
 def _say_log(program: Any, logs: dict[int, str]) -> None:
     """pyopencl warns about a source build's non-empty log (``compiler_output``); a
-    program served from a binary says what its source build said, the same way."""
+    program served from a binary says what its source build said, the same way, each
+    line indented (``    | ``, as ``farm build`` prints a log): no line of it can pass
+    for one of the farm's or the application's own."""
     said = [(dev, logs.get(dev.int_ptr, "")) for dev in program._prg.get_info(
         _program_info().DEVICES)]
-    message = ("=" * 75 + "\n").join(f"Build on {dev} succeeded, but said:\n\n{log}"
-                                     for dev, log in said if log and log.strip())
+    message = ("=" * 75 + "\n").join(
+        f"Build on {dev} succeeded, but said:\n\n"
+        + "".join(f"    | {line}\n" for line in log.splitlines())
+        for dev, log in said if log and log.strip())
     if message:
         from pyopencl import compiler_output
 

@@ -40,10 +40,16 @@ from farm.programs.includes import (
     resolve,
     root_folders,
 )
-from farm.programs.options import Options, UnservedOptions, parse_options
+from farm.programs.options import (
+    Options,
+    UnservedOptions,
+    parse_options,
+    portable_options,
+    unfollowed,
+)
 
 #: bump when the farm changes what it stores for a program (every key changes with it)
-PROGRAM_FORMAT = 1
+PROGRAM_FORMAT = 2  # 2: the stored bytes are a body (farm.programs.body)
 PROGRAM_BUILD_ID = stable_hash({"kind": PROGRAM_FAMILY, "format": PROGRAM_FORMAT}, 24)
 
 #: the largest source or header the farm keeps (a bigger one is built the plain way)
@@ -91,6 +97,17 @@ class ProgramSpec(Frozen):
     #: False: the headers cannot be laid out elsewhere; compiled only where it was built
     portable: bool = True
 
+    @field_validator("options")
+    @classmethod
+    def _no_files(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """A spec's options name no file or folder (its headers travel with it): the
+        same rules as an application's (``farm.programs.options``)."""
+        for tok in value:
+            if tok.startswith("-I") or unfollowed(tok):
+                raise ValueError(f"build option {tok[:60]!r} names a file or folder; a "
+                                 "program's headers travel in its spec")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> ProgramSpec:
         if any(h.root >= self.roots for h in self.headers):
@@ -98,6 +115,9 @@ class ProgramSpec(Frozen):
         found = {d for _, _, ds in self.includes for d in ds}
         if self.portable and not found <= {h.digest for h in self.headers}:
             raise ValueError("an included header is missing from the layout")
+        why = portable_options(self.options) if self.portable else ""
+        if why:
+            raise ValueError(f"{why}; a portable program is built on other machines")
         return self
 
     @property
@@ -175,5 +195,8 @@ def describe(source: bytes, options: bytes, cwd: str) -> Described:
         raise Unserved(str(exc)) from None
     if any(len(b) > MAX_SOURCE_BYTES for b in includes.contents.values()):
         raise Unserved(f"a header is over the farm's limit of {MAX_SOURCE_BYTES} bytes")
+    why = portable_options(parsed.kept)
+    if why and includes.portable:  # served here, never built elsewhere
+        includes.portable, includes.why_local = False, why
     spec = ProgramSpec.of(sha256_hex(source), len(source), parsed, includes, len(roots))
     return Described(spec=spec, source=source, options=options, headers=includes.contents)

@@ -3,44 +3,51 @@
 On PoCL's CPU drivers a kernel's machine code (its *work-group function*) is made at the
 kernel's first launch, specialised to the launch (local size, zero offset, grid class),
 and kept in the program's folder (:mod:`farm.compilation.poclcache`). An application's
-program declares no launch, so its stored binary holds none (the farm never launches
-opaque kernels on made-up buffers): without more, every node compiles them again at
-every first launch. So the functions an application's launches made are *harvested*
-(:mod:`farm.programs.harvest`) and stored as **records** beside the program's artifact,
-and a node that loads the program merges every record it finds into the binary before
-PoCL unpacks it (:func:`prepare`), so the first launch of a known geometry finds its
-function and compiles nothing.
+program declares no launch, so its stored binary holds none: without more, every node
+compiles them again at every first launch. So the functions an application's launches
+made are *harvested* (:mod:`farm.programs.harvest`) and stored as **records** beside the
+program's artifact, and a node that loads the program merges the records it has proven
+into the binary before PoCL unpacks it (:func:`merge`), so the first launch of a known
+geometry finds its function and compiles nothing.
 
-A record is an ordinary artifact, so it is digest-verified, signed where signing is
-configured and bound to its namespace like every other one. Its key is slot ``n`` of
-the program's records (:func:`farm.core.keys.program_functions_key`: the program's key
-and the slot), family ``program-wg``; slots are taken in order, first writer wins, and
-a reader reads them in order until one is missing, :data:`READ_AHEAD` at a time, the
-first ones while the program's artifact is still on its way (:class:`SlotReader`). Its
-bytes::
+A record is an ordinary artifact (digest-verified, signed where signing is configured,
+bound to its namespace). Its key is slot ``n`` of the program's records
+(:func:`farm.core.keys.program_functions_key`), family ``program-wg``; slots are taken in
+order, first writer wins, and a reader reads them in order until one is missing,
+:data:`READ_AHEAD` at a time, the first ones while the program's artifact is still on its
+way (:class:`SlotReader`). Its bytes (format 2)::
 
-    b"KFWGSUP1" | u32 big endian N | N bytes of JSON (:class:`Header`) | the functions
+    b"KFWGSUP2" | u32 big endian N | N bytes of JSON (:class:`Header`) | the functions
 
-the header naming the program, the build hash of the binary the functions were made
-from, and for each function its kernel, specialisation, size and SHA-256, in the order
-their bytes follow. A record of another binary of the same program (the artifact was
-removed and compiled again since) is stale: skipped in silence, its slot stays taken.
+The header names what the record is for, inside the digested (and signed) body: the
+program's key, the build hash of the binary the functions were made from (``base``),
+the device fingerprint, and for each function its kernel, local size, zero-offset and
+grid class (PoCL's folder name is derived from these, never taken from input), its size
+and SHA-256, and optionally the launch that made it (a ``ReadyLaunch``: then the proof
+runs it). A record of another binary of the same program is stale: skipped in silence,
+its slot stays taken.
 
-What a reader accepts, and nothing else (anything else makes the whole record a miss,
-never an error and never a crash): the record's program and build hash are the ones
-being loaded; each function belongs to a kernel of that program, under a specialisation
-PoCL makes (``16-1-1-goffs0-smallgrid``; never the generic ``0-0-0``), with the size
-and digest its header says, and is an ELF shared object of this host exporting that
-kernel's work-group symbol (:func:`farm.compilation.elfstub.exports`: PoCL aborts the
-application on one that does not). It is written into the binary only as
-``/<kernel>/<spec>/<kernel>.so`` (:func:`farm.compilation.poclbin.add_files`). Only
-binaries the farm named by their content (``kf...``) take records: the random name of an
-older artifact is no program's identity.
+What :func:`decode` accepts, and nothing else (anything else refuses the whole record,
+never an exception of another kind): the program, binary and device are the ones being
+loaded; each function belongs to a kernel of that program, once, with the size and
+digest its header says, and is an ELF shared object of this host exporting that
+kernel's work-group symbol; a recorded launch is of that kernel, with that local size
+and grid class. A record that passes is then *proven* like every stored binary
+(:mod:`farm.programs.proving`): merged into its program's binary and loaded in an
+isolated child with a private PoCL cache, each function ``dlopen``\\ ed there, its
+recorded launch run. Only then does a function reach the application's PoCL cache.
+
+The binary an application loads is named by its own content (:func:`merge`:
+:func:`farm.compilation.poclbin.renamed`), so the node's PoCL folder for it holds only
+what those very bytes held and what PoCL made from them: once a record is gone from the
+store, no later process loads a binary with its function, nor harvests it from a folder.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
 import struct
 from collections.abc import Mapping
@@ -52,14 +59,15 @@ from pydantic import Field, StringConstraints, ValidationError
 
 from farm.compilation.elfstub import MAX_FUNCTION_BYTES, exports
 from farm.compilation.poclbin import (
-    PoclBinaryError,
     add_files,
     build_hash,
     function_folder,
     function_path,
     kernel_file_data,
+    renamed,
 )
 from farm.compilation.poclcache import FARM_NAMED, KERNEL, SPEC
+from farm.compilation.ready import GRID_LIMIT, grid_width
 from farm.core.errors import FarmError
 from farm.core.hashing import sha256_hex
 from farm.core.keys import (
@@ -68,36 +76,70 @@ from farm.core.keys import (
     Namespace,
     program_functions_key,
 )
-from farm.core.model import SHA256_HEX, Artifact, Frozen, Key
+from farm.core.model import SHA256_HEX, Artifact, Frozen, Key, ReadyLaunch
 from farm.store.tiers import Tier
 
-MAGIC = b"KFWGSUP1"
+MAGIC = b"KFWGSUP2"
 _LEN = struct.Struct(">I")
 #: functions one record holds at most; a harvest with more writes several records
 MAX_FUNCTIONS = 256
 #: bytes of functions one record holds at most
 MAX_RECORD_BYTES = 64 * 1024 * 1024
-_MAX_HEADER = 256 * 1024
+_MAX_HEADER = 1024 * 1024
 #: slots read at once (most programs have one record: the first two answer in one trip)
 READ_AHEAD = 2
+#: a local size PoCL specialises for, per dimension, at most
+MAX_LOCAL = 4096
+#: the tag of the name a merged binary is loaded under (:func:`merge`)
+LOADED_TAG = b"kernel-farm loaded program 2\n"
 #: what a store may raise that only means "no records this time"
 _UNAVAILABLE = (FarmError, OSError, sqlite3.Error)
 
-#: (kernel, specialisation)
+#: (kernel, specialisation folder name, e.g. ``16-1-1-goffs0-smallgrid``)
 Pair = tuple[str, str]
+Local = tuple[Annotated[int, Field(ge=1, le=MAX_LOCAL)],
+              Annotated[int, Field(ge=1, le=MAX_LOCAL)],
+              Annotated[int, Field(ge=1, le=MAX_LOCAL)]]
+
+
+def spec_name(local: tuple[int, int, int], zero_offset: bool, small_grid: bool) -> str:
+    """PoCL's folder name of a work-group function's specialisation."""
+    return (f"{local[0]}-{local[1]}-{local[2]}" + ("-goffs0" if zero_offset else "")
+            + ("-smallgrid" if small_grid else ""))
+
+
+def parse_spec(spec: str) -> tuple[tuple[int, int, int], bool, bool] | None:
+    """(local size, zero offset, small grid) of a specialisation PoCL makes; ``None``
+    for any other name (the generic ``0-0-0`` included)."""
+    if not SPEC.match(spec):
+        return None
+    parts = spec.split("-")
+    local = (int(parts[0]), int(parts[1]), int(parts[2]))
+    if max(local) > MAX_LOCAL:
+        return None
+    return local, "goffs0" in parts[3:], "smallgrid" in parts[3:]
 
 
 class Function(Frozen):
     kernel: Annotated[str, StringConstraints(pattern=KERNEL.pattern)]
-    spec: Annotated[str, StringConstraints(pattern=SPEC.pattern)]
+    local_size: Local
+    zero_offset: bool
+    small_grid: bool
     size: int = Field(ge=1, le=MAX_FUNCTION_BYTES)
     sha256: Annotated[str, StringConstraints(pattern=SHA256_HEX)]
+    #: the launch that made it, where one was recorded (the proof runs it)
+    launch: ReadyLaunch | None = None
+
+    @property
+    def spec(self) -> str:
+        return spec_name(self.local_size, self.zero_offset, self.small_grid)
 
 
 class Header(Frozen):
-    format: Literal[1] = 1
+    format: Literal[2] = 2
     program: str = Field(pattern=r"^[0-9a-f]{8,64}\.[0-9a-f]{8,64}$")
     base: str = Field(pattern=FARM_NAMED.pattern)
+    device: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,99}$")
     functions: tuple[Function, ...] = Field(min_length=1, max_length=MAX_FUNCTIONS)
 
 
@@ -109,85 +151,110 @@ class StaleRecord(SupplementError):
     """A record of another binary of the same program."""
 
 
-def encode(program: Key, base: str, functions: Mapping[Pair, bytes]) -> bytes:
-    """A record of ``functions`` for ``program``'s binary named ``base``."""
+@dataclass(frozen=True)
+class Decoded:
+    """A record's functions and the launches recorded for them."""
+
+    functions: dict[Pair, bytes]
+    launches: dict[Pair, ReadyLaunch] = field(default_factory=dict)
+
+
+def encode(program: Key, base: str, device: str, functions: Mapping[Pair, bytes],
+           launches: Mapping[Pair, ReadyLaunch] | None = None) -> bytes:
+    """A record of ``functions`` (made on ``device`` from ``program``'s binary named
+    ``base``); ``launches``: the launch that made a function, where one is known."""
     items = sorted(functions.items())
-    header = Header(program=str(program), base=base, functions=tuple(
-        Function(kernel=k, spec=s, size=len(d), sha256=sha256_hex(d)) for (k, s), d in items))
-    raw = header.model_dump_json().encode("utf-8")
+    out = []
+    for (kernel, spec), data in items:
+        parsed = parse_spec(spec)
+        if parsed is None:
+            raise SupplementError(f"{kernel}/{spec}: not a specialisation PoCL makes")
+        out.append(Function(kernel=kernel, local_size=parsed[0], zero_offset=parsed[1],
+                            small_grid=parsed[2], size=len(data), sha256=sha256_hex(data),
+                            launch=(launches or {}).get((kernel, spec))))
+    header = Header(program=str(program), base=base, device=device, functions=tuple(out))
+    raw = header.model_dump_json(exclude_none=True).encode("utf-8")
     return MAGIC + _LEN.pack(len(raw)) + raw + b"".join(d for _, d in items)
 
 
-def decode(data: bytes, program: Key, base: str, kernels: frozenset[str]
-           ) -> dict[Pair, bytes]:
+def decode(data: bytes, program: Key, base: str, device: str, kernels: frozenset[str]
+           ) -> Decoded:
     """The functions of a record, every rule of the module docstring checked."""
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LEN.size:
-        raise SupplementError("not a work-group function record")
+        raise SupplementError("not a work-group function record of this format")
     size = _LEN.unpack_from(data, len(MAGIC))[0]
     start = len(MAGIC) + _LEN.size
     if size > _MAX_HEADER or start + size > len(data):
         raise SupplementError("record header runs past the record")
     try:
         header = Header.model_validate(json.loads(data[start:start + size]))
-    except (ValidationError, ValueError) as exc:
-        raise SupplementError(f"record header does not validate: {exc}"[:200]) from None
+    except (ValidationError, ValueError, RecursionError) as exc:
+        raise SupplementError(f"record header does not validate: "
+                              f"{' '.join(str(exc).split())}"[:200]) from None
     if header.program != str(program):
         raise SupplementError("record of another program")
     if header.base != base:
         raise StaleRecord(f"record of binary {header.base}, not {base}")
-    out: dict[Pair, bytes] = {}
+    if header.device != device:
+        raise SupplementError(f"record made on device {header.device}, not {device}")
+    out = Decoded(functions={})
     at = start + size
     for fn in header.functions:
+        pair = (fn.kernel, fn.spec)
         body = data[at:at + fn.size]
         at += fn.size
         if len(body) != fn.size or sha256_hex(body) != fn.sha256:
             raise SupplementError(f"{fn.kernel}/{fn.spec}: bytes disagree with the header")
         if fn.kernel not in kernels:
             raise SupplementError(f"{fn.kernel}: no such kernel in the program")
+        if pair in out.functions:
+            raise SupplementError(f"{fn.kernel}/{fn.spec}: twice in the record")
         if not exports(body, fn.kernel):
             raise SupplementError(f"{fn.kernel}/{fn.spec}: not a work-group function of "
                                   "this host")
-        out[(fn.kernel, fn.spec)] = body
+        if fn.launch is not None:
+            why = _launch_disagrees(fn, fn.launch)
+            if why:
+                raise SupplementError(f"{fn.kernel}/{fn.spec}: {why}")
+            out.launches[pair] = fn.launch
+        out.functions[pair] = body
     if at != len(data):
         raise SupplementError("bytes after the last function")
     return out
 
 
-def record(program: Key, base: str, slot: int, functions: Mapping[Pair, bytes],
-           source_hash: str, host: str = "", worker: str = "") -> Artifact:
-    """The artifact of one record (``source_hash``: the program artifact's)."""
+def _launch_disagrees(fn: Function, launch: ReadyLaunch) -> str:
+    """Why ``launch`` would not use the function ``fn`` ("" when it would)."""
+    if launch.kernel_name != fn.kernel:
+        return f"its recorded launch is of kernel {launch.kernel_name}"
+    if launch.local_size is None:
+        return "its recorded launch leaves the local size to the driver"
+    local = (*launch.local_size, 1, 1)[:3]
+    if local != fn.local_size or not fn.zero_offset:
+        return "its recorded launch has another local size or offset"
+    if (grid_width(launch.global_size, launch.local_size) < GRID_LIMIT) != fn.small_grid:
+        return "its recorded launch is of another grid class"
+    return ""
+
+
+def record(program: Key, base: str, device: str, slot: int, functions: Mapping[Pair, bytes],
+           source_hash: str, launches: Mapping[Pair, ReadyLaunch] | None = None) -> Artifact:
+    """The artifact of one record, made by this process (``source_hash``: the program
+    artifact's)."""
+    host = socket.gethostname()
     return Artifact.create(program_functions_key(program, slot),
-                           PROGRAM_FUNCTIONS_FAMILY, encode(program, base, functions),
-                           source_hash, host=host, worker=worker)
+                           PROGRAM_FUNCTIONS_FAMILY,
+                           encode(program, base, device, functions, launches),
+                           source_hash, host=host, worker=f"{host}:{os.getpid()}")
 
 
-def read_slot(art: Artifact, program: Key, base: str, slot: int,
-              kernels: frozenset[str]) -> dict[Pair, bytes]:
+def read_slot(art: Artifact, program: Key, base: str, device: str, slot: int,
+              kernels: frozenset[str]) -> Decoded:
     """The functions of a stored record; :class:`SupplementError` for one refused."""
     if (art.meta.family != PROGRAM_FUNCTIONS_FAMILY
             or art.meta.key != program_functions_key(program, slot)):
         raise SupplementError("an artifact of another kind in a record's slot")
-    return decode(art.binary, program, base, kernels)
-
-
-@dataclass
-class Prepared:
-    """A program's binary as a PoCL node loads it: the stored one with every record's
-    functions merged in, and what a harvest needs to know about it."""
-
-    binary: bytes
-    base: str
-    kernels: tuple[str, ...]
-    #: (kernel, specialisation) pairs the binary carries
-    known: set[Pair] = field(default_factory=set)
-    #: the first slot no reader found
-    next_slot: int = 0
-    #: functions merged from records
-    merged: int = 0
-    #: records to copy into the tiers in front of the one that served them
-    fills: list[tuple[int, Artifact]] = field(default_factory=list)
-    #: why records were ignored (one line each)
-    ignored: list[str] = field(default_factory=list)
+    return decode(art.binary, program, base, device, kernels)
 
 
 class SlotReader:
@@ -226,52 +293,105 @@ class SlotReader:
         return ahead.result()
 
 
-def prepare(reader: SlotReader, program: Key, binary: bytes) -> Prepared | None:
-    """``binary`` (``program``'s stored one) with its records (from ``reader``) merged;
-    ``None`` where records do not apply (a binary this farm did not name, or cannot
-    walk)."""
-    try:
-        base = build_hash(binary)
-        files = kernel_file_data(binary)
-    except PoclBinaryError:
-        return None
-    if not FARM_NAMED.match(base):
-        return None
-    out = Prepared(binary=binary, base=base, kernels=tuple(files))
-    out.known = {(k, function_folder(p)) for k, held in files.items() for p in held
-                 if SPEC.match(function_folder(p))}
-    names = frozenset(out.kernels)
-    adding: dict[str, dict[str, bytes]] = {}
+@dataclass(frozen=True)
+class Candidate:
+    """A record that :func:`decode` accepted, not yet proven."""
+
+    slot: int
+    tier: int
+    art: Artifact
+    decoded: Decoded
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A record refused before or at its proof, and why (it is quarantined)."""
+
+    slot: int
+    tier: int
+    art: Artifact
+    why: str
+
+
+@dataclass
+class Found:
+    """A program's records as read: those to prove, those refused, the first free slot."""
+
+    candidates: list[Candidate] = field(default_factory=list)
+    refused: list[Refused] = field(default_factory=list)
+    next_slot: int = 0
+    #: why records could not be read (one line)
+    unread: str = ""
+
+
+def read_records(reader: SlotReader, program: Key, base: str, device: str,
+                 kernels: frozenset[str]) -> Found:
+    """Every record slot of ``program`` in order until one is missing, decoded."""
+    out = Found()
     for slot in range(PROGRAM_FUNCTION_SLOTS):
         try:
             art, tier = reader.get(slot)
         except _UNAVAILABLE as exc:
-            out.ignored.append(f"records not read ({' '.join(str(exc).split())[:200]})")
+            out.unread = f"records not read ({' '.join(str(exc).split())[:200]})"
             break
         if art is None:
             break
         out.next_slot = slot + 1
         try:
-            functions = read_slot(art, program, base, slot, names)
+            decoded = read_slot(art, program, base, device, slot, kernels)
         except StaleRecord:
             continue
         except SupplementError as exc:
-            out.ignored.append(f"record {slot} ignored: {exc}")
+            out.refused.append(Refused(slot, tier, art, str(exc)))
             continue
-        if tier:
-            out.fills.append((tier, art))
-        for (kernel, spec), data in functions.items():
-            if (kernel, spec) not in out.known:
-                adding.setdefault(kernel, {})[function_path(kernel, spec)] = data
-                out.known.add((kernel, spec))
-    if adding:
-        try:
-            out.binary = add_files(binary, adding)
-            out.merged = sum(len(v) for v in adding.values())
-        except PoclBinaryError as exc:  # by construction it walks; never serve a doubt
-            out.ignored.append(f"functions not merged: {exc}")
-            out.known -= {(k, function_folder(p)) for k, v in adding.items() for p in v}
+        out.candidates.append(Candidate(slot, tier, art, decoded))
     return out
+
+
+@dataclass
+class Prepared:
+    """A program's binary as a PoCL node loads it: the stored one with its proven
+    records' functions merged in, under a name of its own content, and what a harvest
+    needs to know about it."""
+
+    binary: bytes
+    #: the build hash of the stored binary (what records name)
+    base: str
+    #: the build hash ``binary`` is loaded under (the folder PoCL unpacks it into)
+    folder: str
+    kernels: tuple[str, ...]
+    #: (kernel, specialisation) pairs the loaded binary carries
+    known: set[Pair] = field(default_factory=set)
+    #: the first slot no reader found (where a harvest writes next)
+    next_slot: int = 0
+    #: functions merged from records
+    merged: int = 0
+    #: records to copy into the tiers in front of the one that served them
+    fills: list[tuple[int, Artifact]] = field(default_factory=list)
+
+
+def merge(binary: bytes, base: str, records: list[Candidate], next_slot: int) -> Prepared:
+    """``binary`` (a program's stored one, named ``base``) with the functions of
+    ``records`` (proven) added, under a name of the merged content
+    (:data:`LOADED_TAG`); :class:`~farm.compilation.poclbin.PoclBinaryError` when it
+    cannot be walked (the caller proved it walks)."""
+    files = kernel_file_data(binary)
+    known = {(k, function_folder(p)) for k, held in files.items() for p in held
+             if SPEC.match(function_folder(p))}
+    adding: dict[str, dict[str, bytes]] = {}
+    fills = []
+    for rec in records:
+        if rec.tier:
+            fills.append((rec.tier, rec.art))
+        for (kernel, spec), data in rec.decoded.functions.items():
+            if (kernel, spec) not in known:
+                adding.setdefault(kernel, {})[function_path(kernel, spec)] = data
+                known.add((kernel, spec))
+    merged = add_files(binary, adding) if adding else binary
+    loaded = renamed(merged, LOADED_TAG)
+    return Prepared(binary=loaded, base=base, folder=build_hash(loaded), kernels=tuple(files),
+                    known=known, next_slot=next_slot,
+                    merged=sum(len(v) for v in adding.values()), fills=fills)
 
 
 def fill_front(tiers: list[Tier], ns: Namespace, fills: list[tuple[int, Artifact]]) -> None:

@@ -125,9 +125,9 @@ __all__ = [
 Verdict = Literal["imported", "skipped", "refused"]
 
 
-#: a namespace's validator: loads a binary in an isolated process on a device of that
+#: a namespace's validator: proves an artifact in an isolated process on a device of that
 #: fingerprint, answering "" when it loads, else why not
-Validate = Callable[[bytes], str]
+Validate = Callable[[Artifact], str]
 #: the validator of a namespace, ``None`` when this machine has no such device
 Validators = Callable[[Namespace], "Validate | None"]
 
@@ -209,7 +209,7 @@ def _validate(path: Path, bundle: Bundle, validators: Validators | None,
             origins[(ns, artifact.meta.key)] = "imported"
             report.unvalidated[str(ns)] = report.unvalidated.get(str(ns), 0) + 1
             continue
-        why = check(artifact.binary)
+        why = check(artifact)
         if why:
             raise refuse(path, f"artifact {artifact.meta.key} ({artifact.meta.family}) "
                                 f"in {ns} fails validation on this device: {why}")
