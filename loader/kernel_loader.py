@@ -38,7 +38,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import TracebackType
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     import pyopencl as cl
 
     from farm.cluster.client import ClusterClient
+    from loader.tuned import Tuned, TuneOnMiss, Tunings
     from loader.warm import WarmProgress, WarmReport
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,7 @@ class KernelLoader:
         self._owns_compiler = False
         self._cluster: ClusterClient | None = None
         self._validator: IsolatedValidator | None = None
+        self._tunings: Tunings | None = None  # made on first use
         self._closed = False
         try:
             if isinstance(device, DeviceContext):  # a caller started the context earlier
@@ -272,6 +274,19 @@ class KernelLoader:
         """
         return self.kernel_for(self.artifact_id(family, params, launch=launch,
                                                 variant=variant), name=name)
+
+    def tuned(self, family: str, problem: Mapping[str, Any], *,
+              candidates: Sequence[Mapping[str, Any]] | None = None,
+              launch: LaunchSettings | None = None, variant: Variant | None = None,
+              on_miss: TuneOnMiss | None = None) -> Tuned:
+        """The winner of ``problem``'s tuning here, loaded (``.kernel``, ``.params``),
+        never timed here; ``on_miss`` (``first``, ``tune``, ``fail``): loader/tuned.py."""
+        from loader import tuned
+
+        with self._lock:
+            self._tunings = self._tunings or tuned.Tunings(self)
+        return self._tunings.tuned(family, problem, candidates=candidates, launch=launch,
+                                   variant=variant, on_miss=on_miss)
 
     def program_for(self, artifact: ArtifactId) -> cl.Program:
         """The loaded program of an artifact id."""

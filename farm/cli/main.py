@@ -14,6 +14,7 @@ from farm.cli import gc as gc_cmd
 from farm.cli import ingest as ingest_cmd
 from farm.cli import keygen as keygen_cmd
 from farm.cli import run as run_cmd
+from farm.cli import tune as tune_cmd
 from farm.cli import warm as warm_cmd
 from farm.cli import worker as worker_cmd
 from farm.cli.bundle import app as bundle_app
@@ -50,6 +51,10 @@ app.command("build", epilog=examples(
     "farm build tiny", "farm build model.toml --workers 4",
     "farm build medium --cluster --fingerprint pocl-pthread",
     "farm build model.toml --json > summary.json"))(build_cmd.build)
+app.command("tune", epilog=examples(
+    "farm tune medium", "farm tune model.toml --json tuning.json",
+    "farm tune medium --cluster --fingerprint pocl-pthread", "farm tune medium --retune"))(
+    tune_cmd.tune)
 app.command("devices", epilog=examples("farm devices", "farm devices --json"))(
     devices_cmd.devices)
 app.command("demo", epilog=examples("farm demo", "farm demo medium --fresh"))(demo_cmd.demo)
