@@ -89,26 +89,34 @@ class Tunings:
         miss = on_miss or loader.settings.tune_on_miss
         if miss not in ("first", "tune", "fail"):
             raise SettingsError(f"on_miss must be 'first', 'tune' or 'fail', not {miss!r}")
+        # without candidates, the problem's latest tuning: the key needs no candidate
+        # list, so only the first is validated unless this one tunes
         spec = spec_for(loader.registry, family, problem, candidates=candidates,
-                        launch=launch, variant=variant)
+                        launch=launch, variant=variant, first_only=candidates is None)
         ident = (str(spec.index_key()), spec.candidates_digest if candidates else "")
         choice = self._memory.get(ident)
         if choice is None or (choice.result is None and miss != "first"):
             with self._lock:  # one look-up (and one warning, one tuning) per problem
                 choice = self._memory.get(ident)
                 if choice is None or (choice.result is None and miss != "first"):
-                    choice = self._choose(spec, exact=candidates is not None, on_miss=miss)
+                    whole = spec if candidates is not None else spec_for(
+                        loader.registry, family, problem, launch=launch, variant=variant) \
+                        if miss == "tune" else spec
+                    choice = self._choose(spec, whole, exact=candidates is not None,
+                                          on_miss=miss)
                     self._memory.put(ident, choice)
         kernel = loader.kernel_for(choice.spec.artifact(choice.index))
         return Tuned(kernel=kernel, params=choice.spec.params(choice.index),
                      family=spec.family, result=choice.result)
 
-    def _choose(self, spec: TuningSpec, *, exact: bool, on_miss: TuneOnMiss) -> _Choice:
+    def _choose(self, spec: TuningSpec, whole: TuningSpec, *, exact: bool,
+                on_miss: TuneOnMiss) -> _Choice:
+        """The choice for ``spec`` (``whole``: with every candidate, to tune)."""
         loader = self.loader
         found = results.read(loader.store, loader.namespace, spec) if exact else \
             results.read_latest(loader.store, loader.namespace, spec)
         if found is None and on_miss == "tune":
-            found = self._tune_here(spec)
+            found = self._tune_here(whole)
         if found is None:
             if on_miss == "fail":
                 raise TuningMissing(f"{spec.family} {spec.label()}: never tuned on "

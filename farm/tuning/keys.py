@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from farm.core.errors import InputError, ParameterError
 from farm.core.hashing import canonical_json, stable_hash
@@ -54,12 +54,6 @@ class TuningSpec(Frozen):
     #: the family's build id where the spec was made
     build_id: str = Field(pattern=r"^[0-9a-f]{8,64}$")
 
-    @field_validator("problem")
-    @classmethod
-    def _json(cls, value: Params) -> Params:
-        KernelId(family="x", params=value)  # the kernel id's rule: finite, bounded JSON
-        return value
-
     # -- identity -------------------------------------------------------------------------
     @property
     def candidates_digest(self) -> str:
@@ -83,8 +77,10 @@ class TuningSpec(Frozen):
                    build_id=self.build_id)
 
     def same_problem(self, other: TuningSpec) -> bool:
-        """Whether ``other`` is a tuning of this problem (any candidate list)."""
-        return self.index_key() == other.index_key()
+        """Whether ``other`` is a tuning of this problem (any candidate list): what
+        :meth:`index_key` hashes, compared as values."""
+        return (self.family, self.problem, self.launch, self.variant, self.build_id) == \
+            (other.family, other.problem, other.launch, other.variant, other.build_id)
 
     # -- what it names ------------------------------------------------------------------------
     def params(self, index: int) -> Params:
@@ -152,10 +148,12 @@ def plan(artifacts: Iterable[ArtifactId], registry: Registry) -> list[TuningSpec
 
 def spec_for(registry: Registry, family_name: str, problem: Mapping[str, Any], *,
              candidates: Sequence[Mapping[str, Any]] | None = None,
-             launch: LaunchSettings | None = None,
-             variant: Variant | None = None) -> TuningSpec:
+             launch: LaunchSettings | None = None, variant: Variant | None = None,
+             first_only: bool = False) -> TuningSpec:
     """The spec of a problem given by hand (``KernelLoader.tuned``): the family's
-    validation fills in defaults; ``candidates`` default to the family's tuning space.
+    validation fills in defaults; ``candidates`` default to the family's tuning space
+    (``first_only``: its first candidate alone, enough for :meth:`TuningSpec.index_key`
+    and costing one validation instead of one per candidate).
     :class:`ParameterError` for parameters the family refuses, :class:`InputError` for
     a family without a tuning space or a tuning parameter given as the problem."""
     family = registry.get(family_name)
@@ -166,6 +164,8 @@ def spec_for(registry: Registry, family_name: str, problem: Mapping[str, Any], *
         raise InputError(f"{family.name}: {', '.join(chosen)} are tuning choices, not part "
                          "of the problem")
     choices = list(candidates) if candidates is not None else list(family.tuning_space)
+    if first_only:
+        choices = choices[:1]
     if not choices:
         raise InputError(f"family {family.name!r} names no tuning_space: give the "
                          "candidates")
