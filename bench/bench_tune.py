@@ -10,11 +10,12 @@ its model's token buckets and element types optionally narrowed by ``--tokens`` 
   tune every key (:class:`farm.tuning.runner.Tuner`, as ``farm tune`` does): build wall,
   tuning wall, keys per second; each winner's speedup over the first-listed candidate
   (geometric mean, and the worst key: where the first-listed loses most);
-* ``stability`` (with ``tune``): tune every key again (``--retune``): the same winner, or winners whose
-  medians differ by less than their measured spreads in either run, for >= 95% of keys;
-* ``exhaustive`` (with ``tune``): every key measured again with three times the launches and kernel time
-  and no candidate dropped early: the farm's winner is the exhaustive winner, or within
-  3% of its time there, for >= 95% of keys;
+* ``stability`` (with ``tune``): tune every key again (``--retune``): the same winner,
+  or winners whose medians differ by less than their measured spreads in either run,
+  for >= 95% of keys;
+* ``exhaustive`` (with ``tune``): every key measured again with three times the
+  launches and kernel time and no candidate dropped early: the farm's winner is the
+  exhaustive winner, or within 3% of its time there, for >= 95% of keys;
 * ``lookup``: a fresh process gets every winner: the problems' latest results read from
   the store (``spec_for`` + ``read_latest``, what ``KernelLoader.tuned`` does before it
   loads the kernel; no device, no launch), and, for the tuned manifest, ``tuned()`` with
