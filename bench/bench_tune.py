@@ -107,7 +107,7 @@ def tune_parts(manifest: Path, home: Path, parts: set[str], workers: int) -> dic
     from loader import KernelLoader
 
     settings = Settings(home=home, workers=workers, redis_url=None, minio_endpoint=None,
-                        records_url=None, isolation_dir=home / "isolation")
+                        records_url=None)
     specs = specs_of(manifest)
     row: dict[str, Any] = {"keys": len(specs),
                            "candidates": sum(len(s.candidates) for s in specs)}
@@ -121,7 +121,7 @@ def tune_parts(manifest: Path, home: Path, parts: set[str], workers: int) -> dic
         tuner = Tuner(registry=loader.registry, device=loader.device, ctx=loader.context,
                       cl_device=loader.cl_device, store=loader.store,
                       program_of=loader.program_for, recorder=loader.recorder,
-                      lock=HostLock(home / "isolation"), policy=MeasurePolicy())
+                      lock=HostLock(settings.isolation_dir), policy=MeasurePolicy())
         start = time.perf_counter()
         first = [tuner.tune(s).result for s in specs]
         row["tune_s"] = round(time.perf_counter() - start, 2)

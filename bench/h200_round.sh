@@ -8,6 +8,7 @@
 #   bench/h200_round.sh fanout-nvidia pyapp-pocl              # about 9 minutes
 #   bench/h200_round.sh control-plane                         # about 4 minutes
 #   bench/h200_round.sh ready-speed-pocl gpu-cluster-bench    # not run yet (next session)
+#   bench/h200_round.sh tune-nvidia                           # about 5 minutes (issue 28)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
@@ -44,6 +45,11 @@ for name in "$@"; do
         control-plane) step control-plane 540 $host python3 bench/bench_control_plane.py \
             --workers 8,32,128 --chunks 4 --rtt-ms 0.5,5 --kernels 2000 --clients 2 \
             --latency-rounds 24 ;;
+        tune-nvidia) step tune-nvidia 360 $host sh -c \
+            'python3 bench/bench_tune.py --manifest medium --workers 16 \
+                 --parts tune,stability,exhaustive,lookup --lookup-manifest large &&
+             python3 bench/bench_tune.py --manifest large --tokens 1,16,256 --workers 16 \
+                 --parts tune,stability,exhaustive' ;;
         *) echo "h200_round.sh: no step named $name"; exit 2 ;;
     esac
 done
