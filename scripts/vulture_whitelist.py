@@ -119,7 +119,6 @@ _._farm_build_logs  # unused attribute (farm/programs/serve.py: read by the hook
 _._same_rank  # unused method (farm/core/model.py: ReadyLaunch's validator)
 _.exc_text  # read by logging's formatter (worker/stopping.py)
 _.stack_info  # read by logging's formatter (worker/stopping.py)
-_._json  # unused method (farm/tuning/keys.py:57)
 _._ordered  # unused method (farm/tuning/model.py:48)
 _._timed_if_ok  # unused method (farm/tuning/model.py:80)
 measured_at  # unused variable (farm/tuning/model.py:104): when, for people and --json readers

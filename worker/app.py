@@ -108,11 +108,12 @@ def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
                  ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
         return reply.model_dump(mode="json")
 
-    register_tune_task(app, get_state, farms, **options)
+    register_tune_task(app, get_state, farms, request_cls)
 
 
 def register_tune_task(app: Celery, get_state: Callable[[], WorkerState],
-                       farms: tuple[type[BaseException], ...], **options: Any) -> None:
+                       farms: tuple[type[BaseException], ...],
+                       request_cls: type[Request] | None = None) -> None:
     """The tuning task (``farm.tune``, :mod:`worker.tune`): one key, measured here. The
     farm's own trouble gives the key back to its queue, like a chunk's."""
     from celery.exceptions import Reject
@@ -120,6 +121,8 @@ def register_tune_task(app: Celery, get_state: Callable[[], WorkerState],
     from farm.core.errors import one_line
     from farm.tuning.payloads import parse_tune_request
     from worker.tune import tune_job
+
+    options = {"Request": request_cls} if request_cls is not None else {}
 
     @app.task(name=TUNE_TASK_NAME, bind=True, acks_late=True, **options)
     def tune_task(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
