@@ -151,6 +151,7 @@ def tune_parts(manifest: Path, home: Path, parts: set[str], workers: int) -> dic
             tuner.policy = MeasurePolicy().exhaustive(3)
             agree = within = 0
             worst = 0.0
+            apart: list[dict[str, Any]] = []
             for spec, mine in zip(specs, first, strict=True):
                 if mine is None or mine.winner is None:
                     continue
@@ -163,6 +164,14 @@ def tune_parts(manifest: Path, home: Path, parts: set[str], workers: int) -> dic
                 worst = max(worst, loss)
                 agree += mine.winner == deep.winner
                 within += mine.winner != deep.winner and loss <= 0.03
+                if mine.winner != deep.winner:  # what each run saw of both candidates
+                    apart.append({"key": spec.label(), "loss": round(loss, 4), **{
+                        f"{run}_{who}": [round(f.ms or 0, 4), round(f.spread or 0, 3),
+                                         f.launches]
+                        for run, r in (("farm", mine), ("exhaustive", deep))
+                        for who, f in (("farm_winner", r.candidates[mine.winner]),
+                                       ("exhaustive_winner", r.candidates[deep.winner]))}})
+            row["exhaustive_apart"] = apart
             row["exhaustive_same"], row["exhaustive_within_3pct"] = agree, within
             row["exhaustive_share"] = round((agree + within) / max(1, len(done)), 3)
             row["exhaustive_worst_loss"] = round(worst, 4)

@@ -123,6 +123,9 @@ def test_the_json_has_exactly_its_keys_and_the_winner_is_the_fastest_right_one(
         # the 4x4 tile, listed first, is not the winner: a 64x64 or 16x16 tile is
         assert key["winner"]["tile_m"] != 4
     assert "geometric-mean speedup over the first-listed candidates" in doc["_stdout"]
+    # progress on stderr: the build's kernels, then the keys, with rate and ETA
+    assert "building: 1/6 kernels" in doc["_stderr"]
+    assert "tuning: 1/2 keys (50%)" in doc["_stderr"] and "ETA" in doc["_stderr"]
 
 
 def test_a_wrong_candidate_is_never_chosen_and_an_unsupported_one_is_said(
