@@ -213,3 +213,21 @@ def test_the_workers_message_check_knows_the_tuning_task() -> None:
     assert "payload does not validate: spec.candidates" in str(problem(message(bad)))
     assert "payload does not validate" in str(problem(message(payload, "farm.compile")))
     assert "not 'farm.compile' or 'farm.tune'" in str(problem(message(payload, "farm.x")))
+
+
+def test_a_hostile_problem_is_refused_where_it_enters() -> None:
+    from pydantic import ValidationError
+
+    from farm.tuning.payloads import TunePayloadError, parse_tune_request
+
+    payload = {"fingerprint": NS.fingerprint,
+               "spec": spec().model_dump(mode="json")}
+    assert parse_tune_request(payload).spec == spec()
+    for problem in ({"m": "x" * 70_000}, {"m": [[[[]]]] * 20_000}):
+        with pytest.raises(TunePayloadError, match="spec.problem"):
+            parse_tune_request({**payload, "spec": {**payload["spec"], "problem": problem}})
+    with pytest.raises(ValidationError):
+        TuningSpec(family="matmul", problem={"m": float("nan")}, candidates=({},),
+                   build_id="0" * 24)
+    with pytest.raises(TunePayloadError, match="fingerprint"):
+        parse_tune_request({**payload, "fingerprint": "../etc"})

@@ -21,11 +21,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from farm.core.errors import InputError, ParameterError
 from farm.core.hashing import canonical_json, stable_hash
-from farm.core.model import ArtifactId, Frozen, KernelId, Key, LaunchSettings, Name, Variant
+from farm.core.model import (
+    MAX_PARAMS_JSON,
+    ArtifactId,
+    Frozen,
+    KernelId,
+    Key,
+    LaunchSettings,
+    Name,
+    Variant,
+)
 from farm.families import Registry
 from farm.families.base import KernelFamily
 
@@ -53,6 +62,20 @@ class TuningSpec(Frozen):
     candidates: tuple[Params, ...] = Field(min_length=1, max_length=MAX_CANDIDATES)
     #: the family's build id where the spec was made
     build_id: str = Field(pattern=r"^[0-9a-f]{8,64}$")
+
+    @field_validator("problem")
+    @classmethod
+    def _bounded(cls, value: Params) -> Params:
+        """Finite JSON of a kernel's parameters' size, as a kernel id's (it comes from
+        task payloads and stored results)."""
+        try:
+            text = canonical_json(value)
+        except (TypeError, ValueError, RecursionError):
+            raise ValueError("the problem is not finite JSON data") from None
+        if len(text) > MAX_PARAMS_JSON:
+            raise ValueError(f"the problem takes {len(text)} bytes as JSON, over "
+                             f"{MAX_PARAMS_JSON}")
+        return value
 
     # -- identity -------------------------------------------------------------------------
     @property
