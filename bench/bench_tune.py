@@ -22,11 +22,13 @@ its model's token buckets and element types optionally narrowed by ``--tokens`` 
   the kernels loaded. ``--lookup-manifest`` (e.g. ``large``) is looked up the same way
   from a store filled with *placeholder* results for all its keys (the read path does not
   depend on the figures; this times it for a manifest too large to tune here);
-* ``interference``: ``--noise-keys`` keys measured three ways: on a quiet host; with
-  ``--compilers`` processes compiling without pause and the measurement not isolated
-  (another isolation folder); and with the same compilers and the measurement isolated
-  (they pause). Per way: winners that differ from the quiet ones, each candidate's
-  median against its quiet median, spreads, and the compiles the compilers got done.
+* ``interference``: ``--noise-keys`` keys measured three ways, taking turns
+  ``--noise-rounds`` times: on a quiet host; with ``--compilers`` processes compiling
+  without pause and the measurement not isolated (another isolation folder); and with
+  the same compilers and the measurement isolated (they pause). Per way: winners that
+  differ from the quiet rounds' winner, each candidate's median against its median over
+  the quiet rounds (median and 90th percentile of the ratios), spreads, and the
+  compiles the compilers got done.
 
 Caches off (``PYOPENCL_NO_CACHE=1 POCL_KERNEL_CACHE=0 CUDA_CACHE_DISABLE=1``), here and
 in every process started. Prints lines for people, then one JSON line per manifest
@@ -279,8 +281,17 @@ print(n, flush=True)
 """
 
 
-def interference(manifest: Path, home: Path, keys: int, compilers: int) -> dict[str, Any]:
-    """The same keys measured quiet, next to compiles unisolated, and isolated."""
+#: the ways ``interference`` measures: compiling processes, and whose isolation folder
+#: the measurement uses (the compilers' own: they pause; another: they do not)
+WAYS = (("quiet", False, False), ("compiling, not isolated", True, False),
+        ("compiling, isolated", True, True))
+
+
+def interference(manifest: Path, home: Path, keys: int, compilers: int,
+                 rounds: int) -> dict[str, Any]:
+    """The same keys measured quiet, next to compiles unisolated, and isolated, the
+    three ways taking turns ``rounds`` times; each candidate's median against its median
+    over the quiet rounds, each winner against the quiet rounds' winner."""
     from farm.core.isolation import HostLock
     from farm.core.settings import Settings
     from farm.tuning.runner import Tuner
@@ -290,44 +301,51 @@ def interference(manifest: Path, home: Path, keys: int, compilers: int) -> dict[
     shared, apart = home / "iso-shared", home / "iso-apart"
     settings = Settings(home=home, workers=0, redis_url=None, minio_endpoint=None,
                         records_url=None)
-    ways: dict[str, Any] = {}
+    got: dict[str, list[list[Any]]] = {way: [] for way, _, _ in WAYS}
+    walls: dict[str, float] = dict.fromkeys(got, 0.0)
+    compiles: dict[str, int] = dict.fromkeys(got, 0)
     with KernelLoader(settings, label="bench interference") as loader:
         loader.warm([a for s in specs for a in s.artifacts()])
         tuner = Tuner(registry=loader.registry, device=loader.device, ctx=loader.context,
                       cl_device=loader.cl_device, store=loader.store,
                       program_of=loader.program_for)
-        quiet = None
-        for way, busy, lock in (("quiet", 0, apart), ("compiling, not isolated", compilers,
-                                                       apart),
-                                ("compiling, isolated", compilers, shared)):
-            stop = home / f"stop-{len(ways)}"
-            env = {**os.environ, **CACHES_OFF, "FARM_ISOLATION_DIR": str(shared)}
-            procs = [subprocess.Popen([sys.executable, "-c", SPIN, str(stop), str(i)],
-                                      env=env, stdout=subprocess.PIPE, text=True)
-                     for i in range(busy)]
-            for p in procs:
-                assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-            tuner.lock = HostLock(lock)
-            start = time.perf_counter()
-            got = [tuner.measure(s) for s in specs]
-            wall = time.perf_counter() - start
-            stop.write_text("")
-            compiled = sum(int(p.communicate(timeout=600)[0].strip() or 0) for p in procs)
-            quiet = quiet or got
-            ratios = [f.ms / q.ms for r, qr in zip(got, quiet, strict=True)
-                      for f, q in zip(r.candidates, qr.candidates, strict=True)
-                      if f.ms and q.ms]
-            ways[way] = {
-                "wall_s": round(wall, 2), "compiles": compiled,
-                "compiles_per_s": round(compiled / wall, 2),
-                "winners_changed": sum(r.winner != q.winner
-                                       for r, q in zip(got, quiet, strict=True)),
-                "median_ratio": round(statistics.median(ratios), 3),
-                "max_ratio": round(max(ratios), 3),
-                "median_spread": round(statistics.median(
-                    f.spread for r in got for f in r.candidates if f.spread is not None), 3)}
-            say(f"  {way}: {ways[way]}")
-    return {"keys": len(specs), "compilers": compilers, "ways": ways}
+        for turn in range(rounds):
+            for way, busy, isolated in WAYS:
+                stop = home / f"stop-{turn}-{len(got[way])}-{busy}{isolated}"
+                env = {**os.environ, **CACHES_OFF, "FARM_ISOLATION_DIR": str(shared)}
+                procs = [subprocess.Popen([sys.executable, "-c", SPIN, str(stop), str(i)],
+                                          env=env, stdout=subprocess.PIPE, text=True)
+                         for i in range(compilers if busy else 0)]
+                for p in procs:
+                    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+                tuner.lock = HostLock(shared if isolated else apart)
+                start = time.perf_counter()
+                got[way].append([tuner.measure(s) for s in specs])
+                walls[way] += time.perf_counter() - start
+                stop.write_text("")
+                compiles[way] += sum(int(p.communicate(timeout=600)[0].strip() or 0)
+                                     for p in procs)
+    quiet = [[statistics.median(r[k].candidates[c].ms or 0.0 for r in got["quiet"])
+              for c in range(len(spec.candidates))] for k, spec in enumerate(specs)]
+    quiet_winner = [min(range(len(q)), key=lambda c, q=q: q[c] or float("inf"))
+                    for q in quiet]
+    ways: dict[str, Any] = {}
+    for way, _, _ in WAYS:
+        ratios = [f.ms / quiet[k][c] for run in got[way] for k, r in enumerate(run)
+                  for c, f in enumerate(r.candidates) if f.ms and quiet[k][c]]
+        ways[way] = {
+            "wall_s": round(walls[way], 2), "compiles": compiles[way],
+            "compiles_per_s": round(compiles[way] / walls[way], 2),
+            "winners_changed": sum(r.winner != quiet_winner[k] for run in got[way]
+                                   for k, r in enumerate(run)),
+            "winners": rounds * len(specs),
+            "median_ratio": round(statistics.median(ratios), 3),
+            "p90_ratio": round(sorted(ratios)[int(0.9 * (len(ratios) - 1))], 3),
+            "median_spread": round(statistics.median(
+                f.spread for run in got[way] for r in run for f in r.candidates
+                if f.spread is not None), 3)}
+        say(f"  {way}: {ways[way]}")
+    return {"keys": len(specs), "compilers": compilers, "rounds": rounds, "ways": ways}
 
 
 def main() -> None:
@@ -341,6 +359,7 @@ def main() -> None:
                         "manifest from placeholder results (e.g. large)")
     parser.add_argument("--noise-keys", type=int, default=6)
     parser.add_argument("--compilers", type=int, default=2)
+    parser.add_argument("--noise-rounds", type=int, default=3)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     from farm.core.device import probe_devices, select_device
@@ -373,7 +392,7 @@ def main() -> None:
                 f"results): {row['lookup_' + args.lookup_manifest]}")
     if "interference" in parts:
         row["interference"] = interference(manifest, work / "noise", args.noise_keys,
-                                           args.compilers)
+                                           args.compilers, args.noise_rounds)
     print(json.dumps(row), flush=True)
 
 

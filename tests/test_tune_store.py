@@ -224,7 +224,7 @@ def test_a_hostile_problem_is_refused_where_it_enters() -> None:
                "spec": spec().model_dump(mode="json")}
     assert parse_tune_request(payload).spec == spec()
     for problem in ({"m": "x" * 70_000}, {"m": [[[[]]]] * 20_000}):
-        with pytest.raises(TunePayloadError, match="spec.problem"):
+        with pytest.raises(TunePayloadError, match=r"spec\.problem"):
             parse_tune_request({**payload, "spec": {**payload["spec"], "problem": problem}})
     with pytest.raises(ValidationError):
         TuningSpec(family="matmul", problem={"m": float("nan")}, candidates=({},),
