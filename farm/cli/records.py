@@ -161,7 +161,7 @@ def _record_what(record: Record, wide: bool = False) -> str:
 
     if isinstance(record, TuneRecord):
         won = record.candidates[record.winner].params if record.winner is not None \
-            else "none right"
+            else "none"
         where = f" on {record.worker}" if record.worker else ""
         return (f"Tuned {record.family} {record.problem}: {len(record.candidates)} "
                 f"candidates, winner {won} ({_ms(record.winner_ms)} ms, first "
@@ -344,7 +344,7 @@ def tuning(
     for r in records:
         won, first = r.winner_ms, r.first_ms
         rows.append([r.problem, compact(r.candidates[r.winner].params)
-                     if r.winner is not None else "none right", _ms(won), _ms(first),
+                     if r.winner is not None else "no winner", _ms(won), _ms(first),
                      f"{first / won:.2f}x" if won and first else "-", r.family,
                      r.worker or r.host, "yes" if r.isolated else "no"])
     print_table([Column("problem", wrap=True), Column("winner"), Column("ms", "right"),

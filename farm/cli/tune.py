@@ -224,7 +224,7 @@ def _print(fp: str, label: str, outcomes: list[TuneOutcome], registry: Registry,
             table.append([
                 short_problem(o.spec),
                 short_params(won.params, names) if won is not None else
-                ("failed" if r is None else "none right"),
+                ("failed" if r is None else "no winner"),
                 _ms(won.ms if won else None), _ms(r.first.ms if r else None),
                 f"{r.speedup:.2f}x" if r is not None and r.speedup is not None else "-",
                 f"{won.spread:.0%}" if won is not None and won.spread is not None else "-",

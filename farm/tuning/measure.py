@@ -148,6 +148,8 @@ def measure(queue: cl.CommandQueue, example: Example, contenders: list[Contender
         if c.status == "ok":
             _check(queue, buffers, c)
     runs = [_Run(c) for c in contenders if c.status == "ok"]
+    if not runs:  # nothing to time: the device is not taken from anybody
+        return [_figures(c, None) for c in contenders], True
     for run in runs:
         run.contender.kernel.set_args(*buffers.args)  # type: ignore[union-attr]
     with isolation as isolated:
