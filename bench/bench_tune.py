@@ -22,8 +22,8 @@ its model's token buckets and element types optionally narrowed by ``--tokens`` 
   the kernels loaded. ``--lookup-manifest`` (e.g. ``large``) is looked up the same way
   from a store filled with *placeholder* results for all its keys (the read path does not
   depend on the figures; this times it for a manifest too large to tune here);
-* ``interference``: ``--noise-keys`` keys measured three ways, taking turns
-  ``--noise-rounds`` times: on a quiet host; with ``--compilers`` processes compiling
+* ``interference``: ``--noise-keys`` keys measured three ways, taking turns in a
+  rotating order ``--noise-rounds`` times: on a quiet host; with ``--compilers`` processes compiling
   without pause and the measurement not isolated (another isolation folder); and with
   the same compilers and the measurement isolated (they pause). Per way: winners that
   differ from the quiet rounds' winner, each candidate's median against its median over
@@ -309,8 +309,8 @@ def interference(manifest: Path, home: Path, keys: int, compilers: int,
         tuner = Tuner(registry=loader.registry, device=loader.device, ctx=loader.context,
                       cl_device=loader.cl_device, store=loader.store,
                       program_of=loader.program_for)
-        for turn in range(rounds):
-            for way, busy, isolated in WAYS:
+        for turn in range(rounds):  # the order rotates: no way always comes first
+            for way, busy, isolated in WAYS[turn % 3:] + WAYS[:turn % 3]:
                 stop = home / f"stop-{turn}-{len(got[way])}-{busy}{isolated}"
                 env = {**os.environ, **CACHES_OFF, "FARM_ISOLATION_DIR": str(shared)}
                 procs = [subprocess.Popen([sys.executable, "-c", SPIN, str(stop), str(i)],
