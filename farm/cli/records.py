@@ -326,7 +326,7 @@ def tuning(
     wide: WideOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """A session's tuning table: each key measured, its winner and what it gained.
+    """A session's tuning table: each key's winner and what it gained.
 
     Winner and first-listed candidate times are medians of the device's own timings;
     speedup is the first-listed candidate's time over the winner's. On the cluster the

@@ -67,7 +67,7 @@ def tune(
         min=0.1, max=86_400.0, metavar="S", help="seconds of timing one key may take")
     ] = 60.0,
 ) -> None:
-    """Time every tuning key's candidates on the device; keep and show the winners.
+    """Time each tuning key's candidates; keep the fastest right ones.
 
     A tuning key is a problem (a matrix shape) and its candidates (the manifest's
     [model.tuning] tiles). Each candidate is checked against the family's reference,
