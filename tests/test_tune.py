@@ -233,3 +233,24 @@ def test_a_manifest_without_tuning_keys_is_one_line_and_status_2(tmp_path: Path)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "no tuning key" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_bundle_carries_the_winners_to_a_machine_that_never_tuned(
+        tuned: Tuned, tmp_path: Path) -> None:
+    bundle = tmp_path / "tuned.bundle"
+    exported = farm(tuned.home, "bundle", "export", str(bundle), "--all", "--json")
+    assert exported.returncode == 0, exported.stderr
+    home = tmp_path / "elsewhere"
+    imported = farm(home, "bundle", "import", str(bundle), "--json")  # validates binaries
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    stored = tune_json(tuned.home, tuned.matmul)  # the winners stored over there
+    reused = tune_json(home, tuned.matmul)
+    assert (reused["timed"], reused["reused"]) == (0, 2)  # tuning results came along
+    assert reused["keys"] == stored["keys"]
+    for key in stored["keys"]:
+        proc = subprocess.run([sys.executable, "-c", FRESH, json.dumps(key["problem"])],
+                              env=env_for(home), capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        assert got["params"] == {**key["problem"], **key["winner"]} and not got["problems"]
