@@ -9,6 +9,8 @@
 #   bench/h200_round.sh control-plane                         # about 4 minutes
 #   bench/h200_round.sh ready-speed-pocl gpu-cluster-bench    # not run yet (next session)
 #   bench/h200_round.sh proofs-nvidia proofs-pocl trust-pocl  # about 9 minutes (issue 29)
+#   bench/h200_round.sh tune-nvidia                           # about 5 minutes (issue 28)
+#   bench/h200_round.sh tune-pocl-noise                       # about 2 minutes (optional)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
@@ -51,6 +53,14 @@ for name in "$@"; do
             bench/bench_proofs.py --device pocl --rounds 2 --manifest tiny ;;
         trust-pocl) step trust-pocl 200 env FARM_DEVICE=pocl $host python3 -m pytest -x -q \
             -p no:cacheprovider tests/test_program_trust.py tests/test_program_records.py ;;
+        tune-nvidia) step tune-nvidia 360 $host sh -c \
+            'python3 bench/bench_tune.py --manifest medium --workers 16 \
+                 --parts tune,stability,exhaustive,lookup --lookup-manifest large &&
+             python3 bench/bench_tune.py --manifest large --tokens 1,16,256 --workers 16 \
+                 --parts tune,stability,exhaustive' ;;
+        tune-pocl-noise) step tune-pocl-noise 180 env FARM_DEVICE=pocl $host python3 \
+            bench/bench_tune.py --manifest medium --tokens 16 --parts interference \
+            --noise-keys 4 --compilers 8 --noise-rounds 3 ;;
         *) echo "h200_round.sh: no step named $name"; exit 2 ;;
     esac
 done

@@ -21,6 +21,10 @@ class ArtifactMissing(KernelError):
     kind = "missing"
 
 
+class TuningMissing(ArtifactMissing):
+    """The problem was never tuned on this device and ``tuned`` was told to fail."""
+
+
 class UnknownKernelName(InputError):
     """The program has no kernel of the name asked for."""
 

@@ -22,14 +22,11 @@ compilation record); a trip that fails records nothing and raises a
 :class:`~farm.core.errors.FarmError` subclass (a :class:`~farm.core.errors.KernelError` with the
 build log for a kernel that cannot be obtained).
 
-**Threads.** A loader may be shared by threads. A kernel asked for by several threads at
-once is fetched and loaded once: the first thread's trip is an in-flight future the
-others wait on. :meth:`KernelLoader.kernel` returns a *fresh* ``pyopencl.Kernel`` made
-from the cached program on every call, because a kernel object's arguments are state
-(``set_args`` from two threads on one object races, the only OpenCL call that is not
-thread-safe). Creating one is not free: pyopencl makes (or looks up) the argument-setting
-code of every ``Kernel`` object, about 0.2 ms on the 2-core PoCL machine, so keep the
-kernel you got for a hot loop on one thread rather than asking again per launch.
+**Threads.** A loader may be shared by threads; a kernel asked for by several at once is
+fetched and loaded once (the others wait on the first one's trip). :meth:`kernel` returns
+a *fresh* ``pyopencl.Kernel`` on every call, because a kernel's arguments are state that
+two threads would race on; making one costs about 0.2 ms (pyopencl's argument code), so
+keep the kernel you got for a hot loop rather than asking again per launch.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import TracebackType
@@ -71,6 +68,7 @@ if TYPE_CHECKING:
     import pyopencl as cl
 
     from farm.cluster.client import ClusterClient
+    from loader.tuned import Tuned, TuneOnMiss, Tunings
     from loader.warm import WarmProgress, WarmReport
 
 log = logging.getLogger(__name__)
@@ -152,6 +150,7 @@ class KernelLoader:
         self._owns_compiler = False
         self._cluster: ClusterClient | None = None
         self._prover: Prover | None = None
+        self._tunings: Tunings | None = None  # made on first use
         self._closed = False
         try:
             if isinstance(device, DeviceContext):  # a caller started the context earlier
@@ -278,6 +277,19 @@ class KernelLoader:
         """
         return self.kernel_for(self.artifact_id(family, params, launch=launch,
                                                 variant=variant), name=name)
+
+    def tuned(self, family: str, problem: Mapping[str, Any], *,
+              candidates: Sequence[Mapping[str, Any]] | None = None,
+              launch: LaunchSettings | None = None, variant: Variant | None = None,
+              on_miss: TuneOnMiss | None = None) -> Tuned:
+        """The winner of ``problem``'s tuning here, loaded (``.kernel``, ``.params``),
+        never timed here; ``on_miss`` (``first``, ``tune``, ``fail``): loader/tuned.py."""
+        from loader import tuned
+
+        with self._lock:
+            self._tunings = self._tunings or tuned.Tunings(self)
+        return self._tunings.tuned(family, problem, candidates=candidates, launch=launch,
+                                   variant=variant, on_miss=on_miss)
 
     def program_for(self, artifact: ArtifactId) -> cl.Program:
         """The loaded program of an artifact id."""

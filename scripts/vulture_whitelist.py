@@ -121,3 +121,8 @@ _._same_rank  # unused method (farm/core/model.py: ReadyLaunch's validator)
 _.exc_text  # read by logging's formatter (worker/stopping.py)
 _.stack_info  # read by logging's formatter (worker/stopping.py)
 _.format_commands  # unused method (farm/cli/help.py:44): click calls it
+_._ordered  # unused method (farm/tuning/model.py:48)
+_._timed_if_ok  # unused method (farm/tuning/model.py:80)
+measured_at  # unused variable (farm/tuning/model.py:104): when, for people and --json readers
+_.tune_task  # unused method (worker/app.py:124)
+_._bounded  # unused method (farm/tuning/keys.py): a pydantic validator

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, Task
 
 from farm.cluster.metrics import outcome_label
-from farm.core.keys import TASK_NAME
+from farm.core.keys import TASK_NAME, TUNE_TASK_NAME
 
 if TYPE_CHECKING:
     import redis
@@ -116,4 +116,36 @@ def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
                          for k in reply.results)
         log.info("chunk %s: %s", task_id,
                  ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
+        return reply.model_dump(mode="json")
+
+    register_tune_task(app, get_state, farms, request_cls)
+
+
+def register_tune_task(app: Celery, get_state: Callable[[], WorkerState],
+                       farms: tuple[type[BaseException], ...],
+                       request_cls: type[Request] | None = None) -> None:
+    """The tuning task (``farm.tune``, :mod:`worker.tune`): one key, measured here. The
+    farm's own trouble gives the key back to its queue, like a chunk's."""
+    from celery.exceptions import Reject
+
+    from farm.core.errors import one_line
+    from farm.tuning.payloads import parse_tune_request
+    from worker.tune import tune_job
+
+    options = {"Request": request_cls} if request_cls is not None else {}
+
+    @app.task(name=TUNE_TASK_NAME, bind=True, acks_late=True, **options)
+    def tune_task(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
+        request = parse_tune_request(payload)  # a bad payload: one line back to the client
+        try:
+            reply = tune_job(request, get_state(), task_id=self.request.id)
+        except farms as exc:  # the farm's trouble, not the key's
+            reason = f"{type(exc).__name__}: {one_line(exc)}"
+            log.warning("tuning task %s goes back to its queue: %s", self.request.id, reason)
+            raise Reject(reason, requeue=True) from None
+        result = reply.result
+        log.info("tuning task %s: %s %s", self.request.id, request.spec.family,
+                 "reused" if reply.reused else
+                 f"failed ({reply.failure})" if result is None else
+                 f"measured, winner {result.winner}")
         return reply.model_dump(mode="json")

@@ -7,7 +7,8 @@ restored to the queue, and every worker of that fingerprint that starts dies on 
 
 So the worker's consumer (:class:`GuardedConsumer`, ``worker_consumer``) checks every
 message before Celery sees it (:func:`problem`): the headers Celery reads, the body's
-``[args, kwargs, embed]`` shape and the payload itself (a :class:`CompileRequest`). A
+``[args, kwargs, embed]`` shape and the payload itself (a :class:`CompileRequest`, or
+a :class:`~farm.tuning.payloads.TuneRequest` for the tuning task). A
 message that fails is dead-lettered (``farm:dead``, see :mod:`farm.core.keys`: the reason,
 headers and a cut body, for a person to read), acknowledged so it never comes back, and
 its task id, when it has one, gets a failed result so that a waiting client learns why.
@@ -28,7 +29,8 @@ from pydantic import ValidationError
 
 from farm.cluster.payloads import CompileRequest
 from farm.core.errors import first_error
-from farm.core.keys import DEAD_LETTERS, TASK_NAME
+from farm.core.keys import DEAD_LETTERS, TASK_NAME, TUNE_TASK_NAME
+from farm.tuning.payloads import TuneRequest
 
 if TYPE_CHECKING:
     import redis
@@ -38,6 +40,10 @@ log = logging.getLogger(__name__)
 #: dead letters kept (the oldest go first)
 DEAD_LETTERS_KEPT = 1000
 _BODY_CUT = 2000
+
+#: the tasks a worker runs, and the payload each takes
+_PAYLOADS: dict[str, type[CompileRequest] | type[TuneRequest]] = {
+    TASK_NAME: CompileRequest, TUNE_TASK_NAME: TuneRequest}
 
 _OPTIONAL_TEXT = ("root_id", "parent_id", "group", "shadow", "eta", "origin", "lang",
                   "argsrepr", "kwargsrepr")
@@ -51,8 +57,8 @@ def _header_problem(headers: Any) -> str | None:
     if not isinstance(headers, Mapping):
         return "headers are not a mapping"
     task = headers.get("task")
-    if task != TASK_NAME:
-        return f"header task is {task!r}, not {TASK_NAME!r}"
+    if task not in _PAYLOADS:
+        return f"header task is {task!r}, not {TASK_NAME!r} or {TUNE_TASK_NAME!r}"
     task_id = headers.get("id")
     if not isinstance(task_id, str) or not 0 < len(task_id) <= 255:
         return "header id is missing or not a short string"
@@ -85,7 +91,7 @@ def _header_problem(headers: Any) -> str | None:
     return None
 
 
-def _body_problem(body: Any) -> str | None:
+def _body_problem(body: Any, task: str = TASK_NAME) -> str | None:
     if not isinstance(body, list | tuple) or len(body) != 3:
         return "body is not [args, kwargs, embed]"
     args, kwargs, embed = body
@@ -99,7 +105,7 @@ def _body_problem(body: Any) -> str | None:
         if embed.get(name):  # a compile task is never part of a canvas
             return f"embed {name} is not empty"
     try:
-        CompileRequest.model_validate(args[0])
+        _PAYLOADS.get(task, CompileRequest).model_validate(args[0])
     except ValidationError as exc:
         where, why = first_error(exc, "payload")
         return f"payload does not validate: {where}: {why}"
@@ -107,7 +113,7 @@ def _body_problem(body: Any) -> str | None:
 
 
 def problem(message: Any) -> str | None:
-    """Why ``message`` cannot be a compile task this worker runs; ``None`` when it can."""
+    """Why ``message`` cannot be a task this worker runs; ``None`` when it can."""
     if message.content_type != "application/json":
         return f"content type {message.content_type!r} is not application/json"
     reason = _header_problem(message.headers)
@@ -117,7 +123,7 @@ def problem(message: Any) -> str | None:
         body = message.decode()
     except Exception as exc:  # any decoding failure is the message's fault
         return f"body does not decode: {type(exc).__name__}"
-    return _body_problem(body)
+    return _body_problem(body, message.headers["task"])
 
 
 def _cut(value: Any) -> Any:

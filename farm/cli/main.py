@@ -14,6 +14,7 @@ from farm.cli import gc as gc_cmd
 from farm.cli import ingest as ingest_cmd
 from farm.cli import keygen as keygen_cmd
 from farm.cli import run as run_cmd
+from farm.cli import tune as tune_cmd
 from farm.cli import warm as warm_cmd
 from farm.cli import worker as worker_cmd
 from farm.cli.bundle import app as bundle_app
@@ -76,6 +77,10 @@ app.command("build", rich_help_panel=SHARE, epilog=examples(
 app.command("warm", rich_help_panel=SHARE, epilog=examples(
     "farm warm medium", "farm warm model.toml --on-miss farm",
     "farm warm model.toml --on-miss fail --json"))(warm_cmd.warm)
+app.command("tune", rich_help_panel=SHARE, epilog=examples(
+    "farm tune medium", "farm tune model.toml --json tuning.json",
+    "farm tune medium --cluster --fingerprint pocl-pthread", "farm tune medium --retune"))(
+    tune_cmd.tune)
 app.command("run", rich_help_panel=SHARE, epilog=examples(
     "farm run -- python my_app.py", "farm run --json summary.json -- python my_app.py",
     "farm run --capture app.capture.json -- python my_app.py"))(run_cmd.run)

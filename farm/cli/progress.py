@@ -126,9 +126,11 @@ class Progress:
     def __init__(self, total: int | None, *, description: str = "building",
                  console: Console | None = None, live: bool | None = None,
                  interval_s: float = PLAIN_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, unit: str = "kernels") -> None:
         self.console = console or err
         self.description = description
+        #: what is counted (``kernels``; ``keys`` while tuning)
+        self.unit = unit
         self.meter = RateMeter(total, clock)
         self.last = ""
         self.status_line = ""
@@ -174,7 +176,7 @@ class Progress:
         m = self.meter
         count = f"{m.done}/{m.total}" if m.total is not None else str(m.done)
         share = f" ({m.done / m.total:.0%})" if m.total else ""
-        return (f"{count} kernels{share}, {rate_text(m.rate)}, ETA {clock_text(m.eta_s)}, "
+        return (f"{count} {self.unit}{share}, {rate_text(m.rate)}, ETA {clock_text(m.eta_s)}, "
                 f"elapsed {clock_text(m.elapsed_s)}")
 
     def _plain(self, final: bool = False) -> None:
@@ -182,7 +184,7 @@ class Progress:
         line = f"{self.description}: {self.headline()}"
         if final:
             line = (f"{self.description}: {self.meter.done}"
-                    f"{'' if self.meter.total is None else f'/{self.meter.total}'} kernels "
+                    f"{'' if self.meter.total is None else f'/{self.meter.total}'} {self.unit} "
                     f"in {clock_text(self.meter.elapsed_s)} ({rate_text(self.meter.rate)})")
         else:
             parts = [p for p in (f"last: {self.last}" if self.last else "",
@@ -258,12 +260,14 @@ def _cut(line: str, width: int) -> str:
 
 @contextlib.contextmanager
 def progress(total: int | None, *, quiet: bool = False, description: str = "building",
-             console: Console | None = None, interval_s: float = PLAIN_INTERVAL_S
-             ) -> Iterator[Progress]:
+             console: Console | None = None, interval_s: float = PLAIN_INTERVAL_S,
+             unit: str = "kernels") -> Iterator[Progress]:
     """A build's progress on stderr while the block runs; nothing with ``quiet`` (under
-    ``--json``: its callbacks still work, they just print nothing)."""
+    ``--json``: its callbacks still work, they just print nothing). ``unit`` names what
+    is counted."""
     kind = _Silent if quiet else Progress
-    shown = kind(total, description=description, console=console, interval_s=interval_s)
+    shown = kind(total, description=description, console=console, interval_s=interval_s,
+                 unit=unit)
     shown.start()
     ok = False
     try:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 app = new_app("Read what the farm did: sessions, records, builds, timelines.",
               epilog=examples("farm records sessions", "farm records show latest",
-                              "farm records summary --build latest",
+                              "farm records summary --build latest", "farm records tuning",
                               "farm records timeline latest -o build.html"))
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
@@ -188,8 +188,16 @@ def kernel_name(record: CompilationRecord | KernelLine, *, key: bool = False) ->
 
 
 def _record_what(record: Record, wide: bool = False) -> str:
-    from farm.records.model import CompilationBatchRecord, CompilationRecord
+    from farm.records.model import CompilationBatchRecord, CompilationRecord, TuneRecord
 
+    if isinstance(record, TuneRecord):
+        won = record.candidates[record.winner].params if record.winner is not None \
+            else "none"
+        where = f" on {record.worker}" if record.worker else ""
+        return (f"Tuned {record.family} {record.problem}: {len(record.candidates)} "
+                f"candidates, winner {won} ({_ms(record.winner_ms)} ms, first "
+                f"{_ms(record.first_ms)} ms){where}"
+                + ("" if record.isolated else ", not isolated"))
     if isinstance(record, CompilationRecord):
         asked = (f" for {record.requested_by.session}:{record.requested_by.batch}"
                  if record.requested_by else "")
@@ -389,6 +397,47 @@ def timeline_cmd(
         return
     out.print(f"wrote {written}: {len(data.bars)} kernel(s) on {data.lanes_text()}, "
               f"{stragglers} straggler(s), wall {data.wall_s:.2f} s", markup=False)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+@app.command("tuning", epilog=examples("farm records tuning", "farm records tuning latest",
+                                       "farm records tuning 1796187761603293040 --json"))
+def tuning(
+    session: Annotated[str, typer.Argument(
+        help="the session that tuned (`farm tune`), or `latest`", metavar="SESSION")
+    ] = "latest",
+    wide: WideOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """A session's tuning table: each key's winner and what it gained.
+
+    Winner and first-listed candidate times are medians of the device's own timings;
+    speedup is the first-listed candidate's time over the winner's. On the cluster the
+    workers that measured are listed (--wide).
+    """
+    from farm.records.tuning import compact, tunings
+
+    with open_storage() as storage:
+        found, records = tunings(storage, None if session == "latest"
+                                 else _session_id(storage, session))
+    if json_out:
+        print_json({"session": found, "records": [_record_json(r) for r in records]})
+        return
+    rows = []
+    for r in records:
+        won, first = r.winner_ms, r.first_ms
+        rows.append([r.problem, compact(r.candidates[r.winner].params)
+                     if r.winner is not None else "no winner", _ms(won), _ms(first),
+                     f"{first / won:.2f}x" if won and first else "-", r.family,
+                     r.worker or r.host, "yes" if r.isolated else "no"])
+    print_table([Column("problem", wrap=True), Column("winner"), Column("ms", "right"),
+                 Column("first ms", "right"), Column("speedup", "right"),
+                 Column("family", optional=True), Column("worker", optional=True),
+                 Column("isolated", optional=True)], rows,
+                title=f"tuning of session {found}: {len(records)} key(s)", wide=wide)
 
 
 @app.command("prune", epilog=examples("farm records prune --keep 100"))

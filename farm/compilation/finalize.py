@@ -38,6 +38,7 @@ from farm.compilation.ready import (
     ready_binary,
 )
 from farm.core.errors import LoadError, first_error_line
+from farm.core.isolation import compile_slot
 from farm.core.model import Lowered
 
 if TYPE_CHECKING:
@@ -160,7 +161,16 @@ def finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
     (:mod:`farm.compilation.ready`). An application's program declares none: its binary
     is taken without the generic machine code PoCL would make for every kernel first
     (:func:`farm.compilation.ready.program_binary`).
+
+    It runs in a slot of the host's cores (:func:`farm.core.isolation.compile_slot`): a
+    measurement of a CPU device on this host waits for it, and it waits for one.
     """
+    with compile_slot():
+        return _finalize(ctx, device, lowered, extra_options, ready)
+
+
+def _finalize(ctx: cl.Context, device: cl.Device, lowered: Lowered | RawSource,
+              extra_options: tuple[str, ...], ready: bool) -> FinalizeResult:
     import pyopencl as cl
 
     start = time.perf_counter()

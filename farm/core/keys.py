@@ -44,13 +44,29 @@ digests of every header the source can include (``farm.programs.spec``); the
 fingerprint is in the namespace. ``blobs/`` sits one level above the namespaces, so a
 namespace listing (three levels of prefixes) never mistakes it for one.
 
+Tuning results (``farm.tuning``) are artifacts too, of family :data:`TUNING_FAMILY`, under
+``<namespace>/artifacts/<tuning id>/<family build id>``: their bytes are the result's
+JSON (every candidate's figures and the winner), digest-verified, signed where signing
+is configured and bound to the device's namespace like any binary, carried by bundles.
+The tuning id hashes the family, the problem (the parameters that are not tuning
+choices), launch, variant and the digest of the candidate list
+(:func:`farm.tuning.keys.TuningSpec.key`). Beside each, the problem's latest tuning
+whatever its candidate list, under family :data:`TUNING_INDEX_FAMILY` and the problem's
+own id (what ``KernelLoader.tuned(family, problem)`` reads). Neither is code: nothing
+loads them on a device (:data:`DATA_FAMILIES`).
+
+Host-wide lock files of measurement isolation (``farm.core.isolation``), in
+``FARM_ISOLATION_DIR``: ``gate-<resource>.lock`` and ``use-<resource>.lock``, resource
+``cpu`` or ``device-<fingerprint>-<platform>-<device>``.
+
 Redis (broker and farm state)::
 
     farm:lease:<namespace>:<source hash>          in-flight compile lease (TTL, renewed)
     farm:workers:<fingerprint>                    hash host:pid -> worker description
     farm:records:<kind>                           records stream, e.g. farm:records:sessions,
                                                   farm:records:compilation,
-                                                  farm:records:compilation_batch
+                                                  farm:records:compilation_batch,
+                                                  farm:records:tune
     farm:records:group                            consumer group name of the ingesters
     farm:records:dead                             records stream entries that do not validate
                                                   (kept for a person to read, never retried)
@@ -93,7 +109,8 @@ Records stream entries (flat string fields; ``v`` is the envelope version,
 
 Celery queues: ``farm.<fingerprint>`` (one per fingerprint), Redis lists of that name;
 ``farm.default`` (the app's default, consumed by nobody); ``unacked`` (kombu's hash of
-delivered, unacknowledged messages). The one task: ``farm.compile``.
+delivered, unacknowledged messages). The tasks: ``farm.compile`` (a chunk of kernels)
+and ``farm.tune`` (one tuning key, measured on the worker's device).
 
 Records storage: kind ``records/v1/<kind>`` keyed by (session, seq).
 
@@ -231,6 +248,16 @@ def program_functions_key(program: Key, slot: int) -> Key:
     return Key(id_hash=f"{digest[:62]}{slot:02x}", build_id=program.build_id)
 
 
+#: the family name tuning results are stored under (farm.tuning; never a registered
+#: family's): the JSON of one tuning key's measurement
+TUNING_FAMILY = "tune"
+#: the family name of a problem's latest tuning, whatever its candidate list
+TUNING_INDEX_FAMILY = "tune-index"
+#: stored families whose bytes are data, not a binary: never loaded on a device (a
+#: bundle import does not validate them in a child), read and checked by their reader
+DATA_FAMILIES = frozenset({TUNING_FAMILY, TUNING_INDEX_FAMILY})
+
+
 def blob_object(digest: str) -> str:
     """The object holding the bytes whose SHA-256 is ``digest`` (64 hex digits)."""
     if not _SHA256.fullmatch(digest):
@@ -338,8 +365,11 @@ def record_kind(name: str) -> str:
 QUEUE_PREFIX = "farm."
 #: the app's default queue, which no worker consumes (every task names its fingerprint's)
 DEFAULT_QUEUE = f"{QUEUE_PREFIX}default"
-#: the one task a worker runs; a message naming another is refused as malformed
+#: the compile task a worker runs; a message naming no task of the worker's is refused
+#: as malformed
 TASK_NAME = "farm.compile"
+#: the tuning task: one tuning key, measured on the worker's device (farm.tuning)
+TUNE_TASK_NAME = "farm.tune"
 
 
 def queue_name(fingerprint: str) -> str:

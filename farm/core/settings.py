@@ -82,6 +82,15 @@ class Settings(BaseSettings):
     #: geometry, so it carries that launch's machine code and a load's first launch
     #: compiles nothing (farm/compilation/ready.py; FARM_POCL_READY)
     pocl_ready: bool = True
+    #: the host-wide folder of the measurement isolation locks (FARM_ISOLATION_DIR;
+    #: farm/core/isolation.py, which reads this variable itself: every compile takes a
+    #: slot there, also where no settings are passed). Unset: a folder of this user's
+    #: in the temporary folder. Every farm process of a host must see the same one.
+    isolation_dir: Path | None = None
+    #: what ``KernelLoader.tuned`` does for a problem never tuned on this device
+    #: (FARM_TUNE_ON_MISS): ``first`` launches the first candidate (one warning),
+    #: ``tune`` measures the candidates here and stores the winner, ``fail`` raises
+    tune_on_miss: Literal["first", "tune", "fail"] = "first"
 
     #: Ed25519 private key (base64) that signs every stored artifact; writers only
     signing_key: SecretStr | None = Field(default=None, max_length=200)

@@ -78,6 +78,10 @@ class Example:
     rtol: float = 1e-4
     atol: float = 1e-5
     notes: dict[str, Any] = field(default_factory=dict)
+    #: outputs checked at some elements only (a reference too costly to compute whole:
+    #: a large matrix product): argument index -> flat indices into that output, and
+    #: ``expected[index]`` holds the values at those elements, in that order
+    sampled: dict[int, np.ndarray] = field(default_factory=dict)
 
     def ready_launch(self) -> ReadyLaunch:
         """This launch without its data: sizes, scalars and local memory only."""
@@ -116,6 +120,15 @@ class KernelFamily(ABC, Generic[P]):
     #: parameters ``farm families check`` runs :meth:`example` with, one check each
     #: (empty: the defaults, for a family whose every parameter has one)
     example_params: ClassVar[tuple[dict[str, Any], ...]] = ()
+
+    #: the parameters that are tuning choices (tile shapes, work per thread), not part of
+    #: the problem a kernel solves: kernels whose parameters differ only in these are
+    #: candidates of one tuning key, timed against each other (docs/TUNING.md). Their
+    #: ``example`` must draw the same inputs for every candidate of a problem.
+    tuning_params: ClassVar[tuple[str, ...]] = ()
+    #: the candidates tried where no list is given (``KernelLoader.tuned`` with
+    #: ``on_miss="tune"``): each a mapping of tuning parameters, the first the default
+    tuning_space: ClassVar[tuple[dict[str, Any], ...]] = ()
 
     #: seconds this family's ``lower()`` or parameter validation may take before the
     #: kernel fails (a plugin's only: see :mod:`farm.families.boundary`, which caps it)

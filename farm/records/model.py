@@ -379,12 +379,67 @@ class CompilationBatchRecord(_Record):
         return Effect.CHANGES if self.compiled or self.rekeyed else Effect.OBSERVES
 
 
-Record = CompilationRecord | CompilationBatchRecord
+#: the outcome column of a tune record in storage (records of other kinds have theirs)
+TUNED = "Tuned"
+
+
+class TunedCandidate(BaseModel):
+    """One candidate of a tune record: its parameters (as text), status and figures."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+    params: ShortText
+    status: Name
+    ms: float | None = Field(default=None, ge=0.0, le=1e12)
+    spread: float | None = Field(default=None, ge=0.0, le=1e12)
+
+
+class TuneRecord(_Record):
+    """One tuning key measured on its device ("a key was tuned", seeds/records): the
+    problem, every candidate's figures, the winner (``farm.tuning``). Always Changed: the
+    store holds a new result. A key found tuned already is not measured, so it has no
+    record."""
+
+    KIND: ClassVar[str] = record_kind("tune")
+
+    family: Name
+    #: the tuning key (``id hash.build id``)
+    key: Name
+    #: the problem as people read it (``m=64 n=64 k=64 dtype=float``)
+    problem: ShortText
+    #: index into ``candidates`` of the winner; ``None`` when none had right values
+    winner: int | None = Field(default=None, ge=0)
+    candidates: list[TunedCandidate] = Field(default_factory=list, max_length=1024)
+    #: seconds the check and the timing took
+    work_s: float = Field(ge=0.0, le=1e12)
+    #: the measurement had its device to itself (farm.core.isolation)
+    isolated: bool = True
+    worker: ShortText = ""
+    host: ShortText = ""
+    requested_by: RequestedBy | None = None
+
+    @property
+    def effect(self) -> Effect:
+        return Effect.CHANGES
+
+    @property
+    def winner_ms(self) -> float | None:
+        return None if self.winner is None or self.winner >= len(self.candidates) \
+            else self.candidates[self.winner].ms
+
+    @property
+    def first_ms(self) -> float | None:
+        return self.candidates[0].ms if self.candidates else None
+
+
+Record = CompilationRecord | CompilationBatchRecord | TuneRecord
 """Any record kind."""
 
-RECORD_KINDS: dict[str, type[CompilationRecord] | type[CompilationBatchRecord]] = {
+RECORD_KINDS: dict[str, type[CompilationRecord] | type[CompilationBatchRecord]
+                   | type[TuneRecord]] = {
     CompilationRecord.KIND: CompilationRecord,
     CompilationBatchRecord.KIND: CompilationBatchRecord,
+    TuneRecord.KIND: TuneRecord,
 }
 """Storage name -> model, for reading records back from any transport."""
 

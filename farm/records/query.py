@@ -208,7 +208,7 @@ def group_builds(records: Iterable[Record]) -> list[Build]:
     for record in records:
         if isinstance(record, CompilationBatchRecord):
             batches[record.stamp.session].append(record)
-        else:
+        elif isinstance(record, CompilationRecord):  # tune records: farm.records.tuning
             compilations.append(record)
     for session_batches in batches.values():
         session_batches.sort(key=lambda b: b.stamp.seq)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict
 from types import TracebackType
 
@@ -51,6 +52,7 @@ from farm.records.model import (
     Stamp,
     SystemClock,
     Trip,
+    TuneRecord,
     fit_code,
 )
 from farm.records.sink import RecordSink
@@ -198,6 +200,19 @@ class Recorder:
                 raise ValueError(f"records: seq {seq} was not reserved (or is used already)")
             stamp = self._stamp() if seq is None else self._stamp_reserved(seq)
             record = CompilationBatchRecord(stamp=stamp, label=label, **asdict(counts))
+            self._add(record, send=True)
+        return record
+
+    def tune(self, make: Callable[[Stamp], TuneRecord]) -> TuneRecord | None:
+        """Record one tuning key measured: ``make`` builds the record with this
+        session's next stamp (``farm.tuning.runner``); ``None`` when nothing is
+        recorded. Sent at once: a tuning is seconds of work, and a Changed record."""
+        if self.config.level is RecordLevel.OFF or self._closed:
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            record = make(self._stamp())
             self._add(record, send=True)
         return record
 

@@ -35,10 +35,12 @@ from sqlalchemy.engine import Connection, RowMapping
 from farm.core.errors import ForeignStoreError
 from farm.records.model import (
     STORAGE_COMPONENT,
+    TUNED,
     CompilationBatchRecord,
     CompilationRecord,
     Record,
     Session,
+    TuneRecord,
 )
 
 SCHEMA_VERSION = 1
@@ -221,6 +223,12 @@ def record_row(record: Record) -> tuple[Any, ...]:
     if isinstance(record, CompilationBatchRecord):
         return (stamp.session, stamp.seq, record.KIND, None, None, None, record.work_s,
                 None, None, None, None, payload)
+    if isinstance(record, TuneRecord):
+        asked = record.requested_by
+        return (stamp.session, stamp.seq, record.KIND, record.family, record.key, TUNED,
+                record.work_s, record.worker, record.host,
+                None if asked is None else asked.session,
+                None if asked is None else asked.batch, payload)
     raise TypeError(f"not a record: {type(record).__name__}")
 
 

@@ -53,7 +53,8 @@ device of this machine, by loading it in a child process (the caller's ``validat
 bundle (a :class:`BundleError` naming it). Those that load are stored as
 ``origin="validated"``; the artifacts of namespaces with no device here keep
 ``origin="imported"``, and every loader validates such an artifact in a child process
-before it loads it (docs/SECURITY.md).
+before it loads it (docs/SECURITY.md). Tuning results (``DATA_FAMILIES``) hold no
+binary: nothing loads them; their reader checks every one (``farm.tuning.store``).
 
 An import never signs: a signature vouches that a farm writer compiled and validated
 the binary, so imported artifacts keep the signatures the bundle carries (a verifying
@@ -75,7 +76,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from farm.core.errors import InputError
-from farm.core.keys import Namespace, artifact_object, blob_object
+from farm.core.keys import DATA_FAMILIES, Namespace, artifact_object, blob_object
 from farm.core.model import Artifact, Key
 from farm.store.base import ArtifactStore, PutResult
 from farm.store.bundle_format import (
@@ -204,6 +205,9 @@ def _validate(path: Path, bundle: Bundle, validators: Validators | None,
     for ns, artifact in bundle.artifacts:
         if ns not in per_ns:
             per_ns[ns] = validators(ns) if validators is not None else None
+        if artifact.meta.family in DATA_FAMILIES:  # data, no binary: its reader checks it
+            origins[(ns, artifact.meta.key)] = "imported"
+            continue
         check = per_ns[ns]
         if check is None:
             origins[(ns, artifact.meta.key)] = "imported"

@@ -76,6 +76,17 @@ class Matmul(KernelFamily[MatmulParams]):
     name = "matmul"
     params_model = MatmulParams
     example_params = ({"m": 37, "n": 45, "k": 29},)
+    #: the tile shape is a choice; m, n, k and the element type are the problem
+    tuning_params = ("tile_m", "tile_n", "tile_k", "wpt_m", "wpt_n")
+    #: the medium manifest's common space: small to large tiles, some register blocking
+    tuning_space = (
+        {"tile_m": 16, "tile_n": 16, "tile_k": 16, "wpt_m": 1, "wpt_n": 1},
+        {"tile_m": 32, "tile_n": 32, "tile_k": 16, "wpt_m": 2, "wpt_n": 2},
+        {"tile_m": 32, "tile_n": 32, "tile_k": 8, "wpt_m": 4, "wpt_n": 4},
+        {"tile_m": 64, "tile_n": 64, "tile_k": 16, "wpt_m": 4, "wpt_n": 4},
+        {"tile_m": 16, "tile_n": 64, "tile_k": 16, "wpt_m": 1, "wpt_n": 4},
+        {"tile_m": 64, "tile_n": 32, "tile_k": 8, "wpt_m": 4, "wpt_n": 2},
+    )
 
     def lower(self, params: MatmulParams, launch: LaunchSettings,
               device: DeviceInfo) -> Lowered:
@@ -135,14 +146,25 @@ class Matmul(KernelFamily[MatmulParams]):
     def example(self, params: MatmulParams, launch: LaunchSettings,
                 rng: np.random.Generator) -> Example:
         dtype = NUMPY[params.dtype]
-        a = rng.uniform(-1.0, 1.0, (params.m, params.k)).astype(dtype)
-        b = rng.uniform(-1.0, 1.0, (params.k, params.n)).astype(dtype)
-        c = np.zeros((params.m, params.n), dtype=dtype)
-        want = a.astype(np.float64) @ b.astype(np.float64)
+        m, n, k = params.m, params.n, params.k
+        if m * n * k <= SAMPLED_ABOVE:
+            a = rng.uniform(-1.0, 1.0, (m, k)).astype(dtype)
+            b = rng.uniform(-1.0, 1.0, (k, n)).astype(dtype)
+            want = a.astype(np.float64) @ b.astype(np.float64)
+            sampled: dict[int, np.ndarray] = {}
+        else:  # the whole reference would take numpy seconds to minutes: sample it
+            a = _uniform(rng, (m, k), dtype)
+            b = _uniform(rng, (k, n), dtype)
+            flat = np.unique(rng.integers(0, m * n, size=min(m * n, SAMPLES)))
+            want = _sampled_product(a, b, flat)
+            sampled = {2: flat}
+        c = np.zeros((m, n), dtype=dtype)
         # rounding grows with the number of terms
-        return checked_example("matmul", params.dtype, [a, b, c], {2: want},
-                               _global_size(params), params.local_size,
-                               atol_scale=max(1.0, float(np.sqrt(params.k))))
+        example = checked_example("matmul", params.dtype, [a, b, c], {2: want},
+                                  _global_size(params), params.local_size,
+                                  atol_scale=max(1.0, float(np.sqrt(k))))
+        example.sampled = sampled
+        return example
 
     def ready_launch(self, params: MatmulParams, launch: LaunchSettings) -> ReadyLaunch:
         """The example's launch from its sizes alone: the example of a large product
@@ -153,6 +175,35 @@ class Matmul(KernelFamily[MatmulParams]):
                            local_size=params.local_size,
                            args=tuple(LaunchArg(kind="buffer", nbytes=n * size)
                                       for n in buffers))
+
+
+#: products of more multiply-adds than this are checked at :data:`SAMPLES` elements
+SAMPLED_ABOVE = 1 << 24
+SAMPLES = 4096
+
+
+def _uniform(rng: np.random.Generator, shape: tuple[int, int],
+             dtype: type[np.generic]) -> np.ndarray:
+    """Uniform in [-1, 1) drawn in single precision (a large operand in double would
+    take twice its memory for nothing)."""
+    values = rng.random(shape, dtype=np.float32)
+    values *= 2.0
+    values -= 1.0
+    return values.astype(dtype, copy=False)
+
+
+def _sampled_product(a: np.ndarray, b: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """``(a @ b).reshape(-1)[flat]`` in double precision, from those elements' rows and
+    columns only, a few at a time (bounded memory whatever k)."""
+    n = b.shape[1]
+    rows, cols = np.divmod(flat, n)
+    out = np.empty(len(flat), dtype=np.float64)
+    step = max(1, (1 << 22) // max(1, a.shape[1]))
+    for i in range(0, len(flat), step):
+        r, q = rows[i:i + step], cols[i:i + step]
+        out[i:i + step] = np.einsum("ik,ki->i", a[r].astype(np.float64),
+                                    b[:, q].astype(np.float64))
+    return out
 
 
 def _global_size(params: MatmulParams) -> tuple[int, int]:
