@@ -17,10 +17,9 @@ One loader holds one OpenCL context on one device and serves kernels from, in or
    workers (:class:`farm.cluster.client.ClusterClient`) and then loads what they stored, and
    ``on_miss="fail"`` raises :class:`ArtifactMissing`.
 
-Every trip that is not a memory hit is recorded (a Loaded, Compiled or Rekeyed
-compilation record); a trip that fails records nothing and raises a
-:class:`~farm.core.errors.FarmError` subclass (a :class:`~farm.core.errors.KernelError` with the
-build log for a kernel that cannot be obtained).
+Every trip that is not a memory hit is recorded (Loaded, Compiled or Rekeyed); a trip
+that fails records nothing and raises a :class:`~farm.core.errors.FarmError` (a
+``KernelError`` with the build log for a kernel that cannot be obtained).
 
 **Threads.** A loader may be shared by threads; a kernel asked for by several at once is
 fetched and loaded once (the others wait on the first one's trip). :meth:`kernel` returns
