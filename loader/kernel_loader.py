@@ -377,8 +377,7 @@ class KernelLoader:
             return self._prover
 
     def validate_isolated(self, art: Artifact, names: tuple[str, ...]) -> str:
-        """Prove ``art`` on this node before it is loaded here: "" when it loads, else
-        why not (:class:`DeviceError` when nothing could be decided)."""
+        """Prove ``art`` on this node before it loads here: "" when it loads, else why."""
         return prove_family(self.prover, art, names)
 
     def _obtain(self, artifact: ArtifactId) -> LoadedProgram:
