@@ -119,3 +119,4 @@ _._farm_build_logs  # unused attribute (farm/programs/serve.py: read by the hook
 _._same_rank  # unused method (farm/core/model.py: ReadyLaunch's validator)
 _.exc_text  # read by logging's formatter (worker/stopping.py)
 _.stack_info  # read by logging's formatter (worker/stopping.py)
+bare_chunk  # unused function (bench/cp_bare.py: a Celery task, registered by its decorator)
