@@ -49,6 +49,8 @@ from farm.core.errors import (
 )
 from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.records.model import RequestedBy, Trip
+from worker.chunkrun import ChunkRun
+from worker.chunks import Avoided, Delivery, given_up
 from worker.crashes import TaskLedger
 from worker.state import WorkerState
 
@@ -59,49 +61,55 @@ LEASE_WAIT_S = 600.0
 
 
 def execute_job(request: CompileRequest, state: WorkerState,
-                task_id: str | None = None) -> CompileReply:
+                task_id: str | None = None, *,
+                delivery: Delivery | None = None) -> CompileReply:
     """Obtain every kernel of ``request`` on this worker's device.
 
-    ``task_id`` (the Celery task's) turns on crash-loop bookkeeping (``TaskLedger``).
+    ``delivery`` (the Celery task's, or ``task_id`` alone) turns on crash-loop
+    bookkeeping (``TaskLedger``), the check that the chunk's client is alive, and the
+    reply onto the build's reply stream (``delivery.pushed`` says whether it got there).
     Raises :class:`InfrastructureError` when the chunk cannot be built here for reasons
-    that are not its kernels' (see the module docstring)."""
+    that are not its kernels' (see the module docstring), ``Avoided`` when its client
+    sends this worker no more of its build."""
     if request.fingerprint != state.device.fingerprint:
         raise WorkerUnavailable(f"task for fingerprint {request.fingerprint} reached a "
                                 f"worker of {state.device.fingerprint}")
+    if delivery is None and task_id is not None:
+        delivery = Delivery(task_id=task_id, build=request.build)
     ledger = None
-    if task_id is not None and state.redis is not None and state.redis_waiter is not None:
-        ledger = TaskLedger(state.redis, task_id, state.redis_waiter,
-                            state.settings.crash_limit)
+    if delivery is not None and state.redis is not None and state.redis_waiter is not None:
+        ledger = TaskLedger(state.redis, delivery.task_id, state.redis_waiter,
+                            state.settings.crash_limit, delivery.redelivered)
         ledger.start()
     state.ledger = ledger
+    run = ChunkRun(request, state, ledger, delivery)
+    reply: CompileReply | None = None
     try:
-        results = _obtain_all(request, state, ledger)
-        if ledger is not None:
-            ledger.finish()
-    except InfrastructureError:
+        reply = given_up(ledger.returns, ledger.task_id, request) if ledger and \
+            ledger.returns else None
+        if reply is None:
+            reply = run.run()
+            if request.programs:
+                reply = CompileReply(results=[*reply.results, *_programs(request, state,
+                                                                          ledger)],
+                                     dropped=reply.dropped)
+    except (InfrastructureError, Avoided):
         if ledger is not None:
             ledger.given_back()
         raise
     finally:
         state.ledger = None
-        _flush_records(state)
-    return CompileReply(results=results)
+        _flush_records(state)  # a Loaded record goes with the chunk's end
+        run.end(reply)
+    return reply
 
 
-def _obtain_all(request: CompileRequest, state: WorkerState,
-                ledger: TaskLedger | None) -> list[KernelReply]:
+def _programs(request: CompileRequest, state: WorkerState,
+              ledger: TaskLedger | None) -> list[KernelReply]:
+    """The chunk's programs (``worker.programs``), one after the other."""
     from worker.programs import obtain_program  # imports this module: not at the top
 
     results = []
-    for k in request.kernels:
-        crashed = ledger.crashed(k.artifact.id_hash, len(request.kernels)) \
-            if ledger else None
-        if crashed is not None:
-            log.error("kernel %s: %s", k.artifact.kernel.label(), crashed)
-            results.append(_failed(k, None, KernelFailure(kind="crashed", message=crashed),
-                                   time.perf_counter()))
-            continue
-        results.append(obtain_kernel(k, state, request.requested_by))
     for p in request.programs:
         id_hash = p.spec.key.id_hash
         crashed = ledger.crashed(id_hash, len(request.kernels) + len(request.programs)) \
@@ -109,8 +117,10 @@ def _obtain_all(request: CompileRequest, state: WorkerState,
         if crashed is not None:
             log.error("program %s: %s", id_hash[:16], crashed)
             results.append(KernelReply(id_hash=id_hash, failure=KernelFailure(
-                kind="crashed", message=crashed), host=socket.gethostname()))
+                kind="crashed", message=crashed), host=state.host))
             continue
+        if state.in_hand is not None and ledger is not None:
+            state.in_hand.note(ledger.task_id, id_hash)
         results.append(obtain_program(p, state, request.requested_by))
     return results
 

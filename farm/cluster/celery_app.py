@@ -28,12 +28,16 @@ Why these settings:
   outage, but are bounded to about the outage limit: past it the worker stops anyway
   (``worker.stopping``), and each retry logged a traceback.
 
-A client's app (``client=True``, :class:`farm.cluster.client.ClusterClient`) waits for
-replies on the result backend's publish/subscribe channel. Its result backend does not
-retry a lost connection itself (``retry_policy`` of no retries) and gives up a silent
-socket after ``FARM_SOCKET_TIMEOUT``: the client's own outage waiter retries, says once
-what it waits for, and gives up at ``FARM_OUTAGE_LIMIT`` with one line; Celery's own
-retries would block inside a wait for up to 20 tries, with a log line each.
+A client's app (``client=True``, :class:`farm.cluster.client.ClusterClient`) sends its
+chunks with ``ignore_result``: their replies come on the build's reply stream
+(:mod:`farm.cluster.gather`), and it reads the results Celery still stores (failures)
+itself. Its result backend does not retry a lost connection itself (``retry_policy`` of
+no retries) and gives up a silent socket after ``FARM_SOCKET_TIMEOUT``: the client's own
+outage waiter retries, says once what it waits for, and gives up at
+``FARM_OUTAGE_LIMIT`` with one line. It sends no ``task-sent`` event: one ``PUBLISH`` a
+chunk (a sixth of what a kernel costs Redis at the default chunk) for a state that
+Flower shows from the worker's ``task-received`` a millisecond later, and that the
+queue's depth (``farm_queue_depth``) shows for queued chunks.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ def make_app(settings: Settings, *, client: bool = False) -> Celery:
     if client:
         app.conf.update(
             result_backend_transport_options={**transport, "retry_policy": {"max_retries": 0}},
+            task_send_sent_event=False,
         )
         _quiet_result_reconnects()
     return app
