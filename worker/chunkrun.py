@@ -310,12 +310,15 @@ class ChunkRun:
         first exception raised, once all are done)."""
         if len(calls) <= 1:
             return [c() for c in calls]
-        futures = [self.state.io.submit(c) for c in calls]
-        errors = [f.exception() for f in futures]
+        futures = [self.state.io.submit(c) for c in calls[1:]]
+        try:  # the first on this thread: one hand-over less
+            first: list[T] = [calls[0]()]
+        finally:
+            errors = [f.exception() for f in futures]
         for error in errors:
             if error is not None:
                 raise error
-        return [f.result() for f in futures]
+        return first + [f.result() for f in futures]
 
     # -- what does not fit ------------------------------------------------------------------
     def _later(self, kernels: list[_Kernel]) -> None:

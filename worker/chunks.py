@@ -147,7 +147,7 @@ class BuildWatch:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._seen: OrderedDict[str, tuple[float, str]] = OrderedDict()
-        self._avoided: set[str] = set()
+        self._avoided: set[tuple[str, str]] = set()
 
     def fresh(self, build: str) -> str | None:
         """The heartbeat value read less than ``ALIVE_FRESH_S`` ago, else ``None``."""
@@ -171,11 +171,11 @@ class BuildWatch:
     def avoided(self, client: redis.Redis, build: str, worker: str) -> bool:
         """Whether ``build``'s client shut ``worker`` out (asked once it says it shut
         some worker out; once shut out, always). ``False`` when it cannot tell."""
-        if build in self._avoided:
+        if (build, worker) in self._avoided:
             return True
         try:
             if client.sismember(build_avoid_key(build), worker):
-                self._avoided.add(build)
+                self._avoided.add((build, worker))
                 return True
         except Exception:
             return False

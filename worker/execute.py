@@ -4,17 +4,19 @@ Per kernel, the rules of :mod:`farm.compilation.obtain` (the same as an embedded
 
 1. the family must be registered here and give the build id the client computed, else
    the kernel fails with a version-skew error naming both ids (``store_key``);
-2. lower, then take the compile lease for the source (:class:`WorkerSteps`); when
-   another worker holds it, wait for it to go and take it, so a kernel in flight in two
-   builds is compiled once. Holding it, look once:
+2. lower, then take the compile lease for the source; when another worker holds it,
+   wait for it to go and take it, so a kernel in flight in two builds is compiled once.
+   Holding it, look once:
 3. the key is in the store -> **Loaded** (digest verified, loaded on this device);
 4. the source index knows the source -> **Rekeyed** (copy or move);
 5. else finalize, load, store -> **Compiled**.
 
-Four MinIO requests a compiled kernel (two reads that miss, the index and the artifact
-written) and six Redis commands in four round trips (the lease taken and the kernel
-noted in one, the record sent, the lease released: an EVAL of a GET and a DEL):
-docs/OPERATIONS.md, "Capacity".
+A chunk goes through :mod:`worker.chunkrun` in few round trips (all its leases at once,
+its looks at once, its records in one pack, its writes at once, one round trip to end
+it): two MinIO requests a compiled kernel (its index entry claimed, its artifact
+written) and, for the whole chunk, four Redis round trips (docs/OPERATIONS.md,
+"Capacity"). What does not fit (a lease another worker holds, a second kernel of one
+source) goes kernel by kernel, through :func:`obtain_kernel` and :class:`WorkerSteps`.
 
 A failing kernel is reported with its build log and nothing of it is stored.
 
@@ -89,7 +91,7 @@ def execute_job(request: CompileRequest, state: WorkerState,
             ledger.returns else None
         if reply is None:
             reply = run.run()
-            if request.programs:
+            if request.programs and not reply.dropped:
                 reply = CompileReply(results=[*reply.results, *_programs(request, state,
                                                                           ledger)],
                                      dropped=reply.dropped)

@@ -34,10 +34,7 @@ chunks with ``ignore_result``: their replies come on the build's reply stream
 itself. Its result backend does not retry a lost connection itself (``retry_policy`` of
 no retries) and gives up a silent socket after ``FARM_SOCKET_TIMEOUT``: the client's own
 outage waiter retries, says once what it waits for, and gives up at
-``FARM_OUTAGE_LIMIT`` with one line. It sends no ``task-sent`` event: one ``PUBLISH`` a
-chunk (a sixth of what a kernel costs Redis at the default chunk) for a state that
-Flower shows from the worker's ``task-received`` a millisecond later, and that the
-queue's depth (``farm_queue_depth``) shows for queued chunks.
+``FARM_OUTAGE_LIMIT`` with one line.
 """
 
 from __future__ import annotations
@@ -102,7 +99,6 @@ def make_app(settings: Settings, *, client: bool = False) -> Celery:
     if client:
         app.conf.update(
             result_backend_transport_options={**transport, "retry_policy": {"max_retries": 0}},
-            task_send_sent_event=False,
         )
         _quiet_result_reconnects()
     return app

@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from farm.cluster.breaker import Breaker
 from farm.cluster.holders import HolderWatch
@@ -67,6 +67,11 @@ Payload = dict[str, object]
 
 #: a chunk is sent at most this often (first send included) before its kernels fail
 MAX_SENDS = 5
+#: with more chunks than this pending, replies are read at most every ``BATCH_S``
+#: seconds: an ``XREAD`` for several replies instead of one for each, where a build is
+#: long enough that no one waits on a single reply (its last chunks are read at once)
+BATCH_PENDING = 16
+BATCH_S = 0.1
 #: seconds between looks at holders, heartbeats and results (replies arrive as they
 #: are stored)
 CHECK_INTERVAL_S = 1.0
@@ -127,6 +132,7 @@ class Gatherer:
         self._replies = build_replies_key(self.build)
         self._last_id = "0-0"  # the last entry of the reply stream read
         self._checked = 0.0  # when holders, heartbeats and results were last looked at
+        self._read_at = 0.0  # when the reply stream was last read
         # a blocked read must end well within a request's time limit
         self._block_ms = max(1, int(1000 * min(check_interval_s,
                                                settings.socket_timeout / 2)))
@@ -219,9 +225,20 @@ class Gatherer:
 
     # -- replies -----------------------------------------------------------------------------
     def _wait(self) -> None:
-        """Apply the replies that arrive within one check interval (one ``XREAD``)."""
+        """Apply the replies that arrive within one check interval (one ``XREAD``; many
+        chunks pending, at most one every ``BATCH_S``)."""
+        if len(self.pending) > BATCH_PENDING:
+            wait = self._read_at + BATCH_S - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        self._read_at = time.monotonic()
+        self._read(self._block_ms)
+
+    def _read(self, block_ms: int | None) -> None:
+        """Apply the replies on the stream since the last one read, waiting up to
+        ``block_ms`` for one when none is there (``None``: not at all)."""
         client = self.line.redis
-        got = client.xread({self._replies: self._last_id}, count=1000, block=self._block_ms)
+        got = client.xread({self._replies: self._last_id}, count=1000, block=block_ms)
         for entry_id, fields in _entries(got):
             self._last_id = _text(entry_id)
             chunk = self.pending.pop(_text(fields.get(b"task", b"")), None)
@@ -344,12 +361,13 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _entries(got: Any) -> list[tuple[Any, dict[bytes, bytes]]]:
+def _entries(got: object) -> list[tuple[bytes | str, dict[bytes, bytes]]]:
     """The entries of a one-stream ``XREAD`` reply, as redis-py gives them (RESP2: a list
     of [stream, entries]; RESP3: a mapping of stream to [entries]), fields as bytes."""
     if not got:
         return []
-    found = next(iter(got.values()))[0] if isinstance(got, dict) else got[0][1]
+    found: list[tuple[bytes | str, dict[bytes | str, bytes | str]]] = \
+        next(iter(got.values()))[0] if isinstance(got, dict) else got[0][1]  # type: ignore[index]
     return [(entry_id, {(k if isinstance(k, bytes) else str(k).encode()):
                         (v if isinstance(v, bytes) else str(v).encode())
                         for k, v in fields.items()}) for entry_id, fields in found]

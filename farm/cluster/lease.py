@@ -31,6 +31,7 @@ from farm.core.keys import Namespace, lease_key
 
 if TYPE_CHECKING:
     import redis
+    from redis.client import Pipeline
 
     from farm.core.outage import Waiter
 
@@ -226,7 +227,7 @@ class LeaseSet:
         self.confirmed = 0.0
         self.lost = False
 
-    def ask(self, pipe: Any, source_hashes: list[str]) -> None:
+    def ask(self, pipe: Pipeline, source_hashes: list[str]) -> None:
         """Add the taking of ``source_hashes``' leases to ``pipe`` (a retried round trip
         finds its own token: taken)."""
         ttl_ms = int(self.leases.ttl_s * 1000)
@@ -256,7 +257,7 @@ class LeaseSet:
         """The crash ledger's note of these leases (:func:`kernel_note`)."""
         return kernel_note("", " ".join(self.names.values()), self.token)
 
-    def drop(self, pipe: Any) -> list[str]:
+    def drop(self, pipe: Pipeline) -> list[str]:
         """Let the leases go in ``pipe``'s round trip: the names to ``DEL`` (the caller
         deletes them with its own keys, one command), or, when they may have expired
         since their last confirmation, none, the check-and-delete script added instead."""
