@@ -108,14 +108,14 @@ def baseline_code(ref: str, work: Path) -> Code:
         root = given.resolve()
         label = f"baseline ({root.name})"
     else:
-        root = work / "baseline"
+        root = work / ref.replace("/", "_")
         root.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "farm", "worker",
                                   "loader", "bench"], capture_output=True, check=False)
         if archive.returncode != 0:
             sys.exit(f"--baseline {ref}: git archive failed: {archive.stderr.decode()[-300:]}")
         subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
-        label = f"baseline ({ref})"
+        label = f"baseline ({root.name})"
     caller = os.environ.get("PYTHONPATH", "")
     path = os.pathsep.join(p for p in (str(root), str(root / "bench"), caller) if p)
     # PYTHONSAFEPATH: `python -m farm` and `python script.py` do not put the current

@@ -58,9 +58,14 @@ def run_clients(argv: list[str], env: dict[str, str], count: int,
     """``count`` client processes at once; the JSON line each printed."""
     import cp_profile
 
+    # a home each: two processes making one FARM_HOME's store at once race (a store made
+    # by the other half-way reads as "not a kernel-farm store")
+    homes = [{"FARM_HOME": f"{env['FARM_HOME']}-{i}"} if "FARM_HOME" in env else {}
+             for i in range(count)]
     procs = [subprocess.Popen(cp_profile.wrap(argv, profile.with_name(f"{profile.name}{i}.txt"))
-                              if profile else argv, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
+                              if profile else argv, env={**env, **homes[i]},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=tempfile.gettempdir())
              for i in range(count)]
     results = []
     for p in procs:
