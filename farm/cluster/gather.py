@@ -90,7 +90,7 @@ class Line(Protocol):
     def app(self) -> Celery: ...
 
     def renew_app(self) -> None:
-        """Open the result channel afresh (after an outage of Redis)."""
+        """Make the Celery app afresh (after an outage of Redis)."""
 
     def say(self, line: str) -> None: ...
 
