@@ -21,10 +21,26 @@ processes). For each N and chunk size (``--chunks 1,4``):
    costs (the store listing, the session) left out.
 
 Counted per kernel, from the servers' own counters over the throughput phase: Redis
-commands (``INFO commandstats``, every command, minus our own ``INFO`` calls), MinIO
-requests (``minio_api_requests_total`` from its Prometheus v3 endpoint, public for this
-run), CPU seconds of the clients (their own ``getrusage``), of the workers (their
-processes' ``/proc/<pid>/stat``), of Redis (``INFO cpu``) and MinIO (``/proc``).
+commands (``INFO commandstats``, every command, those a Lua script calls included, minus
+our own ``INFO`` calls), MinIO requests (``minio_api_requests_total`` from its
+Prometheus v3 endpoint, public for this run), CPU seconds of the clients (their own
+``getrusage`` over their builds; ``client_total`` with their start-up), of the workers
+(their processes' ``/proc/<pid>/stat``), of Redis (``INFO cpu``) and MinIO (``/proc``).
+
+Side by side, in the same call and on the same Redis and MinIO, point by point:
+
+* ``--baseline REF`` (a git ref, exported with ``git archive``, or a folder holding such
+  an export, as ``bench/host_kit.sh`` carries one to the GPU host): the same points run
+  with that code in every worker and client (``PYTHONPATH`` and ``PYTHONSAFEPATH``: the
+  export's ``farm``, ``worker`` and ``bench/simfleet.py`` come first), the driver and its
+  counters this tree's;
+* ``--bare``: a bare Celery task round trip (``bench/cp_bare.py``): the farm's Celery
+  configuration, one task per chunk that sleeps the chunk's compiles and answers a
+  chunk's reply, N pool processes: what Celery itself costs a chunk.
+
+Where each cost goes: ``--monitor`` puts every Redis command of the throughput phase
+under its purpose (``bench/cp_monitor.py``: MONITOR, which costs Redis CPU itself),
+``--profile DIR`` samples the workers and clients with py-spy (``bench/cp_profile.py``).
 
 Links: ``--rtt-ms 0.5`` makes every request of a worker or client pay the round trip it
 pays between machines. Where ``ip`` and ``tc netem`` work, each RTT runs inside a network
@@ -33,7 +49,8 @@ development machine has no ``sch_netem``, the GPU host no ``ip``) a delay proxy
 (``bench/delay_proxy.py``) stands in front of Redis and MinIO. The measured RTT (a Redis
 ``PING``) is printed: the proxy's own thread hops add about 0.3 ms.
 
-    .venv/bin/python bench/bench_control_plane.py --workers 8,32 --chunks 1,4 --rtt-ms 0,0.5
+    .venv/bin/python bench/bench_control_plane.py --workers 8,32 --chunks 4 --rtt-ms 0.5 \\
+        --baseline 624c62d --bare
 
 Prints a table and one JSON line per point (``{"bench": "control_plane", ...}``).
 """
@@ -43,89 +60,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-# bench/ for the simulated family, before what the caller's PYTHONPATH holds (on the GPU
-# host, the carried wheels)
-SIM = {"PYTHONPATH": os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH", ""))
-                                     if p),
-       "FARM_FAMILY_MODULES": '["simfleet"]',
-       "FARM_DEVICE_BACKEND": "simfleet", "FARM_RECORDS_LEVEL": "basic"}
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-minio_pid = 0
 
 
-# -- counters --------------------------------------------------------------------------------
-def redis_counters(url: str) -> dict[str, float]:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    try:
-        stats = client.info("commandstats")
-        cpu = client.info("cpu")
-    finally:
-        client.close()
-    calls = {k: float(v["calls"]) for k, v in stats.items()}
-    return {"commands": sum(calls.values()) - calls.get("cmdstat_info", 0.0),
-            "cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
-            **{k.removeprefix("cmdstat_"): v for k, v in calls.items()}}
-
-
-#: MinIO's v3 metrics are read live (v2's are a snapshot cached for ten seconds)
-_S3 = re.compile(r'^minio_api_requests_total\{[^}]*name="([^"]+)"[^}]*\}\s+([0-9.e+]+)', re.M)
-
-
-def minio_counters(endpoint: str) -> dict[str, float]:
-    with _DIRECT.open(f"http://{endpoint}/minio/metrics/v3/api/requests", timeout=10) as resp:
-        text = resp.read().decode()
-    apis: dict[str, float] = {}
-    for api, value in _S3.findall(text):
-        apis[api] = apis.get(api, 0.0) + float(value)
-    return {"requests": sum(apis.values()), **apis}
-
-
-def proc_cpu(pids: list[int]) -> float:
-    """User + system seconds of ``pids`` and their children now alive, from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        pid = int(stat.parent.name)
-        stats[pid] = fields
-        children.setdefault(int(fields[1]), []).append(pid)
-    total, todo, seen = 0.0, list(pids), set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen or pid not in stats:
-            continue
-        seen.add(pid)
-        total += (int(stats[pid][11]) + int(stats[pid][12])) / tick
-        todo += children.get(pid, [])
-    return total
-
-
-def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+def cpu_now() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 # -- a client process --------------------------------------------------------------------------
 def client_main(args: argparse.Namespace) -> None:
-    """One client (run as ``--client MODE``): prints one JSON line."""
+    """One client (run as ``--client MODE``, with whichever farm its PYTHONPATH names):
+    prints one JSON line."""
+    from farm.cluster import gather
     from farm.cluster.client import BuildOptions, ClusterClient
     from farm.core.model import ArtifactId, KernelId
     from farm.core.settings import load_settings
@@ -137,7 +94,6 @@ def client_main(args: argparse.Namespace) -> None:
     registry = Registry.load(settings.family_modules)
     store = open_store(settings)
     client = ClusterClient(settings, registry=registry, store=store)
-    app = client.app
     tag = uuid.uuid4().hex[:10]
 
     def kernels(first: int, count: int) -> list[ArtifactId]:
@@ -145,14 +101,16 @@ def client_main(args: argparse.Namespace) -> None:
                                            params={"index": i, "run": tag}))
                 for i in range(first, first + count)]
 
+    # when each chunk is sent: the gatherer's one way to send (today's code and the
+    # code of this round alike), wrapped
     sends: list[float] = []
-    send_task = app.send_task
+    send_chunk = gather.Gatherer._send
 
-    def timed_send(*a: Any, **k: Any) -> Any:
+    def timed_send(self: Any, chunk: Any) -> Any:
         sends.append(time.perf_counter())
-        return send_task(*a, **k)
+        return send_chunk(self, chunk)
 
-    app.send_task = timed_send  # type: ignore[method-assign]
+    gather.Gatherer._send = timed_send  # type: ignore[method-assign]
 
     def build(arts: list[ArtifactId],
               arrived: dict[str, tuple[float, float]]) -> tuple[float, int]:
@@ -167,6 +125,7 @@ def client_main(args: argparse.Namespace) -> None:
         return wall, len(report.failed)
 
     out: dict[str, Any] = {"tag": tag}
+    cpu0 = cpu_now()
     if args.client == "throughput":
         start = time.time()
         wall, failed = build(kernels(0, args.kernels), {})
@@ -193,149 +152,14 @@ def client_main(args: argparse.Namespace) -> None:
                 on_worker.append(work - compile_s)
             done += count
         out.update(added_s=added, on_worker_s=on_worker, failed=failed)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    out["cpu_s"] = usage.ru_utime + usage.ru_stime
+    out["cpu_s"] = cpu_now() - cpu0  # the builds only
+    out["cpu_total_s"] = cpu_now()  # with the start-up (imports, settings, store)
     client.close()
     store.close()
     print(json.dumps(out), flush=True)
 
 
 # -- the driver ----------------------------------------------------------------------------------
-def start_proxy(target: str, one_way_ms: float, stack: ExitStack) -> str:
-    proc = subprocess.Popen([sys.executable, str(BENCH / "delay_proxy.py"), "--target", target,
-                             "--one-way-ms", str(one_way_ms)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    stack.callback(proc.wait, 10)
-    stack.callback(proc.terminate)
-    assert proc.stdout is not None
-    port = int(proc.stdout.readline())
-    return f"127.0.0.1:{port}"
-
-
-def measure_rtt(url: str) -> float:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    client.ping()
-    times = []
-    for _ in range(200):
-        t = time.perf_counter()
-        client.ping()
-        times.append(time.perf_counter() - t)
-    client.close()
-    return sorted(times)[len(times) // 2] * 1000
-
-
-def run_clients(env: dict[str, str], mode: str, count: int, extra: list[str]
-                ) -> tuple[float, list[dict[str, Any]]]:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--client", mode, *extra]
-    t = time.perf_counter()
-    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(count)]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=900)
-        if p.returncode != 0:
-            sys.exit(f"a {mode} client failed:\n{err[-3000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return time.perf_counter() - t, results
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def one_point(args: argparse.Namespace, n: int, chunk: int, rtt: float, redis: Any,
-              minio: Any, work: Path) -> dict[str, Any]:
-    """One (N, chunk, RTT): a fresh fleet on the running Redis and MinIO, measured."""
-    from farm.devservices.cluster import local_cluster
-
-    per_worker = min(n, args.per_worker)
-    layout = [per_worker] * (n // per_worker) + ([n % per_worker] if n % per_worker else [])
-    with ExitStack() as stack:
-        redis_addr = redis.url.split("//", 1)[1].split("/", 1)[0]
-        minio_addr = minio.endpoint
-        if rtt > 0:
-            redis_addr = start_proxy(redis_addr, rtt / 2, stack)
-            minio_addr = start_proxy(minio_addr, rtt / 2, stack)
-        bucket = f"cp-{uuid.uuid4().hex[:12]}"
-        cluster = stack.enter_context(local_cluster(
-            work / f"n{n}-c{chunk}-r{rtt}", redis=redis, minio=minio, bucket=bucket,
-            redis_db=0, FARM_CHUNK_SIZE=str(chunk), SIM_COMPILE_MS=str(args.compile_ms),
-            SIM_BINARY_BYTES=str(args.binary_bytes), **SIM))
-        cluster.redis_url = f"redis://{redis_addr}/0"
-        cluster.minio_endpoint = minio_addr
-        import redis as redis_py
-
-        redis_py.Redis.from_url(redis.url).flushall()
-        t = time.perf_counter()
-        for size in layout:
-            cluster.start_worker(concurrency=size)
-        cluster.wait_ready(timeout=600)
-        ready = time.perf_counter() - t
-        measured_rtt = measure_rtt(cluster.redis_url)
-        from simfleet import device_info
-
-        fp = device_info().fingerprint
-        env = cluster.env(work / "client-home", **SIM)
-        common = ["--fingerprint", fp, "--compile-ms", str(args.compile_ms),
-                  "--chunk", str(chunk)]
-        worker_pids = [w.pid for w in cluster.workers]
-        # throughput
-        r0, m0, w0 = redis_counters(redis.url), minio_counters(minio.endpoint), \
-            proc_cpu(worker_pids)
-        mcpu0 = proc_cpu([minio_pid])
-        kernels = args.kernels
-        _, results = run_clients(env, "throughput", args.clients,
-                                 [*common, "--kernels", str(kernels)])
-        # from the first build's start to the last one's end (not the clients' start-up)
-        wall = max(r["end"] for r in results) - min(r["start"] for r in results)
-        r1, m1, w1 = redis_counters(redis.url), minio_counters(minio.endpoint), \
-            proc_cpu(worker_pids)
-        mcpu1 = proc_cpu([minio_pid])
-        total = kernels * args.clients
-        rd, md = delta(r1, r0), delta(m1, m0)
-        failed = sum(r["failed"] for r in results)
-        # latency, on the idle fleet
-        # chunks a latency build sends: a free process and a free core for each (on one
-        # host the simulated workers share its cores; a real fleet's do not)
-        free = max(1, min(n, os.cpu_count() or 1) // (2 * args.latency_clients))
-        _, lat = run_clients(env, "latency", args.latency_clients,
-                             [*common, "--latency-rounds", str(args.latency_rounds),
-                              "--free", str(free)])
-        added = [a for r in lat for a in r["added_s"]]
-        on_worker = [a for r in lat for a in r["on_worker_s"]]
-        failed += sum(r["failed"] for r in lat)
-    top_redis = sorted(((k, v) for k, v in rd.items() if k not in ("commands", "cpu_s")),
-                       key=lambda kv: -kv[1])
-    top_minio = sorted(((k, v) for k, v in md.items() if k != "requests"),
-                       key=lambda kv: -kv[1])
-    return {
-        "bench": "control_plane", "workers": n, "layout": layout, "chunk": chunk,
-        "rtt_ms": rtt, "rtt_measured_ms": round(measured_rtt, 3),
-        "compile_ms": args.compile_ms, "binary_bytes": args.binary_bytes,
-        "clients": args.clients, "kernels": total, "failed": failed,
-        "workers_ready_s": round(ready, 2), "wall_s": round(wall, 3),
-        "kernels_per_s": round(total / wall, 1),
-        "redis_commands_per_kernel": round(rd.get("commands", 0) / total, 2),
-        "redis_top": {k: round(v / total, 2) for k, v in top_redis},
-        "minio_requests_per_kernel": round(md.get("requests", 0) / total, 2),
-        "minio_apis": {k: round(v / total, 2) for k, v in top_minio},
-        "cpu_ms_per_kernel": {
-            "clients": round(1000 * sum(r["cpu_s"] for r in results) / total, 3),
-            "workers": round(1000 * (w1 - w0) / total, 3),
-            "redis": round(1000 * rd.get("cpu_s", 0) / total, 3),
-            "minio": round(1000 * (mcpu1 - mcpu0) / total, 3)},
-        "added_ms": {"p50": round(1000 * percentile(added, 0.5), 2),
-                     "p99": round(1000 * percentile(added, 0.99), 2),
-                     "n": len(added)},
-        # of which in the worker, per kernel: store reads and writes, lease, records
-        "worker_ms": {"p50": round(1000 * percentile(on_worker, 0.5), 2),
-                      "p99": round(1000 * percentile(on_worker, 0.99), 2)},
-        "cores": os.cpu_count(), "loadavg": round(os.getloadavg()[0], 2)}
-
-
 def netem_available() -> bool:
     """Whether ``tc netem`` works here (tried in a throw-away network namespace)."""
     ns = f"kfb-probe-{os.getpid()}"
@@ -378,24 +202,57 @@ def in_netem_namespace(argv: list[str], rtt: float) -> list[dict[str, Any]]:
     return rows
 
 
-def run_points(args: argparse.Namespace, rtt: float, link: str) -> list[dict[str, Any]]:
-    """Every (N, chunk) at one RTT, on one Redis and one MinIO started here."""
+def run_points(args: argparse.Namespace, rtt: float, link_kind: str) -> list[dict[str, Any]]:
+    """Every (N, chunk) at one RTT, on one Redis and one MinIO started here: for each,
+    this tree's code, then the baseline's and the bare Celery round trip, if asked."""
+    import cp_fleet
+    from cp_fleet import Link, baseline_code, this_code
+    from cp_points import bare_point, one_point, start_proxy
+
     from farm.devservices import MinioServer, RedisServer
 
-    global minio_pid
     rows = []
-    with tempfile.TemporaryDirectory(prefix="farm-bench-cp-") as tmp, \
-            RedisServer(Path(tmp)) as redis, \
-            MinioServer(Path(tmp), {"MINIO_PROMETHEUS_AUTH_TYPE": "public"}) as minio:
-        minio_pid = minio._process.pid  # type: ignore[union-attr]
+    with tempfile.TemporaryDirectory(prefix="farm-bench-cp-") as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        redis = stack.enter_context(RedisServer(work))
+        minio = stack.enter_context(MinioServer(work, {"MINIO_PROMETHEUS_AUTH_TYPE": "public"}))
+        cp_fleet.minio_pid = minio._process.pid  # type: ignore[union-attr]
+        codes = [this_code()]
+        if args.baseline:
+            codes.append(baseline_code(args.baseline, work))
+        redis_addr = redis.url.split("//", 1)[1].split("/", 1)[0]
+        minio_addr = minio.endpoint
+        applied = rtt if link_kind == "proxy" else 0.0
+        if applied > 0:
+            redis_addr = start_proxy(redis_addr, applied / 2, stack)
+            minio_addr = start_proxy(minio_addr, applied / 2, stack)
+        link = Link(redis, minio, redis_addr, minio_addr, rtt)
         for n in (int(x) for x in args.workers.split(",")):
             for chunk in (int(x) for x in args.chunks.split(",")):
-                row = one_point(args, n, chunk, rtt if link == "proxy" else 0.0,
-                                redis, minio, Path(tmp))
-                row.update(rtt_ms=rtt, link=link if rtt > 0 else "none")
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                points: list[dict[str, Any]] = [one_point(args, code, n, chunk, link, work)
+                                                for code in codes]
+                if args.bare:
+                    points.append(bare_point(args, n, chunk, link, work))
+                for row in points:
+                    row.update(rtt_ms=rtt, link=link_kind if rtt > 0 else "none")
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print()
+    print(f"{'code':>20} {'N':>4} {'chunk':>5} {'rtt':>5} {'link':>6} {'k/s':>7} "
+          f"{'redis/k':>8} {'minio/k':>8} {'cpu ms/k cl/wk/redis/minio':>28} {'p50 ms':>7} "
+          f"{'p99 ms':>7} {'wk p50':>7}")
+    for r in rows:
+        c = r["cpu_ms_per_kernel"]
+        print(f"{r['code'][:20]:>20} {r['workers']:>4} {r['chunk']:>5} {r['rtt_ms']:>5} "
+              f"{r['link']:>6} {r['kernels_per_s']:>7.0f} "
+              f"{r['redis_commands_per_kernel']:>8.2f} {r['minio_requests_per_kernel']:>8.2f} "
+              f"{c['clients']:>6.2f}/{c['workers']:>6.2f}/{c['redis']:>5.2f}/{c['minio']:>5.2f}"
+              f" {r['added_ms']['p50']:>7.1f} {r['added_ms']['p99']:>7.1f} "
+              f"{r['worker_ms']['p50']:>7.1f}")
 
 
 def main() -> None:
@@ -403,15 +260,26 @@ def main() -> None:
     parser.add_argument("--workers", default="8,32", help="pool processes in all, per point")
     parser.add_argument("--per-worker", type=int, default=16,
                         help="pool processes per farm worker (its --concurrency)")
-    parser.add_argument("--chunks", default="1,4", help="FARM_CHUNK_SIZE values")
-    parser.add_argument("--rtt-ms", default="0", help="round trips to Redis and MinIO")
+    parser.add_argument("--chunks", default="4", help="FARM_CHUNK_SIZE values")
+    parser.add_argument("--rtt-ms", default="0.5", help="round trips to Redis and MinIO")
     parser.add_argument("--compile-ms", type=float, default=5.0)
     parser.add_argument("--binary-bytes", type=int, default=32768)
     parser.add_argument("--kernels", type=int, default=1000, help="per throughput client")
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--latency-clients", type=int, default=2)
     parser.add_argument("--latency-rounds", type=int, default=50)
+    parser.add_argument("--baseline", metavar="REF", help="also run each point at this "
+                        "commit (a git ref, or a folder holding its export)")
+    parser.add_argument("--no-events", action="store_true", help="FARM_WORKER_EVENTS=false "
+                        "everywhere (what Celery's task events cost: compare with a run "
+                        "without it)")
+    parser.add_argument("--bare", action="store_true",
+                        help="also run a bare Celery round trip per point (cp_bare.py)")
     parser.add_argument("--out", type=Path, help="also append the JSON lines here")
+    parser.add_argument("--monitor", action="store_true", help="Redis commands by "
+                        "purpose (MONITOR over the throughput phase: bench/cp_monitor.py)")
+    parser.add_argument("--profile", type=Path, help="py-spy the workers and clients of "
+                        "the throughput phase into this folder (bench/cp_profile.py)")
     parser.add_argument("--link", choices=("auto", "netem", "proxy", "applied"),
                         default="auto", help="how a round trip is made: tc netem in a "
                         "network namespace, or the delay proxy (auto: netem where it works)")
@@ -429,6 +297,15 @@ def main() -> None:
     # on a host with no network, the ones bench/host_kit.sh carried) stay chosen
     for name in [k for k in os.environ if k.startswith("FARM_") and not k.endswith("_BIN")]:
         del os.environ[name]
+    from cp_fleet import baseline_code
+
+    if args.baseline and not Path(args.baseline).is_dir():  # export once, before netem
+        args.baseline = str(baseline_code(args.baseline, Path(tempfile.mkdtemp(
+            prefix="farm-bench-base-"))).root)
+    if args.no_events:
+        from cp_points import EXTRA
+
+        EXTRA["FARM_WORKER_EVENTS"] = "false"
     rtts = [float(r) for r in args.rtt_ms.split(",")]
     link = args.link
     if link == "auto" and any(rtts):
@@ -437,12 +314,17 @@ def main() -> None:
         print(f"bench_control_plane: N {args.workers}, chunks {args.chunks}, RTT {rtts} ms "
               f"({link}); simulated compile {args.compile_ms} ms, binary "
               f"{args.binary_bytes} B; {args.clients} x {args.kernels} kernels; "
-              f"{os.cpu_count()} cores", flush=True)
+              f"{os.cpu_count()} cores; baseline {args.baseline or 'none'}; bare Celery "
+              f"{'yes' if args.bare else 'no'}", flush=True)
     inner = ["--workers", args.workers, "--per-worker", str(args.per_worker),
              "--chunks", args.chunks, "--compile-ms", str(args.compile_ms),
              "--binary-bytes", str(args.binary_bytes), "--kernels", str(args.kernels),
              "--clients", str(args.clients), "--latency-clients", str(args.latency_clients),
-             "--latency-rounds", str(args.latency_rounds)]
+             "--latency-rounds", str(args.latency_rounds),
+             *(["--baseline", args.baseline] if args.baseline else []),
+             *(["--bare"] if args.bare else []), *(["--monitor"] if args.monitor else []),
+             *(["--no-events"] if args.no_events else []),
+             *(["--profile", str(args.profile)] if args.profile else [])]
     rows = []
     for rtt in rtts:
         if rtt > 0 and link == "netem":
@@ -455,21 +337,12 @@ def main() -> None:
         if args.out:
             with args.out.open("a") as fh:
                 fh.writelines(json.dumps(row) + "\n" for row in got)
-    if link == "applied":
-        return
-    print()
-    print(f"{'N':>4} {'chunk':>5} {'rtt':>5} {'link':>6} {'meas':>5} {'k/s':>7} {'redis/k':>8} "
-          f"{'minio/k':>8} {'cpu ms/k cl/wk/redis/minio':>28} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'wk p50':>7}")
-    for r in rows:
-        c = r["cpu_ms_per_kernel"]
-        print(f"{r['workers']:>4} {r['chunk']:>5} {r['rtt_ms']:>5} {r['link']:>6} "
-              f"{r['rtt_measured_ms']:>5.2f} "
-              f"{r['kernels_per_s']:>7.0f} {r['redis_commands_per_kernel']:>8.1f} "
-              f"{r['minio_requests_per_kernel']:>8.1f} "
-              f"{c['clients']:>6.2f}/{c['workers']:>6.2f}/{c['redis']:>5.2f}/{c['minio']:>5.2f}"
-              f" {r['added_ms']['p50']:>7.1f} {r['added_ms']['p99']:>7.1f} "
-              f"{r['worker_ms']['p50']:>7.1f}")
+    if link != "applied":
+        print_table(rows)
+        if args.profile:
+            import cp_profile
+
+            cp_profile.report(args.profile)
 
 
 if __name__ == "__main__":

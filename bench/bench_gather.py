@@ -1,12 +1,13 @@
-"""Benchmark: how a cluster build gathers its replies: Celery's result channel against
-polling the result keys, side by side in one run.
+"""Benchmark: how a cluster build gathers its replies: a blocking read of its reply
+stream against polling it, side by side in one run.
 
-The build client (:class:`farm.cluster.client.ClusterClient`) waits for its tasks'
-replies with Celery's own mechanism: a ``ResultSet`` of the tasks sent, waited on with
-``backend.iter_native`` (with Redis, a publish/subscribe channel per task). Before it,
-the client asked Redis for every pending result key with one ``MGET`` every 50 ms. This
-script runs both in one process against one local cluster (Redis, MinIO, ``--workers``
-``farm worker --concurrency 1``), alternating ``poll, pubsub, poll, pubsub, ...``
+The build client (:class:`farm.cluster.client.ClusterClient`) waits for its chunks'
+replies on its build's reply stream, with one blocking ``XREAD`` (``farm.cluster.gather``;
+before issue 31, Celery's own result channel: a publish/subscribe channel per task, and
+before that an ``MGET`` of every pending result key every 50 ms). The peer here reads
+the same stream without blocking every 50 ms. This script runs both in one process
+against one local cluster (Redis, MinIO, ``--workers``
+``farm worker --concurrency 1``), alternating ``poll, stream, poll, stream, ...``
 ``--repeat`` times, each build of ``--kernels`` fresh cheap kernels (``reduce`` with
 salted shapes, so every build compiles the same amount of work) in chunks of
 ``--chunk``:
@@ -17,8 +18,7 @@ salted shapes, so every build compiles the same amount of work) in chunks of
   (every client and worker of the cluster: polling shows up here);
 * Redis commands: ``total_commands_processed`` around the build.
 
-The polling variant is the previous code's loop (farm/cluster/build.py before the
-ClusterClient), kept here only as the peer. Caches off
+The polling variant is kept here only as the peer. Caches off
 (``PYOPENCL_NO_CACHE=1 POCL_KERNEL_CACHE=0 CUDA_CACHE_DISABLE=1``).
 
     .venv/bin/python bench/bench_gather.py [--kernels 24] [--chunk 1] [--workers 2]
@@ -47,26 +47,16 @@ CACHES_OFF = {"PYOPENCL_NO_CACHE": "1", "POCL_KERNEL_CACHE": "0", "CUDA_CACHE_DI
 
 
 def polling_gatherer() -> type[Gatherer]:
-    """The previous gather loop: MGET every pending result key every 50 ms."""
-    from farm.cluster.gather import Gatherer, _apply_reply
+    """The reply stream read without blocking every 50 ms (the previous code polled its
+    result keys so, before it waited on Celery's result channel; issue 31 put replies on
+    a stream per build, read with a blocking ``XREAD``)."""
+    from farm.cluster.gather import Gatherer
 
     class PollingGatherer(Gatherer):
         def _wait(self) -> None:
             deadline = time.monotonic() + self.check_interval_s
-            backend = self.line.app.backend
             while self.pending and time.monotonic() < deadline:
-                ids = list(self.pending)
-                raw = self.line.redis.mget([backend.get_key_for_task(t) for t in ids])
-                for task_id, value in zip(ids, raw, strict=True):
-                    if value is None:
-                        continue
-                    meta = backend.decode_result(value)
-                    if meta.get("status") not in ("SUCCESS", "FAILURE", "REVOKED"):
-                        continue
-                    chunk = self.pending.pop(task_id)
-                    self._results.pop(task_id, None)
-                    _apply_reply(meta, chunk.results, self.notify)
-                    self._done.append(task_id)
+                self._read(None)
                 if self.pending:
                     time.sleep(0.05)
 
@@ -128,7 +118,7 @@ def main() -> None:
     from farm.devservices import MinioServer, RedisServer
     from farm.devservices.cluster import local_cluster
 
-    variants: dict[str, type[Gatherer]] = {"poll": polling_gatherer(), "pubsub": Gatherer}
+    variants: dict[str, type[Gatherer]] = {"poll": polling_gatherer(), "stream": Gatherer}
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="farm-bench-gather-") as tmp, \
@@ -160,10 +150,10 @@ def main() -> None:
     medians = {name: {k: statistics.median(r[k] for r in rows if r["variant"] == name)
                       for k in ("wall_s", "client_cpu_s", "redis_cpu_s", "redis_commands")}
                for name in variants}
-    ratios = {k: round(medians["pubsub"][k] / medians["poll"][k], 3)
+    ratios = {k: round(medians["stream"][k] / medians["poll"][k], 3)
               if medians["poll"][k] else None for k in medians["poll"]}
     print(f"medians: {json.dumps(medians)}")
-    print(f"pubsub/poll: {json.dumps(ratios)}")
+    print(f"stream/poll: {json.dumps(ratios)}")
     print(json.dumps({"bench": "gather", "kernels": args.kernels, "chunk": args.chunk,
                       "workers": args.workers, "repeat": args.repeat, "cores": os.cpu_count(),
                       "rows": rows, "medians": medians, "ratios": ratios,

@@ -11,6 +11,9 @@
 #   bench/h200_round.sh proofs-nvidia proofs-pocl trust-pocl  # about 9 minutes (issue 29)
 #   bench/h200_round.sh tune-nvidia                           # about 5 minutes (issue 28)
 #   bench/h200_round.sh tune-pocl-noise                       # about 2 minutes (optional)
+#   bench/h200_round.sh control-plane-31                      # about 4 minutes (issue 31:
+#       this tree beside 624c62d and a bare Celery round trip; carry .base too)
+#   bench/h200_round.sh control-plane-31-128                  # a machine of 32+ cores
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
@@ -61,6 +64,17 @@ for name in "$@"; do
         tune-pocl-noise) step tune-pocl-noise 180 env FARM_DEVICE=pocl $host python3 \
             bench/bench_tune.py --manifest medium --tokens 16 --parts interference \
             --noise-keys 4 --compilers 8 --noise-rounds 3 ;;
+        # issue 31: the control plane at 8 and 32 workers, this tree beside the commit
+        # before the round (.base/624c62d, made by bench/host_kit.sh) and a bare Celery
+        # round trip, in one call, on one Redis and MinIO
+        control-plane-31) step control-plane-31 420 $host sh -c \
+            'python3 -m compileall -q -j 0 .base > /dev/null;
+             python3 bench/bench_control_plane.py --workers 8,32 --chunks 4 --rtt-ms 0.5 \
+                 --kernels 2000 --clients 2 --latency-rounds 24 --baseline .base/624c62d --bare' ;;
+        control-plane-31-128) step control-plane-31-128 560 $host sh -c \
+            'python3 -m compileall -q -j 0 .base > /dev/null;
+             python3 bench/bench_control_plane.py --workers 128 --chunks 4 --rtt-ms 0.5 \
+                 --kernels 3000 --clients 2 --latency-rounds 24 --baseline .base/624c62d --bare' ;;
         *) echo "h200_round.sh: no step named $name"; exit 2 ;;
     esac
 done

@@ -3,6 +3,7 @@
 # ignored folders that carry the cluster to a host with no network (Python 3.12, x86_64):
 #   .whl/  every wheel the farm needs there (cp312, manylinux x86_64), pinned to the
 #          versions installed in .venv, without numpy (the host has it);
+#   .base/ the commit the control-plane benchmark compares with (--baseline), exported;
 #   .kit/  redis.tar.xz (Debian's redis-server with the shared libraries it needs and a
 #          wrapper that points the loader at them) and minio.xz (MinIO built stripped).
 # bench/nvidia_host.sh unpacks both on the host and exports FARM_REDIS_BIN and
@@ -144,12 +145,21 @@ if [ ! -s .kit/minio.xz ]; then
     rm -rf "$out"
 fi
 
+# 4. The commit before issue 31's round (624c62d), for bench_control_plane.py --baseline:
+# its farm, worker, loader and bench (1.6 MB), as the host has no git history.
+BASE_REF="${BASE_REF:-624c62d}"
+if [ ! -d ".base/$BASE_REF/farm" ]; then
+    mkdir -p ".base/$BASE_REF"
+    git archive "$BASE_REF" farm worker loader bench | tar -x -C ".base/$BASE_REF"
+    say "baseline: .base/$BASE_REF ($(du -sh ".base/$BASE_REF" | cut -f1))"
+fi
+
 tree_mb=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | awk '{printf "%.1f", $1/1048576}')
-total=$(du -cb .whl .kit | tail -1 | awk '{print $1}')
+total=$(du -cb .whl .kit .base | tail -1 | awk '{print $1}')
 say "sizes: .whl $(du -sh .whl | cut -f1), .kit $(du -sh .kit | cut -f1) (redis $(du -h .kit/redis.tar.xz | cut -f1), minio $(du -h .kit/minio.xz | cut -f1)), tree ${tree_mb} MB"
 say "carry: $(awk -v t="$total" -v r="$tree_mb" 'BEGIN{printf "%.1f", t/1048576 + r}') MiB of 64 with the tree"
 if [ "$total" -gt $((60 * 1048576)) ]; then
     say "WARNING: .whl + .kit leave under 4 MiB for the tree"
     exit 1
 fi
-say "done in $ROOT: carry=[\".whl\", \".kit\"], then bench/nvidia_host.sh <command>"
+say "done in $ROOT: carry=[\".whl\", \".kit\", \".base\"], then bench/nvidia_host.sh <command>"

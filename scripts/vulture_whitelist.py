@@ -126,3 +126,4 @@ _._timed_if_ok  # unused method (farm/tuning/model.py:80)
 measured_at  # unused variable (farm/tuning/model.py:104): when, for people and --json readers
 _.tune_task  # unused method (worker/app.py:124)
 _._bounded  # unused method (farm/tuning/keys.py): a pydantic validator
+bare_chunk  # unused function (bench/cp_bare.py: a Celery task, registered by its decorator)

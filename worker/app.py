@@ -22,6 +22,7 @@ from celery import Celery, Task
 
 from farm.cluster.metrics import outcome_label
 from farm.core.keys import TASK_NAME, TUNE_TASK_NAME
+from worker.chunks import Delivery
 
 if TYPE_CHECKING:
     import redis
@@ -65,43 +66,43 @@ def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
     from farm.cluster.payloads import parse_request
     from farm.core.errors import InfrastructureError, one_line
     from worker import chunks
+    from worker.chunks import Avoided
     from worker.execute import execute_job
 
     options = {"Request": request_cls} if request_cls is not None else {}
     farms: tuple[type[BaseException], ...] = (InfrastructureError, *_TRANSIENT)
 
-    def settle(task_id: str, request: CompileRequest) -> CompileReply | None:
-        """A reply without building: the client is gone, or the chunk went back too often."""
-        if redis_of is None:
-            return None
-        client = redis_of()
-        if chunks.client_gone(client, request):
-            return chunks.dropped(task_id, request)
-        return chunks.given_up(client, task_id, request)
+    def give_back(task_id: str, request: CompileRequest, reason: str | None) -> None:
+        state_client = redis_of() if redis_of is not None else None
+        if state_client is not None:
+            chunks.note_return(state_client, task_id, request, worker_field, reason)
 
-    @app.task(name=TASK_NAME, bind=True, acks_late=True, **options)
-    def compile_task(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
+    # store_errors_even_if_ignored: a client sends its chunks with ignore_result (their
+    # replies come on its build's reply stream), but a chunk that fails (its payload, a
+    # time limit) still leaves its failure where the client looks for it
+    @app.task(name=TASK_NAME, bind=True, acks_late=True, store_errors_even_if_ignored=True,
+              **options)
+    def compile_task(self: Task, payload: dict[str, Any]) -> dict[str, Any] | None:
         request = parse_request(payload)  # a bad payload: one line back to the client
         metrics = worker_metrics()
         task_id = self.request.id
-        if redis_of is not None and chunks.avoided(redis_of(), request, worker_field):
-            chunks.note_return(redis_of(), task_id, request, worker_field, None)
-            metrics.task(request.fingerprint, "avoided")
-            log.info("chunk %s goes back to its queue: its client sends this worker no "
-                     "more of build %s", task_id, request.build)
-            raise Reject("avoided by its client", requeue=True)
+        delivery = Delivery(task_id=task_id, build=request.build, worker=worker_field,
+                            redelivered=bool((self.request.delivery_info or {}).get(
+                                "redelivered")))
         try:
-            reply = settle(task_id, request)
-            if reply is None:
-                reply = execute_job(request, get_state(), task_id=task_id)
+            reply = execute_job(request, get_state(), delivery=delivery)
+        except Avoided as exc:
+            give_back(task_id, request, None)
+            metrics.task(request.fingerprint, "avoided")
+            log.info("chunk %s goes back to its queue: %s", task_id, exc)
+            raise Reject("avoided by its client", requeue=True) from None
         except SoftTimeLimitExceeded:
             metrics.timed_out(request.fingerprint, len(request.kernels))
             raise
         except farms as exc:  # the farm's trouble, not the kernels'
             metrics.task(request.fingerprint, "returned")
             reason = f"{type(exc).__name__}: {one_line(exc)}"
-            if redis_of is not None:
-                chunks.note_return(redis_of(), task_id, request, worker_field, reason)
+            give_back(task_id, request, reason)
             log.warning("chunk %s goes back to its queue: %s", task_id, reason)
             raise Reject(reason, requeue=True) from None
         except BaseException:
@@ -109,14 +110,14 @@ def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
             raise
         if reply.dropped:
             metrics.task(request.fingerprint, "dropped")
-            return reply.model_dump(mode="json")
+            return _answer(self, delivery, reply)
         metrics.task(request.fingerprint, chunk_status(reply))
         metrics.reply(request.fingerprint, reply)
         counts = Counter(outcome_label(k.outcome, k.failure.kind if k.failure else None)
                          for k in reply.results)
         log.info("chunk %s: %s", task_id,
                  ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
-        return reply.model_dump(mode="json")
+        return _answer(self, delivery, reply)
 
     register_tune_task(app, get_state, farms, request_cls)
 
@@ -149,3 +150,15 @@ def register_tune_task(app: Celery, get_state: Callable[[], WorkerState],
                  f"failed ({reply.failure})" if result is None else
                  f"measured, winner {result.winner}")
         return reply.model_dump(mode="json")
+
+
+def _answer(task: Task, delivery: Delivery, reply: CompileReply) -> dict[str, Any] | None:
+    """The task's result: nothing when the reply reached the build's reply stream; else
+    the reply (a client before reply streams, or one whose stream Redis lost), stored
+    as the task's result even though the client asked for none, for it to find."""
+    if delivery.pushed:
+        return None
+    result = reply.model_dump(mode="json")
+    if getattr(task.request, "ignore_result", False):
+        task.backend.store_result(delivery.task_id, result, "SUCCESS", request=task.request)
+    return result

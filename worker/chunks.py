@@ -15,18 +15,28 @@
   ``farm:build:<token>:alive``, expired) is acknowledged without compiling anything, one
   log line, counted in the worker's metrics. Its reply says so (``dropped``), so that a
   client that is in fact alive (a Redis that lost the key) sends it again.
+
+What a pool process asks Redis about a chunk costs no round trip of its own: whether
+its build's client is alive (and shut this worker out) rides in the round trip that
+takes the chunk's compile leases, and is remembered for ``ALIVE_FRESH_S`` per build
+(:class:`BuildWatch`: a worker runs many chunks of one build a second); whether the
+chunk went back before, and how often, is read only for a message Celery delivers again
+(``redelivered``: a first delivery was never given back).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply
 from farm.core.keys import (
     RETURNS_WHY,
     TASK_STATE_TTL_S,
-    build_alive_key,
     build_avoid_key,
     build_returns_key,
     task_holder_key,
@@ -72,9 +82,8 @@ def note_return(client: redis.Redis, task_id: str, request: CompileRequest, work
         log.debug("task %s: return not noted: %s", task_id, exc)
 
 
-def returns(client: redis.Redis, task_id: str) -> tuple[dict[str, int], str]:
-    """(worker -> times it gave the chunk back, the last reason)."""
-    raw = client.hgetall(task_returns_key(task_id))
+def read_returns(raw: dict[Any, Any]) -> tuple[dict[str, int], str]:
+    """(worker -> times it gave the chunk back, the last reason) of a returns hash."""
     why = ""
     counts: dict[str, int] = {}
     for name, value in raw.items():
@@ -86,12 +95,10 @@ def returns(client: redis.Redis, task_id: str) -> tuple[dict[str, int], str]:
     return counts, why
 
 
-def given_up(client: redis.Redis, task_id: str, request: CompileRequest) -> CompileReply | None:
-    """The reply that ends a chunk given back ``MAX_RETURNS`` times, else ``None``."""
-    try:
-        counts, why = returns(client, task_id)
-    except Exception:  # Redis away: build it (or give it back) as usual
-        return None
+def given_up(raw: dict[Any, Any], task_id: str, request: CompileRequest) -> CompileReply | None:
+    """The reply that ends a chunk given back ``MAX_RETURNS`` times (``raw``: its returns
+    hash, read with the crash ledger), else ``None``."""
+    counts, why = read_returns(raw)
     total = sum(counts.values())
     if total < MAX_RETURNS:
         return None
@@ -106,30 +113,70 @@ def given_up(client: redis.Redis, task_id: str, request: CompileRequest) -> Comp
         for id_hash in ids])
 
 
-def client_gone(client: redis.Redis, request: CompileRequest) -> bool:
-    """Whether the chunk's build has a heartbeat key no longer (its client died).
-    ``False`` when it cannot tell (no token, Redis away)."""
-    if request.build is None:
-        return False
-    try:
-        return not client.exists(build_alive_key(request.build))
-    except Exception:
-        return False
+@dataclass
+class Delivery:
+    """One delivery of a chunk to this pool process: its task, its build (the client's
+    token: ``None`` from a client before builds had one), this worker's ``host:pid``
+    (the holder its main process noted), whether Celery delivered it before; and, once
+    run, whether its reply reached the build's reply stream."""
+
+    task_id: str
+    build: str | None = None
+    worker: str = ""
+    redelivered: bool = True
+    pushed: bool = False
 
 
-def avoided(client: redis.Redis, request: CompileRequest, worker: str) -> bool:
-    """Whether the chunk's client stopped sending its build to ``worker`` (its circuit
-    breaker, ``farm.cluster.breaker``). ``False`` when it cannot tell."""
-    if request.build is None or not worker:
-        return False
-    try:
-        return bool(client.sismember(build_avoid_key(request.build), worker))
-    except Exception:
-        return False
+class Avoided(Exception):
+    """The chunk's client sends this worker no more of its build (its circuit breaker):
+    the chunk goes back at once, unbuilt and uncounted."""
 
 
-def dropped(task_id: str, request: CompileRequest) -> CompileReply:
-    why = f"the client of build {request.build} is gone"
-    log.info("chunk %s: dropped %d kernel(s) without compiling: %s", task_id,
-             len(request.kernels) + len(request.programs), why)
-    return CompileReply(results=[], dropped=why)
+#: seconds a pool process trusts what it read of a build's heartbeat key
+ALIVE_FRESH_S = 1.0
+#: builds a pool process remembers (the oldest go first)
+_BUILDS_KEPT = 64
+
+
+class BuildWatch:
+    """What a pool process read of the builds whose chunks it runs (see the module
+    docstring): the value of each one's heartbeat key (``"1"``, or ``BUILD_AVOIDS``),
+    and whether it shut this worker out. A build found gone is not remembered: its
+    client, if alive after all (a Redis that lost the key), sends the chunk again."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._seen: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._avoided: set[tuple[str, str]] = set()
+
+    def fresh(self, build: str) -> str | None:
+        """The heartbeat value read less than ``ALIVE_FRESH_S`` ago, else ``None``."""
+        seen = self._seen.get(build)
+        if seen is None or self._clock() - seen[0] > ALIVE_FRESH_S:
+            return None
+        return seen[1]
+
+    def saw(self, build: str, value: bytes | str | None) -> str | None:
+        """Note what was read (``None``: the key is gone); returns it as text."""
+        if value is None:
+            self._seen.pop(build, None)
+            return None
+        text = _text(value)
+        self._seen[build] = (self._clock(), text)
+        self._seen.move_to_end(build)
+        while len(self._seen) > _BUILDS_KEPT:
+            self._seen.popitem(last=False)
+        return text
+
+    def avoided(self, client: redis.Redis, build: str, worker: str) -> bool:
+        """Whether ``build``'s client shut ``worker`` out (asked once it says it shut
+        some worker out; once shut out, always). ``False`` when it cannot tell."""
+        if (build, worker) in self._avoided:
+            return True
+        try:
+            if client.sismember(build_avoid_key(build), worker):
+                self._avoided.add((build, worker))
+                return True
+        except Exception:
+            return False
+        return False

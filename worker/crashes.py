@@ -6,14 +6,17 @@ process running it dies, with no limit: a compiler that aborts on one kernel wou
 fed that kernel for ever while the client waits. So, per task id, in Redis (names in
 :mod:`farm.core.keys`, all expiring after a day):
 
-* the pool process counts the task's deliveries and notes the kernel it is working on
-  with the compile lease it takes for it, in the round trip that takes the lease
-  (``TaskLedger``; a kernel is noted from its lease on, which covers the compile, the
-  load and the store: a crash while lowering is not blamed on a kernel, and is caught
-  by the delivery count below);
+* the pool process counts the task's deliveries (from its second on: a message Celery
+  delivers again says so, ``redelivered``, so a first delivery, nearly every one, costs
+  no command) and notes the compile leases it takes for the chunk in the round trip that
+  takes them; the kernel it is working on it notes on its own host (:class:`InHand`: a
+  small file of the worker's, written in place, no round trip a kernel), from its
+  look-ups on, which covers the compile, the load and the store: a crash while lowering
+  is not blamed on a kernel, and is caught by the delivery count below;
 * when the pool process dies, the worker's main process (which survives it) adds one
-  crash to that kernel, with the exit status Celery reports (``signal 6 (SIGABRT)``),
-  before Celery re-queues the task (``crash_request_class``);
+  crash to that kernel (read from the dead process's ``InHand``), with the exit status
+  Celery reports (``signal 6 (SIGABRT)``), and releases the leases it noted, before
+  Celery re-queues the task (``crash_request_class``);
 * the next delivery fails every kernel with ``crash_limit`` crashes as ``crashed``
   without touching it, and obtains the others as usual. A task delivered more often than
   ``crash_limit`` plus its kernel count (a process that died before saying what it ran)
@@ -26,7 +29,9 @@ not a bad kernel, and its task simply comes back.
 from __future__ import annotations
 
 import logging
+import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery.worker.request import Request
@@ -37,6 +42,7 @@ from farm.core.keys import (
     task_crashes_key,
     task_deliveries_key,
     task_kernel_key,
+    task_returns_key,
 )
 from farm.core.outage import Waiter
 
@@ -57,36 +63,77 @@ class ChunkOutcomes(Protocol):
 _STATUS = re.compile(r"prematurely:\s*(.*?)(?:\s+Job:\s*\d+)?\.?$")
 
 
+class InHand:
+    """Which kernel a pool process works on, for its main process to blame should the
+    pool process die: one small file per pool process in the worker's own folder (the
+    one its pool processes report through, ``worker.readiness.ProcessReports``),
+    written in place at each kernel. A main process outlives its pool processes, so it
+    reads what the dead one wrote last, and checks that it was about the same task."""
+
+    SIZE = 256
+
+    def __init__(self, folder: Path, pid: int) -> None:
+        self.path = folder / f"hand-{pid}"
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def note(self, task_id: str, id_hash: str) -> None:
+        os.pwrite(self._fd, f"{task_id}\n{id_hash}\n".encode()[:self.SIZE].ljust(self.SIZE),
+                  0)
+
+    def close(self) -> None:
+        os.close(self._fd)
+        self.path.unlink(missing_ok=True)
+
+    @classmethod
+    def read(cls, folder: Path | None, pid: int | None, task_id: str) -> str:
+        """The kernel pool process ``pid`` noted last for ``task_id``; "" when none."""
+        if folder is None or not pid:
+            return ""
+        try:
+            text = (folder / f"hand-{pid}").read_bytes()[:cls.SIZE].decode(errors="replace")
+        except OSError:
+            return ""
+        noted_task, _, rest = text.partition("\n")
+        return rest.partition("\n")[0] if noted_task == task_id else ""
+
+
 class TaskLedger:
     """One delivery of one task, seen from the pool process that runs it."""
 
     def __init__(self, client: redis.Redis, task_id: str, waiter: Waiter,
-                 crash_limit: int) -> None:
+                 crash_limit: int, redelivered: bool = True) -> None:
         self._client = client
         self.task_id = task_id
         self._waiter = waiter
         self.crash_limit = crash_limit
+        self.redelivered = redelivered
         self.deliveries = 0
         self.crashes: dict[str, int] = {}
         self.status = ""
+        #: the chunk's returns so far (``task_returns_key``), read with the crashes
+        self.returns: dict[Any, Any] = {}
 
     def start(self) -> None:
-        """Count this delivery and read the crashes so far. (Who holds the task the
-        worker's main process notes when it receives it: ``worker.startup``.)"""
+        """Count this delivery and read the crashes (and returns) so far. A first
+        delivery (nearly every one: Celery marks a message it delivers again
+        ``redelivered``) is one, and costs no command. (Who holds the task the worker's
+        main process notes when it receives it: ``worker.startup``.)"""
+        if not self.redelivered:
+            self.deliveries = 1
+            return
         key = task_deliveries_key(self.task_id)
 
-        def once() -> tuple[int, dict[Any, Any]]:
-            # The first delivery (nearly every one) is one command; only a delivery
-            # after a crash counts on and reads what the crashes left.
-            if self._client.set(key, 1, nx=True, ex=TASK_STATE_TTL_S):
-                return 1, {}
+        def once() -> list[Any]:
             pipe = self._client.pipeline(transaction=False)
+            # the first delivery, which wrote nothing, counted now (unless it was given
+            # back: it wrote its 0 then), then this one
+            pipe.set(key, 1, nx=True, ex=TASK_STATE_TTL_S)
             pipe.incr(key)
             pipe.hgetall(task_crashes_key(self.task_id))
-            count, found = pipe.execute()
-            return int(count), found
-        deliveries, crashes = self._waiter.call(once)
-        self.deliveries = int(deliveries)
+            pipe.hgetall(task_returns_key(self.task_id))
+            return list(pipe.execute())
+        _, count, crashes, self.returns = self._waiter.call(once)
+        self.deliveries = int(count)
         for name, value in crashes.items():
             field = name.decode() if isinstance(name, bytes) else str(name)
             text = value.decode() if isinstance(value, bytes) else str(value)
@@ -100,7 +147,10 @@ class TaskLedger:
         so that a chunk passed between broken workers never fails as ``crashed``, and
         nothing is being worked on. Best effort: Redis may be what failed."""
         pipe = self._client.pipeline(transaction=False)
-        pipe.decr(task_deliveries_key(self.task_id))
+        if self.redelivered:
+            pipe.decr(task_deliveries_key(self.task_id))
+        else:  # a first delivery wrote nothing: its 0 says it is not to be counted
+            pipe.set(task_deliveries_key(self.task_id), 0, nx=True, ex=TASK_STATE_TTL_S)
         pipe.delete(task_kernel_key(self.task_id))
         try:
             pipe.execute()
@@ -133,10 +183,14 @@ class TaskLedger:
         self._waiter.call(lambda: self._client.delete(task_kernel_key(self.task_id)))
 
 
-def record_crash(client: redis.Redis, task_id: str, status: str) -> str | None:
+def record_crash(client: redis.Redis, task_id: str, status: str,
+                 in_hand: str = "") -> str | None:
     """In the main process, once a pool process died on ``task_id``: one crash more for
-    the kernel it was working on. Returns that kernel's id hash (``None``: unknown)."""
-    id_hash, name, token = read_kernel_note(client.get(task_kernel_key(task_id)))
+    the kernel it was working on (``in_hand``, read from its :class:`InHand`, else the
+    note's), and its leases released. Returns that kernel's id hash (``None``:
+    unknown)."""
+    noted, name, token = read_kernel_note(client.get(task_kernel_key(task_id)))
+    id_hash = in_hand or noted
     if name:
         release_lease(client, name, token)
     pipe = client.pipeline(transaction=False)
@@ -158,11 +212,12 @@ def lost_status(exc: BaseException) -> str | None:
     return found.group(1) if found else str(exc)
 
 
-def crash_request_class(client: redis.Redis, outcomes: ChunkOutcomes | None = None
-                        ) -> type[Request]:
+def crash_request_class(client: redis.Redis, outcomes: ChunkOutcomes | None = None,
+                        hands: Path | None = None) -> type[Request]:
     """A Celery ``Request`` that books a crash before Celery re-queues the task, and
     tells ``outcomes`` (the worker's ``Readiness``) of every chunk given back
-    (``chunk_went_back(reason)``) or built (``chunk_done()``)."""
+    (``chunk_went_back(reason)``) or built (``chunk_done()``). ``hands``: the folder of
+    the pool processes' :class:`InHand` files."""
     from celery.exceptions import Reject
 
     class CrashAwareRequest(Request):
@@ -188,7 +243,8 @@ def crash_request_class(client: redis.Redis, outcomes: ChunkOutcomes | None = No
                 status = lost_status(exc) if exc is not None else None
             if status is not None:
                 try:
-                    kernel = record_crash(client, self.id, status)
+                    kernel = record_crash(client, self.id, status,
+                                          InHand.read(hands, self.worker_pid, self.id))
                     log.error("task %s: the pool process died (%s) on kernel %s", self.id,
                               status, kernel or "(unknown)")
                 except Exception as err:  # Redis away: the task still comes back

@@ -4,17 +4,19 @@ Per kernel, the rules of :mod:`farm.compilation.obtain` (the same as an embedded
 
 1. the family must be registered here and give the build id the client computed, else
    the kernel fails with a version-skew error naming both ids (``store_key``);
-2. lower, then take the compile lease for the source (:class:`WorkerSteps`); when
-   another worker holds it, wait for it to go and take it, so a kernel in flight in two
-   builds is compiled once. Holding it, look once:
+2. lower, then take the compile lease for the source; when another worker holds it,
+   wait for it to go and take it, so a kernel in flight in two builds is compiled once.
+   Holding it, look once:
 3. the key is in the store -> **Loaded** (digest verified, loaded on this device);
 4. the source index knows the source -> **Rekeyed** (copy or move);
 5. else finalize, load, store -> **Compiled**.
 
-Four MinIO requests a compiled kernel (two reads that miss, the index and the artifact
-written) and six Redis commands in four round trips (the lease taken and the kernel
-noted in one, the record sent, the lease released: an EVAL of a GET and a DEL):
-docs/OPERATIONS.md, "Capacity".
+A chunk goes through :mod:`worker.chunkrun` in few round trips (all its leases at once,
+its looks at once, its records in one pack, its writes at once, one round trip to end
+it): two MinIO requests a compiled kernel (its index entry claimed, its artifact
+written) and, for the whole chunk, four Redis round trips (docs/OPERATIONS.md,
+"Capacity"). What does not fit (a lease another worker holds, a second kernel of one
+source) goes kernel by kernel, through :func:`obtain_kernel` and :class:`WorkerSteps`.
 
 A failing kernel is reported with its build log and nothing of it is stored.
 
@@ -49,6 +51,8 @@ from farm.core.errors import (
 )
 from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.records.model import RequestedBy, Trip
+from worker.chunkrun import ChunkRun
+from worker.chunks import Avoided, Delivery, given_up
 from worker.crashes import TaskLedger
 from worker.state import WorkerState
 
@@ -59,49 +63,55 @@ LEASE_WAIT_S = 600.0
 
 
 def execute_job(request: CompileRequest, state: WorkerState,
-                task_id: str | None = None) -> CompileReply:
+                task_id: str | None = None, *,
+                delivery: Delivery | None = None) -> CompileReply:
     """Obtain every kernel of ``request`` on this worker's device.
 
-    ``task_id`` (the Celery task's) turns on crash-loop bookkeeping (``TaskLedger``).
+    ``delivery`` (the Celery task's, or ``task_id`` alone) turns on crash-loop
+    bookkeeping (``TaskLedger``), the check that the chunk's client is alive, and the
+    reply onto the build's reply stream (``delivery.pushed`` says whether it got there).
     Raises :class:`InfrastructureError` when the chunk cannot be built here for reasons
-    that are not its kernels' (see the module docstring)."""
+    that are not its kernels' (see the module docstring), ``Avoided`` when its client
+    sends this worker no more of its build."""
     if request.fingerprint != state.device.fingerprint:
         raise WorkerUnavailable(f"task for fingerprint {request.fingerprint} reached a "
                                 f"worker of {state.device.fingerprint}")
+    if delivery is None and task_id is not None:
+        delivery = Delivery(task_id=task_id, build=request.build)
     ledger = None
-    if task_id is not None and state.redis is not None and state.redis_waiter is not None:
-        ledger = TaskLedger(state.redis, task_id, state.redis_waiter,
-                            state.settings.crash_limit)
+    if delivery is not None and state.redis is not None and state.redis_waiter is not None:
+        ledger = TaskLedger(state.redis, delivery.task_id, state.redis_waiter,
+                            state.settings.crash_limit, delivery.redelivered)
         ledger.start()
     state.ledger = ledger
+    run = ChunkRun(request, state, ledger, delivery)
+    reply: CompileReply | None = None
     try:
-        results = _obtain_all(request, state, ledger)
-        if ledger is not None:
-            ledger.finish()
-    except InfrastructureError:
+        reply = given_up(ledger.returns, ledger.task_id, request) if ledger and \
+            ledger.returns else None
+        if reply is None:
+            reply = run.run()
+            if request.programs and not reply.dropped:
+                reply = CompileReply(results=[*reply.results, *_programs(request, state,
+                                                                          ledger)],
+                                     dropped=reply.dropped)
+    except (InfrastructureError, Avoided):
         if ledger is not None:
             ledger.given_back()
         raise
     finally:
         state.ledger = None
-        _flush_records(state)
-    return CompileReply(results=results)
+        _flush_records(state)  # a Loaded record goes with the chunk's end
+        run.end(reply)
+    return reply
 
 
-def _obtain_all(request: CompileRequest, state: WorkerState,
-                ledger: TaskLedger | None) -> list[KernelReply]:
+def _programs(request: CompileRequest, state: WorkerState,
+              ledger: TaskLedger | None) -> list[KernelReply]:
+    """The chunk's programs (``worker.programs``), one after the other."""
     from worker.programs import obtain_program  # imports this module: not at the top
 
     results = []
-    for k in request.kernels:
-        crashed = ledger.crashed(k.artifact.id_hash, len(request.kernels)) \
-            if ledger else None
-        if crashed is not None:
-            log.error("kernel %s: %s", k.artifact.kernel.label(), crashed)
-            results.append(_failed(k, None, KernelFailure(kind="crashed", message=crashed),
-                                   time.perf_counter()))
-            continue
-        results.append(obtain_kernel(k, state, request.requested_by))
     for p in request.programs:
         id_hash = p.spec.key.id_hash
         crashed = ledger.crashed(id_hash, len(request.kernels) + len(request.programs)) \
@@ -109,8 +119,10 @@ def _obtain_all(request: CompileRequest, state: WorkerState,
         if crashed is not None:
             log.error("program %s: %s", id_hash[:16], crashed)
             results.append(KernelReply(id_hash=id_hash, failure=KernelFailure(
-                kind="crashed", message=crashed), host=socket.gethostname()))
+                kind="crashed", message=crashed), host=state.host))
             continue
+        if state.in_hand is not None and ledger is not None:
+            state.in_hand.note(ledger.task_id, id_hash)
         results.append(obtain_program(p, state, request.requested_by))
     return results
 

@@ -23,6 +23,7 @@ from farm.core.errors import WorkerUnavailable, one_line
 from farm.core.keys import Namespace
 from farm.core.outage import redis_client
 from farm.core.settings import Settings
+from worker.crashes import InHand
 from worker.readiness import ProcessReports
 from worker.state import WorkerState, open_state
 
@@ -77,6 +78,10 @@ class PoolProcess:
             log.error("process %s could not open its state: %s", os.getpid(), self._problem)
             self._reports.report(index, self._problem)
             return
+        try:  # where the main process reads the kernel in hand, should this one die
+            self._state.in_hand = InHand(self._reports.folder, os.getpid())
+        except OSError as exc:  # crashes are then blamed by the delivery count alone
+            log.warning("process %s cannot note its kernel in hand: %s", os.getpid(), exc)
         log.info("process %s opened %s", os.getpid(), self._state.device.fingerprint)
         self._reports.report(index, None)
 

@@ -180,7 +180,8 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
         signals.worker_shutting_down.connect(lambda **_: health.not_ready(), weak=False)
         if heartbeat:  # the consumer's own heartbeat: proves its event loop turns
             signals.heartbeat_sent.connect(lambda **_: health.alive(), weak=False)
-    register_tasks(app, process.state, request_cls=crash_request_class(client, readiness),
+    register_tasks(app, process.state,
+                   request_cls=crash_request_class(client, readiness, reports.folder),
                    redis_of=process.redis, worker_field=info.field)
     app.conf.worker_consumer = "worker.poison:GuardedConsumer"
     # How long the pool waits for a dead process's result before declaring it lost

@@ -8,7 +8,9 @@ connection, its lease client and its records session exactly once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +29,17 @@ from farm.core.settings import Settings
 from farm.families import Registry
 from farm.records import Recorder
 from farm.store import ArtifactStore
+from worker.chunks import BuildWatch
 
 if TYPE_CHECKING:
     import pyopencl as cl
     import redis
+    from redis import Redis
 
-    from worker.crashes import TaskLedger
+    from worker.crashes import InHand, TaskLedger
+
+#: a chunk's store requests sent at once (a chunk of the default 4 kernels sends 4)
+IO_THREADS = 8
 
 
 @dataclass
@@ -52,10 +59,30 @@ class WorkerState:
     redis_waiter: Waiter | None = None
     #: the running task's crash bookkeeping (a pool process runs one task at a time)
     ledger: TaskLedger | None = None
+    #: where this process notes the kernel in hand for its main process (a worker's
+    #: pool process: ``worker.crashes.InHand``; ``None`` elsewhere)
+    in_hand: InHand | None = None
+    #: what this process read of the builds whose chunks it runs (``worker.chunks``)
+    builds: BuildWatch = field(default_factory=BuildWatch)
 
-    @property
+    @cached_property
     def ns(self) -> Namespace:
         return Namespace.for_fingerprint(self.device.fingerprint)
+
+    @cached_property
+    def host(self) -> str:
+        return socket.gethostname()
+
+    @property
+    def client(self) -> Redis:
+        """The Redis client of a chunk's round trips (the leases' when the state has no
+        client of its own, as in a test's)."""
+        return self.redis if self.redis is not None else self.leases.client
+
+    @cached_property
+    def io(self) -> ThreadPoolExecutor:
+        """Threads for a chunk's store requests, sent at once (its look-ups, its writes)."""
+        return ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="store-io")
 
     @cached_property
     def rules(self) -> Obtainer:
@@ -104,6 +131,10 @@ class WorkerState:
         return note
 
     def close(self) -> None:
+        if "io" in self.__dict__:
+            self.io.shutdown(wait=False)
+        if self.in_hand is not None:
+            self.in_hand.close()
         self.recorder.close()
         self.store.close()
         if "prover" in self.__dict__:  # started: end its child

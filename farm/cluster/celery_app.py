@@ -28,12 +28,13 @@ Why these settings:
   outage, but are bounded to about the outage limit: past it the worker stops anyway
   (``worker.stopping``), and each retry logged a traceback.
 
-A client's app (``client=True``, :class:`farm.cluster.client.ClusterClient`) waits for
-replies on the result backend's publish/subscribe channel. Its result backend does not
-retry a lost connection itself (``retry_policy`` of no retries) and gives up a silent
-socket after ``FARM_SOCKET_TIMEOUT``: the client's own outage waiter retries, says once
-what it waits for, and gives up at ``FARM_OUTAGE_LIMIT`` with one line; Celery's own
-retries would block inside a wait for up to 20 tries, with a log line each.
+A client's app (``client=True``, :class:`farm.cluster.client.ClusterClient`) sends its
+chunks with ``ignore_result``: their replies come on the build's reply stream
+(:mod:`farm.cluster.gather`), and it reads the results Celery still stores (failures)
+itself. Its result backend does not retry a lost connection itself (``retry_policy`` of
+no retries) and gives up a silent socket after ``FARM_SOCKET_TIMEOUT``: the client's own
+outage waiter retries, says once what it waits for, and gives up at
+``FARM_OUTAGE_LIMIT`` with one line.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -122,9 +123,18 @@ class WorkerMetrics:
                             kind="timeout").inc(kernels)
 
 
-@cache
+_MADE = threading.Lock()
+
+
 def worker_metrics() -> WorkerMetrics:
-    """This process's worker metrics, in the default registry (multiprocess-aware)."""
+    """This process's worker metrics, in the default registry (multiprocess-aware);
+    made once, whichever thread asks first (a chunk's store requests run on threads)."""
+    with _MADE:
+        return _worker_metrics()
+
+
+@cache
+def _worker_metrics() -> WorkerMetrics:
     from prometheus_client import Counter, Histogram
 
     return WorkerMetrics(
@@ -174,6 +184,16 @@ class InstrumentedStore(WrappedStore):
         if result is PutResult.STORED:
             m.store_bytes.labels(tier=self.tier, direction="write").inc(len(artifact.binary))
         return result
+
+    def claim_source(self, ns: Namespace, source_hash: str, key: Key
+                     ) -> tuple[Key | None, bool]:
+        """A claim that found the source unindexed is the kernel's look that missed
+        (what ``get`` counted before the claim replaced it): one miss a kernel asked
+        for. One that found an entry counts nothing: the reads that follow do."""
+        held, written = self.inner.claim_source(ns, source_hash, key)
+        if written:
+            worker_metrics().store_requests.labels(tier=self.tier, result="miss").inc()
+        return held, written
 
     def rekey(self, ns: Namespace, src: Key, dst: Key, *, move: bool,
               source: Lowered | None = None) -> Artifact | None:

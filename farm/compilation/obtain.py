@@ -116,10 +116,20 @@ class Obtainer:
         return self._accepted(key, art, names) if art is not None else None
 
 
-    def reusable(self, key: Key, family: str, lowered: Lowered) -> Found | None:
-        """The Rekeyed rule: an artifact of ``lowered``'s source under another key."""
+    def claim(self, key: Key, lowered: Lowered) -> tuple[Key | None, bool]:
+        """The look a worker makes under the compile lease, in one request where the
+        store can (``ArtifactStore.claim_source``): (the key the source index held, or
+        ``None``; whether the index now points at ``key``, which it did not before).
+        Pointed, neither the source nor the key is stored: compile, no look needed."""
+        return self.store.claim_source(self.ns, lowered.source_hash, key)
+
+    def reusable(self, key: Key, family: str, lowered: Lowered, *,
+                 claimed: tuple[Key | None, bool] | None = None) -> Found | None:
+        """The Rekeyed rule: an artifact of ``lowered``'s source under another key.
+        ``claimed``: what :meth:`claim` found, when it was made (not read again)."""
         source_hash = lowered.source_hash
-        found = self.store.find_source(self.ns, source_hash)
+        found = self.store.find_source(self.ns, source_hash) if claimed is None \
+            else claimed[0]
         if found is None or found == key:
             return None
         art = self.store.get(self.ns, found)

@@ -347,6 +347,18 @@ def build_returns_key(build: str) -> str:
     return f"farm:build:{build}:returns"
 
 
+def build_replies_key(build: str) -> str:
+    """The build's reply stream: its client makes it (and keeps it alive like
+    ``build_alive_key``), each worker appends a chunk's reply to it, only while it
+    exists (``XADD ... NOMKSTREAM``); docs/DESIGN.md, "Replies"."""
+    return f"farm:build:{build}:replies"
+
+
+#: the value of ``build_alive_key`` once the build's client shut a worker out (its
+#: circuit breaker): a worker then looks in ``build_avoid_key``; "1" otherwise
+BUILD_AVOIDS = "avoid"
+
+
 # -- embedded files and the bucket ------------------------------------------------------------
 #: an environment's artifact store and records storage, in ``<FARM_HOME>/envs/<name>/``
 STORE_FILE = "store.sqlite"

@@ -12,7 +12,9 @@ build (issue 19 item 9):
   the thread asked to stop (an exception raised in it between two bytecodes) and left
   behind if it cannot (a daemon thread never keeps the process alive). The farm's own
   families run on the calling thread: a thread per call would cost more than their
-  lowering.
+  lowering. The threads are kept and reused (:class:`_Runner`): starting one cost
+  about 0.1 ms, twice a kernel (its parameters, its ``lower()``), on every worker and
+  client; an abandoned one is never used again.
 * **What they return is validated again**: a ``Lowered`` made with ``model_construct``
   skipped validation (an integer source, ``options=None``); :func:`checked_lowered`
   validates it strictly before anything else sees it.
@@ -23,9 +25,10 @@ build (issue 19 item 9):
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -64,24 +67,84 @@ def call(family: Family, what: str, fn: Callable[[], T]) -> T:
     if type(family).__module__.startswith(_OWN):
         return _guarded(family, what, fn)
     limit = min(MAX_SECONDS, max(0.1, float(getattr(family, "time_limit_s", MAX_SECONDS))))
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = _guarded(family, what, fn)
-        except BaseException as exc:  # handed to the caller's thread below
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True, name=f"farm-family-{family.name}")
-    thread.start()
-    thread.join(limit)
-    if thread.is_alive():
-        _stop(thread)
+    runner = _Runner.take()
+    box = runner.run(lambda: _guarded(family, what, fn), limit)
+    if box is None:
+        runner.abandon()
         raise PluginError(f"family {say(family.name)}: {what} did not return within "
                           f"{limit:g} s (abandoned)")
+    _Runner.give_back(runner)
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+class _Runner:
+    """A daemon thread that runs plugin calls, one at a time, for whoever holds it; idle
+    runners wait in a list (a process lowering on several threads holds several)."""
+
+    _idle: ClassVar[list[_Runner]] = []
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self._job: Callable[[], Any] | None = None
+        self._box: dict[str, Any] = {}
+        self._start = threading.Event()
+        self._done = threading.Event()
+        self._abandoned = False
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="farm-family")
+        self.thread.start()
+
+    @classmethod
+    def take(cls) -> _Runner:
+        with cls._lock:
+            if cls._idle:
+                return cls._idle.pop()
+        return cls()
+
+    @classmethod
+    def give_back(cls, runner: _Runner) -> None:
+        with cls._lock:
+            cls._idle.append(runner)
+
+    def run(self, fn: Callable[[], Any], limit: float) -> dict[str, Any] | None:
+        """``fn()``'s outcome (``value`` or ``error``), or ``None`` when it outlived
+        ``limit`` seconds."""
+        self._box = {}
+        self._job = fn
+        self._done.clear()
+        self._start.set()
+        return self._box if self._done.wait(limit) else None
+
+    def abandon(self) -> None:
+        """Ask the thread to stop (it is never given another call)."""
+        self._abandoned = True
+        _stop(self.thread)
+
+    def _loop(self) -> None:
+        try:
+            while not self._abandoned:
+                self._start.wait()
+                self._start.clear()
+                job, box = self._job, self._box
+                try:
+                    box["value"] = job() if job is not None else None
+                except _Abandoned:
+                    return
+                except BaseException as exc:  # handed to the caller's thread
+                    box["error"] = exc
+                self._done.set()
+        except _Abandoned:  # asked to stop just as its call returned
+            return
+
+
+def _forget_runners() -> None:
+    """In a forked child: the parent's runner threads do not exist here."""
+    _Runner._idle = []
+    _Runner._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_runners)
 
 
 def _guarded(family: Family, what: str, fn: Callable[[], T]) -> T:

@@ -118,6 +118,22 @@ class ArtifactStore(ABC):
     def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
         """The key indexed for ``source_hash``, if any."""
 
+    def claim_source(self, ns: Namespace, source_hash: str, key: Key
+                     ) -> tuple[Key | None, bool]:
+        """Look up ``source_hash`` in the source index, pointing it at ``key`` when it
+        holds nothing, in one step where the store can: (the key it held, or ``None``;
+        whether this call pointed it at ``key``). A worker's look under the compile
+        lease (``farm.compilation.obtain``): when it pointed the index, neither the
+        source nor (by the order every writer keeps, index first) the key was stored,
+        and the ``put`` that follows with the same source writes no entry again. This
+        default only looks (``find_source``); the MinIO store writes the entry with a
+        conditional write, one request for what were a read that missed and a write."""
+        return self.find_source(ns, source_hash), False
+
+    def unclaim_source(self, ns: Namespace, source_hash: str, key: Key) -> None:  # noqa: B027
+        """Take back what :meth:`claim_source` wrote for a kernel that then failed
+        (best effort: an entry whose key is not stored is harmless, readers verify)."""
+
     @abstractmethod
     def delete(self, ns: Namespace, key: Key) -> None:
         """Remove an artifact and its source-index entry (if it points at ``key``)."""
@@ -210,6 +226,13 @@ class WrappedStore(ArtifactStore):
 
     def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
         return self.inner.find_source(ns, source_hash)
+
+    def claim_source(self, ns: Namespace, source_hash: str, key: Key
+                     ) -> tuple[Key | None, bool]:
+        return self.inner.claim_source(ns, source_hash, key)
+
+    def unclaim_source(self, ns: Namespace, source_hash: str, key: Key) -> None:
+        self.inner.unclaim_source(ns, source_hash, key)
 
     def delete(self, ns: Namespace, key: Key) -> None:
         self.inner.delete(ns, key)

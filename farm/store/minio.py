@@ -37,6 +37,14 @@ The source-index entry is written *before* the artifact (and again when a put fi
 same artifact already there): a reply lost after the artifact was written, or a process
 killed between the two writes, can then never leave an artifact unindexed. An entry that
 points at a key not (yet) stored is harmless: readers verify what they find.
+
+A worker's look under its compile lease is one request (:meth:`MinioStore.claim_source`):
+the source-index entry written with ``If-None-Match: *``. Written, the source was
+unindexed, and so (index first, always) the key unstored: the kernel is compiled without
+reading anything, and its ``put`` writes the artifact alone (the store remembers the
+entries it claimed until their put). Refused (412), the entry is read and the kernel
+looked up as before. So a compiled kernel costs two requests, both writes: its index
+entry, then its artifact (it cost four: two reads that missed, two writes).
 """
 
 from __future__ import annotations
@@ -93,6 +101,7 @@ from farm.store.frames import (
     user_metadata,
 )
 from farm.store.minio_blobs import BlobObjects
+from farm.store.minio_index import SourceIndex
 from farm.store.s3_failures import (
     FAILURES,
     Retry,
@@ -116,6 +125,7 @@ _MAX_PUT_ROUNDS = 8
 PROBE_SOURCE_HASH = "0" * 64
 
 
+
 @dataclass(frozen=True)
 class _Object:
     """One object as read: its bytes, its etag (quoted, as If-Match wants it), headers."""
@@ -125,7 +135,7 @@ class _Object:
     headers: Mapping[str, str]
 
 
-class MinioStore(BlobObjects):
+class MinioStore(SourceIndex, BlobObjects):
     """Artifacts in one MinIO bucket; safe to share between threads (the SDK client is)."""
 
     def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None,
@@ -162,6 +172,7 @@ class MinioStore(BlobObjects):
         except ValueError as exc:
             raise StoreError(f"store {self.location}: {exc}") from None
         self._closed = threading.Event()
+        self._init_index()
         if ensure_bucket:
             self._ensure_bucket()
 
@@ -323,17 +334,6 @@ class MinioStore(BlobObjects):
             prefix = artifacts_prefix(ns)
         return {names[n] for n in self._list(prefix, recursive=True) if n in names}
 
-    def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
-        obj = self._fetch(source_object(ns, source_hash))
-        if obj is None:
-            return None
-        try:
-            return Key.parse(obj.data.decode("utf-8").strip())
-        except (UnicodeDecodeError, ValueError):
-            log.warning("store %s: source index entry %s/%s is unreadable; ignored",
-                        self.location, ns, source_hash)
-            return None
-
     def probe(self, ns: Namespace) -> None:
         """One cheap signed read in ``ns`` (a source-index entry nobody writes): raises
         :class:`StoreError` when MinIO is unreachable, refuses the credentials, or does not
@@ -398,19 +398,8 @@ class MinioStore(BlobObjects):
         raise StoreError(f"store {self.location}: {ns}/{key} kept changing under "
                          f"{_MAX_PUT_ROUNDS} conditional writes; giving up")
 
-    def _index(self, ns: Namespace, key: Key, source_hash: str | None) -> None:
-        """Point the source index at this key (last writer wins, as in SQLite: any key
-        that holds the source is a valid answer). ``source_hash`` is one the writer
-        computed from the source (``index_hash``); ``None`` writes nothing."""
-        if source_hash is None:
-            return
-        name = source_object(ns, source_hash)
-        body = str(key).encode("ascii")
-
-        def once() -> None:
-            self._client.put_object(self.bucket, name, io.BytesIO(body), len(body),
-                                    content_type="text/plain")
-        self._call(f"write {name}", once)
+    def _remove(self, name: str) -> None:
+        self._call(f"delete {name}", lambda: self._client.remove_object(self.bucket, name))
 
     def _source_hash_of(self, name: str) -> str | None:
         """The source hash of a stored artifact: from its headers (a HEAD), else its frame."""
@@ -436,10 +425,8 @@ class MinioStore(BlobObjects):
         name = artifact_object(ns, key)
         source_hash = self._source_hash_of(name)
         if source_hash is not None and self.find_source(ns, source_hash) == key:
-            index = source_object(ns, source_hash)
-            self._call(f"delete {index}",
-                       lambda: self._client.remove_object(self.bucket, index))
-        self._call(f"delete {name}", lambda: self._client.remove_object(self.bucket, name))
+            self._remove(source_object(ns, source_hash))
+        self._remove(name)
 
     def quarantine(self, ns: Namespace, key: Key, digest: str, reason: str) -> bool:
         """Copy the object aside (``<ns>/quarantine/...``, with why and when), then

@@ -1,0 +1,391 @@
+"""One chunk through a worker in few round trips: the fast path of ``worker.execute``.
+
+The rules are :mod:`farm.compilation.obtain`'s (Loaded, else Rekeyed, else Compiled,
+under the source's compile lease, records before stores); what this module changes is
+how many times the chunk talks to Redis and MinIO, which is what a kernel cost the farm
+(docs/BENCHMARKS.md, "Where a kernel's control-plane cost goes"). For a chunk of new
+kernels:
+
+1. **one Redis round trip** takes the compile leases of all its sources at once
+   (:class:`~farm.cluster.lease.LeaseSet`), notes them for the crash ledger, and reads
+   the build's heartbeat key when this process has not seen it for a second
+   (``worker.chunks.BuildWatch``: a client gone means the chunk is dropped);
+2. **the looks, at once**: one request a kernel, sent together from the state's threads
+   (``Obtainer.claim``: on MinIO the source-index entry written where there is none; an
+   entry found means the kernel is looked up as before, Loaded or Rekeyed);
+3. the compiles, one after the other, each noted on the worker's host for the crash
+   ledger (``worker.crashes.InHand``: no round trip);
+4. **one Redis round trip** sends the records of the chunk (one pack), *before* any
+   store write, so no artifact is ever stored without its record;
+5. **the writes, at once**: the artifacts (their index entries were the looks);
+6. **one Redis round trip** ends the chunk (``end``): its reply appended to the build's
+   reply stream, the leases, the crash ledger's note and the holder note deleted (one
+   ``DEL``).
+
+What does not fit this path goes the old way, kernel by kernel, after it (the chunk's
+leases released first): a kernel whose lease another worker holds (waited for, then
+looked up) and a second kernel of a source already in the chunk (Rekeyed from the
+first, once that is stored).
+
+What a killed worker loses: the compiles of the chunk in hand that were not stored yet
+(at most ``FARM_CHUNK_SIZE``; they were one before), which the re-sent chunk redoes;
+never anything stored, never a record of something stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from farm.cluster.lease import LeaseSet
+from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
+from farm.compilation.obtain import Found, compiled_artifact, store_key
+from farm.core.errors import (
+    CompileError,
+    FarmError,
+    InfrastructureError,
+    KernelError,
+    LoadError,
+)
+from farm.core.keys import (
+    BUILD_AVOIDS,
+    TASK_STATE_TTL_S,
+    build_alive_key,
+    build_replies_key,
+    task_holder_key,
+    task_kernel_key,
+)
+from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
+from farm.records.model import Trip
+from worker.chunks import Avoided, Delivery
+
+if TYPE_CHECKING:
+    from worker.crashes import TaskLedger
+    from worker.state import WorkerState
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Kernel:
+    """A kernel of the chunk on its way: where its reply goes, its key and source, and
+    what its look and compile found."""
+
+    index: int
+    req: KernelRequest
+    key: Key
+    lowered: Lowered
+    #: ``lowered.source_hash``, computed once (a hash of its canonical JSON each time)
+    source: str = ""
+    claim: tuple[Key | None, bool] | None = None
+    found: Found | None = None
+    outcome: Outcome | None = None
+    artifact: Artifact | None = None
+    own_s: float = 0.0
+
+
+class ChunkRun:
+    """One delivery of one chunk on this pool process (see the module docstring)."""
+
+    def __init__(self, request: CompileRequest, state: WorkerState,
+                 ledger: TaskLedger | None, delivery: Delivery | None) -> None:
+        self.request = request
+        self.state = state
+        self.ledger = ledger
+        self.delivery = delivery
+        self.leases = LeaseSet(state.leases, state.ns)
+        self.replies: list[KernelReply | None] = [None] * len(request.kernels)
+        self.noted = False  # the crash ledger's note of the leases is in Redis
+        self.start = time.perf_counter()
+
+    # -- the run ----------------------------------------------------------------------------
+    def run(self) -> CompileReply:
+        """Obtain every kernel of the chunk; the reply (``dropped`` when its client is
+        gone). Raises ``Avoided``, or an ``InfrastructureError`` (the chunk goes back)."""
+        lowered = self._lower()
+        fast, later = self._split(lowered)
+        why = self._begin(fast)
+        if why is not None:
+            return self.dropped(why)
+        held = [k for k in fast if k.source in self.leases.names]
+        later += [k for k in fast if k.source not in self.leases.names]
+        if held:
+            self._fast(held)
+        if later:
+            self.leases.release()  # the old path takes each lease again, kernel by kernel
+            self._later(later)
+        return CompileReply(results=[r for r in self.replies if r is not None])
+
+    def dropped(self, why: str) -> CompileReply:
+        log.info("chunk %s: dropped %d kernel(s) without compiling: %s",
+                 self.delivery.task_id if self.delivery else "?",
+                 len(self.request.kernels), why)
+        return CompileReply(results=[], dropped=why)
+
+    def _lower(self) -> list[_Kernel]:
+        """Key and lower every kernel; a kernel's own failure (or the crash limit) is its
+        reply now, nothing of it taken or stored."""
+        state, total = self.state, len(self.request.kernels) + len(self.request.programs)
+        out = []
+        for i, req in enumerate(self.request.kernels):
+            crashed = self.ledger.crashed(req.artifact.id_hash, total) \
+                if self.ledger is not None and self.ledger.redelivered else None
+            if crashed is not None:
+                log.error("kernel %s: %s", req.artifact.kernel.label(), crashed)
+                self.replies[i] = self._failed(req, None, "crashed", crashed)
+                continue
+            key: Key | None = None
+            try:
+                key = store_key(state.registry, req.artifact, req.build_id)
+                family = state.registry.get(req.artifact.kernel.family)
+                lowered = family.lower_id(req.artifact, state.device)
+                out.append(_Kernel(i, req, key, lowered, lowered.source_hash))
+            except KernelError as exc:
+                self.replies[i] = self._failed(req, key, exc.kind, str(exc), exc.build_log)
+            except InfrastructureError:
+                raise
+            except FarmError as exc:
+                self.replies[i] = self._failed(req, key, "validation", str(exc))
+        return out
+
+    @staticmethod
+    def _split(kernels: list[_Kernel]) -> tuple[list[_Kernel], list[_Kernel]]:
+        """(the first kernel of each source, the others: they wait for it to be stored)."""
+        seen: set[str] = set()
+        fast: list[_Kernel] = []
+        later: list[_Kernel] = []
+        for k in kernels:
+            (later if k.source in seen else fast).append(k)
+            seen.add(k.source)
+        return fast, later
+
+    def _begin(self, fast: list[_Kernel]) -> str | None:
+        """The first round trip: the leases of ``fast``'s sources, their note, and the
+        build's heartbeat where not fresh. Why the chunk is dropped, else ``None``."""
+        state, delivery = self.state, self.delivery
+        build = delivery.build if delivery is not None else None
+        alive = state.builds.fresh(build) if build else None
+        ask_alive = build is not None and alive is None
+        if not fast and not ask_alive:
+            return None
+
+        def once() -> list[Any]:
+            pipe = state.client.pipeline(transaction=False)
+            if ask_alive:
+                pipe.get(build_alive_key(build or ""))
+            self.leases.ask(pipe, [k.source for k in fast])
+            if fast and self.ledger is not None:
+                pipe.set(task_kernel_key(self.ledger.task_id), _note(self.leases, fast),
+                         ex=TASK_STATE_TTL_S)
+            return list(pipe.execute())
+
+        replies = self._call_leases(once)
+        if ask_alive:
+            alive = state.builds.saw(build or "", replies.pop(0))
+        self.leases.got(replies[:len(fast)])
+        self.noted = bool(fast) and self.ledger is not None
+        if build is None:
+            return None
+        if alive is None:
+            return f"the client of build {build} is gone"
+        if alive == BUILD_AVOIDS and delivery is not None and delivery.worker and \
+                state.builds.avoided(state.client, build, delivery.worker):
+            raise Avoided(f"its client sends this worker no more of build {build}")
+        return None
+
+    def _call_leases(self, once: Callable[[], T]) -> T:
+        """``once()`` through the outage waiter; a Redis before 7.0, which refuses
+        ``SET ... NX GET``, is asked again with the lease script (learnt once)."""
+        import redis
+
+        state = self.state
+        call = state.redis_waiter.call if state.redis_waiter is not None else state.leases.call
+        try:
+            return call(once)
+        except redis.ResponseError as exc:
+            if not state.leases.set_get or "syntax" not in str(exc).lower():
+                raise
+            state.leases.set_get = False
+            return call(once)
+
+    # -- the fast path ----------------------------------------------------------------------
+    def _fast(self, kernels: list[_Kernel]) -> None:
+        state, rules = self.state, self.state.rules
+        for k, claim in zip(kernels, self._at_once(
+                [partial(rules.claim, k.key, k.lowered) for k in kernels]), strict=True):
+            k.claim = claim
+        for k in kernels:
+            self._in_hand(k.key.id_hash)
+            t = time.perf_counter()
+            try:
+                self._obtain(k)
+            except KernelError as exc:
+                self._unclaim(k)
+                self.replies[k.index] = self._failed(k.req, k.key, exc.kind, str(exc),
+                                                     exc.build_log)
+            except InfrastructureError:
+                raise
+            except FarmError as exc:
+                self._unclaim(k)
+                self.replies[k.index] = self._failed(k.req, k.key, "validation", str(exc))
+            k.own_s = time.perf_counter() - t
+        done = [k for k in kernels if k.outcome is not None]
+        self._record(done)
+        self._at_once([partial(self._keep, k) for k in done
+                       if k.outcome is not Outcome.LOADED])
+        for k in done:
+            self.replies[k.index] = KernelReply(
+                id_hash=k.key.id_hash, key=str(k.key), outcome=k.outcome,
+                work_s=k.own_s, worker=state.name, host=state.host)
+
+    def _obtain(self, k: _Kernel) -> None:
+        """The rules for one kernel whose look (its claim) is in: Compiled straight away
+        when the claim found the source unindexed, else Loaded, Rekeyed or Compiled."""
+        rules = self.state.rules
+        family = k.req.artifact.kernel.family
+        assert k.claim is not None
+        if not k.claim[1]:  # the index held something (or the store only looked)
+            if rules.stored(k.key, k.lowered.kernel_names) is not None:
+                k.outcome = Outcome.LOADED
+                return
+            k.found = rules.reusable(k.key, family, k.lowered, claimed=k.claim)
+            if k.found is not None:
+                k.outcome = Outcome.REKEYED
+                return
+        k.artifact = self._compile(k)
+        k.outcome = Outcome.COMPILED
+
+    def _compile(self, k: _Kernel) -> Artifact:
+        """Finalize and validate by a load on this device: a refused binary is never
+        stored (``KernelError``)."""
+        state = self.state
+        built = state.backend.finalize(k.lowered, state.settings.native_binaries,
+                                       state.settings.pocl_ready)
+        if not built.ok:
+            error = LoadError if built.error_kind == "load" else CompileError
+            raise error(built.error, build_log=built.build_log)
+        return compiled_artifact(k.key, k.req.artifact.kernel.family, built,
+                                 k.source, worker=state.name)
+
+    def _record(self, done: list[_Kernel]) -> None:
+        """Every kernel's record; the chunk's changing ones sent now, in one pack, before
+        any store write (a Loaded record goes with the chunk's end)."""
+        state = self.state
+        overhead = (time.perf_counter() - self.start - sum(k.own_s for k in done)) \
+            / max(1, len(done))
+        requested_by = self.request.requested_by
+        for k in done:
+            assert k.outcome is not None
+            k.own_s += max(0.0, overhead)
+            state.recorder.compilation(
+                Trip(family=k.req.artifact.kernel.family, key=k.key, outcome=k.outcome,
+                     work_s=k.own_s, worker=state.name, host=state.host,
+                     requested_by=requested_by, kernel=k.req.artifact.kernel.label()),
+                None if k.outcome is Outcome.LOADED else k.lowered)
+        if any(k.outcome is not Outcome.LOADED for k in done):
+            from worker.execute import send_records
+
+            send_records(state)
+
+    def _keep(self, k: _Kernel) -> None:
+        rules, family = self.state.rules, k.req.artifact.kernel.family
+        if k.outcome is Outcome.REKEYED and k.found is not None:
+            rules.keep_reused(k.found, k.key, family, k.lowered)
+        elif k.artifact is not None:
+            rules.keep(k.key, family, k.artifact, k.lowered)
+
+    def _unclaim(self, k: _Kernel) -> None:
+        """A kernel that failed leaves no index entry it claimed (nothing of it stored)."""
+        if k.claim is not None and k.claim[1]:
+            self.state.store.unclaim_source(self.state.ns, k.source, k.key)
+
+    def _at_once(self, calls: list[Callable[[], T]]) -> list[T]:
+        """Run ``calls`` on the state's threads, all at once; their results in order (the
+        first exception raised, once all are done)."""
+        if len(calls) <= 1:
+            return [c() for c in calls]
+        futures = [self.state.io.submit(c) for c in calls[1:]]
+        try:  # the first on this thread: one hand-over less
+            first: list[T] = [calls[0]()]
+        finally:
+            errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+        return first + [f.result() for f in futures]
+
+    # -- what does not fit ------------------------------------------------------------------
+    def _later(self, kernels: list[_Kernel]) -> None:
+        """The old way, kernel by kernel (``worker.execute.obtain_kernel``): each takes
+        its lease (waiting for another worker's), then looks."""
+        from worker.execute import obtain_kernel
+
+        for k in kernels:
+            self._in_hand(k.key.id_hash)
+            self.replies[k.index] = obtain_kernel(k.req, self.state,
+                                                  self.request.requested_by)
+
+    def _in_hand(self, id_hash: str) -> None:
+        if self.state.in_hand is not None and self.ledger is not None:
+            self.state.in_hand.note(self.ledger.task_id, id_hash)
+
+    # -- the end ------------------------------------------------------------------------------
+    def end(self, reply: CompileReply | None) -> None:
+        """The last round trip: the reply onto the build's stream (``reply``, when the
+        chunk was built: not when it goes back), then one ``DEL`` of the leases, the
+        note and the holder note. The reply reached its stream or not: ``delivery.pushed``
+        (a build whose stream is gone, or an older client, gets it as the task's result)."""
+        state, delivery = self.state, self.delivery
+        push = reply is not None and delivery is not None and delivery.build is not None
+        keys: list[str] = []
+
+        def once() -> list[Any]:
+            pipe = state.client.pipeline(transaction=False)
+            if push and delivery is not None and reply is not None:
+                pipe.xadd(build_replies_key(delivery.build or ""),
+                          {"task": delivery.task_id, "holder": delivery.worker,
+                           "reply": reply.model_dump_json()}, nomkstream=True)
+            names = self.leases.drop(pipe)
+            keys[:] = names + ([task_kernel_key(self.ledger.task_id)] if self.noted
+                               and self.ledger is not None else [])
+            if reply is not None and delivery is not None:
+                keys.append(task_holder_key(delivery.task_id))
+            if keys:
+                pipe.delete(*keys)
+            return list(pipe.execute()) if len(pipe) else []
+
+        if reply is None:  # going back: best effort, the leases expire on their own
+            try:
+                once()
+            except Exception as exc:
+                log.warning("chunk's leases not released (%s); they expire by themselves",
+                            exc)
+            return
+        replies = state.redis_waiter.call(once) if state.redis_waiter is not None \
+            else once()
+        if push and delivery is not None:
+            delivery.pushed = bool(replies and replies[0])
+
+    # -- replies ------------------------------------------------------------------------------
+    def _failed(self, req: KernelRequest, key: Key | None, kind: str, message: str,
+                build_log: str = "") -> KernelReply:
+        return KernelReply(id_hash=req.artifact.id_hash, key=str(key) if key else None,
+                           failure=KernelFailure(kind=kind, message=message,
+                                                 build_log=build_log),
+                           work_s=time.perf_counter() - self.start, host=self.state.host)
+
+
+def _note(leases: LeaseSet, kernels: list[_Kernel]) -> str:
+    """The crash ledger's note of the leases asked for (one not taken is harmless:
+    releasing it checks the token)."""
+    from farm.cluster.lease import kernel_note
+    from farm.core.keys import lease_key
+
+    names = " ".join(lease_key(leases.ns, k.source) for k in kernels)
+    return kernel_note("", names, leases.token)
