@@ -10,6 +10,13 @@
 
 ``programs == loaded + compiled + fallbacks + failed``. The line and the JSON hold
 exactly these keys (``farm run --json FILE``), so scripts can rely on them.
+
+Under ``farm run`` each served process keeps its own counts file in the run's folder
+(:func:`write_process`), written when the hook is installed, again after every build and
+once more, ``closed``, when the process ends as the farm expects (at exit, at the end
+of a multiprocessing child, on the SIGTERM a pool sends its workers). So a process
+killed outright still counts every build it finished, and ``farm run`` can say how many
+processes ended without closing (:func:`read_process`).
 """
 
 from __future__ import annotations
@@ -66,9 +73,24 @@ def write_json(path: Path, counts: dict[str, int]) -> None:
     tmp.replace(path)
 
 
-def read_json(path: Path) -> dict[str, int]:
-    """Counts a process wrote with :func:`write_json` (unknown keys ignored)."""
+def write_process(path: Path, counts: dict[str, int], closed: bool) -> None:
+    """One process's counts, and whether it ended as expected, written atomically (a
+    temporary file per process and thread: threads of one process may write at once)."""
+    import os
+    import threading
+
+    record: dict[str, object] = {k: int(counts.get(k, 0)) for k in KEYS}
+    record["closed"] = bool(closed)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    tmp.replace(path)
+
+
+def read_process(path: Path) -> tuple[dict[str, int], bool]:
+    """What :func:`write_process` wrote: the counts, and whether the process closed."""
     raw = json.loads(path.read_text())
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: not a JSON object")
-    return {k: int(raw.get(k, 0)) for k in KEYS}
+    return {k: int(raw.get(k, 0)) for k in KEYS}, raw.get("closed") is True
+
+

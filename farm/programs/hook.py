@@ -15,6 +15,22 @@ touched (none of the three libraries calls them on a build).
 answers ``LOG`` with the log of the source build that made the binary (a program made
 from a binary has an empty log of its own); every other question goes to pyopencl.
 
+What a process pays before its first build is what it imports: :func:`arm` (``farm
+run``'s way in) imports nothing of the program server; a build first tries the quick
+path (:mod:`farm.programs.quick`: a stored binary, read and loaded with the standard
+library), and the server, its settings, models and store clients load at the first build
+the quick path declines.
+
+Every process counts (``farm run``): the counts are written when the hook is installed
+and after every build (:func:`~farm.programs.counts.write_process`), and closed when the
+process ends, which for a ``multiprocessing`` child (fork, spawn, forkserver, a
+``concurrent.futures`` process pool) is not Python's exit: such a child ends with
+``os._exit`` after its ``threading`` shutdown, or by the SIGTERM its pool's
+``terminate()`` sends (``with Pool() as p:``). So the hook also closes at that shutdown
+and on that SIGTERM (in children only: a main process keeps SIGTERM as it was), and a
+forked child starts with counts, files and a server of its own (the parent's sockets,
+SQLite connections and threads are never used across a fork).
+
 At exit the process prints one line on stderr (:func:`~farm.programs.counts.summary_line`)
 unless it runs under ``farm run``, which sums its processes' counts and prints one line
 for the run (``FARM_RUN_DIR``, see :mod:`farm.programs.autoinstall`).
@@ -31,14 +47,162 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.compilation.compiling import in_farm_compile
-from farm.programs.counts import summary_line, write_json
-from farm.programs.serve import ProgramServer
+from farm.programs.counts import RunCounts, summary_line, write_json, write_process
 
 if TYPE_CHECKING:
     from farm.core.settings import Settings
+    from farm.programs.quick import QuickPath
+    from farm.programs.serve import PlainBuild, ProgramServer
 
 _LOCK = threading.Lock()
-_STATE: dict[str, Any] = {}
+#: pyopencl's own functions, while the hook is installed
+_ORIGINAL: dict[str, Any] = {}
+#: seconds a child's SIGTERM waits for the farm to close before the child dies
+SIGTERM_CLOSE_S = 5.0
+
+
+class Hooked:
+    """What the hook serves with in this process; a forked child gets a new one."""
+
+    def __init__(self, settings: Settings | None, *, capture: Path | None,
+                 json_path: Path | None, run_dir: Path | None, summary: bool,
+                 server: ProgramServer | None = None, quick: bool = False) -> None:
+        self.settings = settings
+        self.capture = capture
+        self.json_path = json_path
+        #: ``farm run``'s folder: this process's counts file is named for its pid there
+        self.run_dir = run_dir
+        self.summary = summary
+        self.counts = server.counts if server is not None else RunCounts()
+        self._server = server
+        self._quick_wanted = quick
+        self._quick: QuickPath | None = None
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self.closed = False
+        #: the store stopped answering: every later build is the server's (the plain way)
+        self.broken = False
+        if run_dir is not None:
+            self.json_path, self.capture = _run_dir_files(run_dir, capture is not None)
+
+    @property
+    def server(self) -> ProgramServer:
+        """The program server, made (and its modules imported) on first use."""
+        with self._lock:
+            if self._server is None:
+                from farm.core.gcpause import cyclic_gc_paused
+
+                with cyclic_gc_paused():  # pydantic, settings (farm.core.gcpause)
+                    import logging
+
+                    from farm.programs.serve import ProgramServer
+
+                    # the hook speaks for the farm in an application, one warning line
+                    # at a time; the farm's own log lines reach the application's
+                    # handlers if it has some, and stderr never (logging's last resort)
+                    logging.getLogger("farm").addHandler(logging.NullHandler())
+
+                    log = None
+                    if self.capture is not None:
+                        from farm.programs.capture import CaptureLog
+
+                        log = CaptureLog()
+                    self._server = ProgramServer(self.settings, capture=log,
+                                                 counts=self.counts)
+                    if self._quick is not None:
+                        self._server.adopt(self._quick.observed())
+            return self._server
+
+    @property
+    def started(self) -> ProgramServer | None:
+        with self._lock:
+            return self._server
+
+    def quick(self) -> QuickPath | None:
+        if not self._quick_wanted or self.capture is not None:
+            return None
+        with self._lock:
+            if self._quick is None:
+                from farm.programs.quick import QuickPath
+
+                self._quick = QuickPath(self.counts)
+            return self._quick
+
+    def build(self, program: Any, options: Any, devices: Any, plain: PlainBuild) -> Any:
+        try:
+            quick = None if self.broken else self.quick()
+            if quick is not None:
+                from farm.programs.quick import QuickUnavailable
+
+                try:
+                    if quick.build(program, options, devices):
+                        return program
+                except QuickUnavailable as exc:
+                    self.broken = True
+                    return self.server.build_unavailable(plain, exc.cause)
+            server = self.server
+            try:
+                return server.build(program, options, devices, plain)
+            finally:
+                self.broken = self.broken or bool(server.broken)
+        finally:
+            self.write_counts()
+
+    def write_counts(self, closed: bool = False, wait_s: float | None = None) -> None:
+        """This process's counts file under ``farm run`` (see the module docstring)."""
+        if self.run_dir is None or self.json_path is None:
+            return
+        if not self._write_lock.acquire(timeout=-1 if wait_s is None else wait_s):
+            return
+        try:
+            write_process(self.json_path, self.counts.snapshot(), closed)
+        except OSError:
+            pass  # the run's folder is gone (farm run killed): nothing to tell
+        finally:
+            self._write_lock.release()
+
+    def close(self) -> None:
+        """Write what was asked, store what PoCL's launches made, close the records
+        session (flushes it); the summary line. Once."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        server = self.started
+        counts = self.counts.snapshot()
+        try:
+            if self.capture is not None and server is not None and \
+                    server.capture is not None:
+                from farm.programs.capture import write_capture
+
+                write_capture(self.capture, server.capture.to_file())
+            if self.json_path is not None and self.run_dir is None:
+                write_json(self.json_path, counts)
+        except OSError as exc:
+            print(f"kernel-farm: error: {exc.filename or ''}: {exc.strerror or exc}",
+                  file=sys.stderr)
+        try:
+            if server is not None:
+                server.close()
+        except Exception as exc:  # records that cannot be written never fail the exit
+            print(f"kernel-farm: warning: records not written ({exc})", file=sys.stderr)
+        self.write_counts(closed=True, wait_s=SIGTERM_CLOSE_S)
+        if self.summary and counts["programs"]:
+            print(summary_line(counts), file=sys.stderr, flush=True)
+
+    def forked(self) -> Hooked:
+        """The state of a child forked from this process: the same configuration, new
+        counts, files and server (this one's is the parent's, never used here)."""
+        return Hooked(self.settings, capture=self.capture, json_path=self.json_path,
+                      run_dir=self.run_dir, summary=self.summary,
+                      quick=self._quick_wanted)
+
+
+_HOOKED: Hooked | None = None
+#: the states of parents this process was forked from: kept, never closed (their
+#: connections and threads belong to the parent)
+_PARENTS: list[Hooked] = []
+_FORK_HANDLER = False
 
 
 def install(settings: Settings | None = None, *, capture: Path | None = None,
@@ -50,101 +214,152 @@ def install(settings: Settings | None = None, *, capture: Path | None = None,
     counts there as JSON; ``summary`` prints the one summary line on stderr at exit.
     Idempotent: a second call returns the server already installed.
     """
+    with _LOCK:
+        if _HOOKED is None:
+            _patch(Hooked(settings, capture=capture, json_path=json_path, run_dir=None,
+                          summary=summary))
+        hooked = _HOOKED
+    assert hooked is not None
+    return hooked.server
+
+
+def arm(run_dir: Path, capture: bool) -> None:
+    """Install the hook as ``farm run`` does (:mod:`farm.programs.autoinstall`): counts
+    (and a capture) into ``run_dir``; the quick path first; nothing of the program
+    server imported until a build needs it."""
+    with _LOCK:
+        if _HOOKED is None:
+            # under a run folder the capture's file is named there (per process):
+            # ``capture`` only says whether one is wanted
+            _patch(Hooked(None, capture=run_dir if capture else None, json_path=None,
+                          run_dir=run_dir, summary=False, quick=True))
+            assert _HOOKED is not None
+            _HOOKED.write_counts()
+            _if_multiprocessing_child()
+
+
+def _patch(hooked: Hooked) -> None:
+    """Put ``hooked`` in place and pyopencl's two functions under the hook (``_LOCK``
+    held)."""
+    global _HOOKED, _FORK_HANDLER
     import pyopencl as cl
 
-    with _LOCK:
-        if "server" in _STATE:
-            server: ProgramServer = _STATE["server"]
-            return server
-        log = None
-        if capture:  # the capture's models load only when a capture is asked for
-            from farm.programs.capture import CaptureLog
+    original_build = cl.Program.build
+    original_info = cl.Program.get_build_info
 
-            log = CaptureLog()
-        server = ProgramServer(settings, capture=log)
-        original_build = cl.Program.build
-        original_info = cl.Program.get_build_info
+    @functools.wraps(original_build)
+    def build(self: Any, options: Any = None, devices: Any = None,
+              cache_dir: Any = None) -> Any:
+        state = self.__dict__
+        current = _HOOKED
+        if current is None or "_source" not in state or state.get("_prg") is not None \
+                or in_farm_compile():
+            return original_build(self, options, devices, cache_dir)
+        return current.build(self, options, devices,
+                             lambda: original_build(self, options, devices, cache_dir))
 
-        @functools.wraps(original_build)
-        def build(self: Any, options: Any = None, devices: Any = None,
-                  cache_dir: Any = None) -> Any:
-            state = self.__dict__
-            if "_source" not in state or state.get("_prg") is not None or in_farm_compile():
-                return original_build(self, options, devices, cache_dir)
-            return server.build(self, options, devices,
-                                lambda: original_build(self, options, devices, cache_dir))
-
-        @functools.wraps(original_info)
-        def get_build_info(self: Any, *args: Any, **kwargs: Any) -> Any:
-            value = original_info(self, *args, **kwargs)
-            logs = self.__dict__.get("_farm_build_logs")
-            if logs is None:
-                return value
-            device = args[0] if args else kwargs.get("device")
-            param = args[1] if len(args) > 1 else kwargs.get("param")
-            if param == cl.program_build_info.LOG and device is not None:
-                return logs.get(device.int_ptr, value)
+    @functools.wraps(original_info)
+    def get_build_info(self: Any, *args: Any, **kwargs: Any) -> Any:
+        value = original_info(self, *args, **kwargs)
+        logs = self.__dict__.get("_farm_build_logs")
+        if logs is None:
             return value
+        device = args[0] if args else kwargs.get("device")
+        param = args[1] if len(args) > 1 else kwargs.get("param")
+        if param == cl.program_build_info.LOG and device is not None:
+            return logs.get(device.int_ptr, value)
+        return value
 
-        cl.Program.build = build  # type: ignore[method-assign]
-        cl.Program.get_build_info = get_build_info  # type: ignore[method-assign]
-        _STATE.update(server=server, build=original_build, info=original_info,
-                      capture=capture, json=json_path, summary=summary)
-        atexit.register(_at_exit)
-        return server
+    cl.Program.build = build  # type: ignore[method-assign]
+    cl.Program.get_build_info = get_build_info  # type: ignore[method-assign]
+    _ORIGINAL.update(build=original_build, info=original_info)
+    _HOOKED = hooked
+    atexit.register(_at_exit)
+    if not _FORK_HANDLER:
+        os.register_at_fork(after_in_child=_forked)
+        _FORK_HANDLER = True
 
 
 def installed() -> ProgramServer | None:
     """The server of the installed hook, if any."""
     with _LOCK:
-        server: ProgramServer | None = _STATE.get("server")
-        return server
+        hooked = _HOOKED
+    return hooked.server if hooked is not None else None
 
 
 def uninstall() -> dict[str, int]:
     """Put pyopencl back as it was, close the server; returns its counts."""
+    global _HOOKED
     import pyopencl as cl
 
     with _LOCK:
-        if "server" not in _STATE:
+        hooked, _HOOKED = _HOOKED, None
+        if hooked is None:
             return {}
-        cl.Program.build = _STATE["build"]  # type: ignore[method-assign]
-        cl.Program.get_build_info = _STATE["info"]  # type: ignore[method-assign]
-        server: ProgramServer = _STATE.pop("server")
-        _STATE.clear()
+        cl.Program.build = _ORIGINAL.pop("build")  # type: ignore[method-assign]
+        cl.Program.get_build_info = _ORIGINAL.pop("info")  # type: ignore[method-assign]
     atexit.unregister(_at_exit)
-    counts = server.counts.snapshot()
-    server.close()
+    counts = hooked.counts.snapshot()
+    server = hooked.started
+    if server is not None:
+        server.close()
     return counts
 
 
 def _at_exit() -> None:
-    """Report, write what was asked, close the records session (flushes it)."""
-    with _LOCK:
-        server: ProgramServer | None = _STATE.get("server")
-        if server is None:
+    hooked = _HOOKED
+    if hooked is not None:
+        hooked.close()
+
+
+def _forked() -> None:
+    """In a child just forked: a state of its own (see :meth:`Hooked.forked`)."""
+    global _HOOKED, _LOCK
+    _LOCK = threading.Lock()  # another thread of the parent may have held it
+    if _HOOKED is None:
+        return
+    _PARENTS.append(_HOOKED)
+    _HOOKED = _HOOKED.forked()
+    _HOOKED.write_counts()
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:  # runs in the child's bootstrap, once it is a Process
+        util.register_after_fork(_HOOKED, lambda _: _if_multiprocessing_child())
+
+
+def _if_multiprocessing_child() -> None:
+    """In a ``multiprocessing`` child: close at its ``threading`` shutdown (it ends with
+    ``os._exit``, so ``atexit`` never runs) and on its pool's SIGTERM."""
+    process = sys.modules.get("multiprocessing.process")
+    if process is None or process.current_process().name == "MainProcess":
+        return
+    register = getattr(threading, "_register_atexit", None)  # Python >= 3.9
+    if register is not None:
+        try:
+            register(_at_exit)
+        except RuntimeError:  # already shutting down
             return
-        capture, json_path, summary = _STATE["capture"], _STATE["json"], _STATE["summary"]
-    counts = server.counts.snapshot()
-    try:
-        if json_path is not None:
-            write_json(json_path, counts)
-        if capture is not None and server.capture is not None:
-            from farm.programs.capture import write_capture
+    import signal
 
-            write_capture(capture, server.capture.to_file())
-    except OSError as exc:
-        print(f"kernel-farm: error: {exc.filename or ''}: {exc.strerror or exc}",
-              file=sys.stderr)
-    try:
-        server.close()
-    except Exception as exc:  # records that cannot be written never fail the exit
-        print(f"kernel-farm: warning: records not written ({exc})", file=sys.stderr)
-    if summary and counts["programs"]:
-        print(summary_line(counts), file=sys.stderr, flush=True)
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def run_dir_paths(run_dir: Path) -> tuple[Path, Path]:
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Close (on a thread, bounded: the interrupted code may hold a lock the close
+    needs), then die of SIGTERM as the pool expects."""
+    import signal
+
+    closer = threading.Thread(target=_at_exit, name="kernel-farm close", daemon=True)
+    closer.start()
+    closer.join(SIGTERM_CLOSE_S)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _run_dir_files(run_dir: Path, capture: bool) -> tuple[Path, Path | None]:
     """Where a process under ``farm run`` writes its counts and its capture."""
     pid = os.getpid()
-    return run_dir / f"counts-{pid}.json", run_dir / f"capture-{pid}.json"
+    return run_dir / f"counts-{pid}.json", run_dir / f"capture-{pid}.json" if capture \
+        else None
+

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from farm.core.errors import FarmError, InputError
 from farm.programs.autoinstall import RUN_CAPTURE, RUN_DIR, shim_dir
-from farm.programs.counts import KEYS, RunCounts, read_json, summary_line, write_json
+from farm.programs.counts import KEYS, RunCounts, read_process, summary_line, write_json
 
 #: typing.TYPE_CHECKING without importing typing (nor dataclasses below): this module is
 #: ``farm run``'s own process, and what it imports is paid on every run
@@ -37,19 +37,22 @@ if TYPE_CHECKING:  # the capture's models (pydantic) load only when a capture is
 class RunResult:
     """The command's exit status, the counts of all its processes, their capture."""
 
-    __slots__ = ("capture", "counts", "returncode", "unreadable")
+    __slots__ = ("capture", "counts", "returncode", "unclosed", "unreadable")
 
     def __init__(self, returncode: int, counts: dict[str, int], capture: CaptureFile | None,
-                 unreadable: int = 0) -> None:
+                 unreadable: int = 0, unclosed: int = 0) -> None:
         self.returncode = returncode
         self.counts = counts
         self.capture = capture
         #: counts or captures of processes that could not be read (killed mid-write)
         self.unreadable = unreadable
+        #: served processes that ended without closing (killed): counted up to their last
+        #: build, nothing harvested or captured at their end
+        self.unclosed = unclosed
 
     def __repr__(self) -> str:
         return (f"RunResult(returncode={self.returncode}, counts={self.counts}, "
-                f"unreadable={self.unreadable})")
+                f"unreadable={self.unreadable}, unclosed={self.unclosed})")
 
 
 def run_served(command: list[str], *, capture: bool = False) -> RunResult:
@@ -87,6 +90,10 @@ def run_and_report(command: list[str], json_path: Path | None, capture: Path | N
     if result.unreadable:
         print(f"kernel-farm: warning: {result.unreadable} process(es) left counts or a "
               "capture that could not be read (killed while writing?)", file=sys.stderr)
+    if result.unclosed:
+        print(f"kernel-farm: warning: {result.unclosed} served process(es) ended before "
+              "the farm could close them (killed?): counted up to their last build, their "
+              "end not harvested", file=sys.stderr)
     if json_path is not None:
         write_json(json_path, result.counts)
     if capture is not None and result.capture is not None:
@@ -105,12 +112,15 @@ def run_and_report(command: list[str], json_path: Path | None, capture: Path | N
 
 def _gather(run_dir: Path, code: int, capture: bool) -> RunResult:
     total = RunCounts()
-    unreadable = 0
+    unreadable = unclosed = 0
     for path in sorted(run_dir.glob("counts-*.json")):
         try:
-            total.add(read_json(path))
+            counts, closed = read_process(path)
         except (OSError, ValueError):
             unreadable += 1
+            continue
+        total.add(counts)
+        unclosed += not closed
     parts: list[CaptureFile] = []
     if capture:
         from farm.programs.capture import CaptureError, merge, read_capture
@@ -122,7 +132,8 @@ def _gather(run_dir: Path, code: int, capture: bool) -> RunResult:
                 unreadable += 1
     counts = total.snapshot()
     return RunResult(returncode=code, counts={k: counts[k] for k in KEYS},
-                     capture=merge(parts) if capture else None, unreadable=unreadable)
+                     capture=merge(parts) if capture else None, unreadable=unreadable,
+                     unclosed=unclosed)
 
 
 def signal_name(code: int) -> str:

@@ -44,16 +44,18 @@ from typing import TYPE_CHECKING, Any
 from farm.compilation.compiling import farm_compiling
 from farm.compilation.native import unpack
 from farm.core.device import DeviceInfo, info_from_device
-from farm.core.errors import FarmError, LoadError, StoreError
+from farm.core.errors import FarmError, LoadError, StoreError, printable
 from farm.core.gcpause import cyclic_gc_paused
 from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
 from farm.core.model import Artifact, Key, Lowered, Outcome
 from farm.core.settings import Settings, load_settings
-from farm.programs.assemble import Assembled, assemble
+from farm.programs.assemble import Assembled, assemble, put_in_place
 from farm.programs.counts import RunCounts
 from farm.programs.harvest import Harvester
-from farm.programs.spec import Described, Unserved, describe
+from farm.programs.program_key import PROGRAM_BUILD_ID, Unserved
+from farm.programs.quick import APP_ATTEMPT_S, APP_OUTAGE_LIMIT_S, app_waiter
+from farm.programs.spec import Described, describe
 from farm.programs.supplements import READ_AHEAD, Prepared, SlotReader, fill_front, prepare
 from farm.records.model import Trip
 from farm.store.base import ArtifactStore, PutResult
@@ -63,12 +65,13 @@ if TYPE_CHECKING:
     import pyopencl as cl
 
     from farm.programs.capture import CaptureLog
+    from farm.programs.quick import Observed
     from farm.programs.remote import Remote
     from farm.records import Recorder
 
-#: seconds a store outage is waited out inside an application (the farm's default of a
-#: minute would stall the application; past this its programs are built the plain way)
-APP_OUTAGE_LIMIT_S = 2.0
+#: characters of a failure's text a warning line carries (whole words: the text comes
+#: from drivers and services, and is cut only with "..." at its end)
+_WHY_LIMIT = 400
 
 #: the tier index :meth:`ProgramServer._obtain` gives a binary compiled here, not stored
 _UNSTORED = -1
@@ -99,9 +102,11 @@ class ProgramServer:
 
     def __init__(self, settings: Settings | None = None, *,
                  store: ArtifactStore | None = None, recorder: Recorder | None = None,
-                 label: str = "", capture: CaptureLog | None = None) -> None:
+                 label: str = "", capture: CaptureLog | None = None,
+                 counts: RunCounts | None = None) -> None:
         self.settings = settings
-        self.counts = RunCounts()
+        #: the hook's counts when it made this server after its quick path served some
+        self.counts = counts if counts is not None else RunCounts()
         self.capture = capture
         self._store = store
         self._recorder = recorder
@@ -151,8 +156,20 @@ class ProgramServer:
             self.capture.add(described, [self._info(d).fingerprint for d in devs])
         return result
 
+    @property
+    def broken(self) -> str:
+        """Why the farm is unavailable for the rest of this process ("" while it is not)."""
+        return self._broken
+
+    def build_unavailable(self, plain: PlainBuild, exc: BaseException) -> cl.Program:
+        """A build the hook's quick path could not serve because the store did not
+        answer (``exc``): counted here, said once, built the plain way, and so is every
+        later build of this process."""
+        self.counts.bump("programs")
+        return self._cannot_help(plain, exc)
+
     def _cannot_help(self, plain: PlainBuild, exc: BaseException) -> cl.Program:
-        why = " ".join(str(exc).split())[:300]
+        why = printable(" ".join(str(exc).split()), _WHY_LIMIT)
         if isinstance(exc, LoadError):  # this program's binary: the next may load
             return self._fallback(plain, f"the farm could not serve a program ({why}); "
                                          "built the plain way")
@@ -399,9 +416,17 @@ class ProgramServer:
                 self._blobs_put.add(digest)
         return store.put(Namespace.for_fingerprint(fingerprint), art) is not PutResult.REFUSED
 
-    def _record(self, key: Key, outcome: Outcome, seconds: float, described: Described,
+    def adopt(self, observed: Sequence[Observed]) -> None:
+        """Record the loads the hook's quick path served before this server existed, as
+        if this server had served them (they are written with the session, if anything
+        of this process changes the environment)."""
+        for id_hash, seconds, fallback in observed:
+            self._record(Key(id_hash=id_hash, build_id=PROGRAM_BUILD_ID), Outcome.LOADED,
+                         seconds, None, fallback)
+
+    def _record(self, key: Key, outcome: Outcome, seconds: float, described: Described | None,
                 native_fallback: str) -> None:
-        code = None if outcome is Outcome.LOADED else Lowered(
+        code = None if outcome is Outcome.LOADED or described is None else Lowered(
             source=described.source.decode("utf-8", "replace"),
             options=described.spec.options, kernel_names=())
         try:
@@ -434,7 +459,9 @@ class ProgramServer:
                 with cyclic_gc_paused():  # imports the MinIO SDK: see farm.core.gcpause
                     from farm.store import open_store
 
-                    self._store = open_store(_capped(self._settings()))
+                    settings = _store_settings(self._settings())
+                    self._store = open_store(settings, remote_reads=app_waiter(
+                        f"MinIO at {settings.minio_endpoint}"))
             return self._store
 
     @property
@@ -454,32 +481,15 @@ def _capped(settings: Settings) -> Settings:
         "outage_limit": min(settings.outage_limit, APP_OUTAGE_LIMIT_S)})
 
 
+def _store_settings(settings: Settings) -> Settings:
+    """:func:`_capped`, and each request to the store bounded by :data:`APP_ATTEMPT_S`,
+    so that a store that stops answering is given up within the wait (a request blocked
+    for the default socket timeout alone would outlast it)."""
+    return _capped(settings).model_copy(update={
+        "socket_timeout": min(settings.socket_timeout, APP_ATTEMPT_S)})
+
+
 def _install(program: Any, served: Served, options: bytes) -> None:
     """Make ``program`` what pyopencl's build would have made (see ``assemble``)."""
-    program._prg = served.assembled.program
-    descr = ("kernel-farm load" if served.outcome is Outcome.LOADED
-             else "kernel-farm compile")
-    program._build_duration_info = (descr, served.outcome is Outcome.LOADED, served.seconds)
-    program._farm_build_logs = served.log
-    if served.outcome is Outcome.LOADED:
-        _say_log(program, served.log)
-
-
-def _say_log(program: Any, logs: dict[int, str]) -> None:
-    """pyopencl warns about a source build's non-empty log (``compiler_output``); a
-    program served from a binary says what its source build said, the same way."""
-    said = [(dev, logs.get(dev.int_ptr, "")) for dev in program._prg.get_info(
-        _program_info().DEVICES)]
-    message = ("=" * 75 + "\n").join(f"Build on {dev} succeeded, but said:\n\n{log}"
-                                     for dev, log in said if log and log.strip())
-    if message:
-        from pyopencl import compiler_output
-
-        compiler_output("From-source build succeeded, but resulted in non-empty logs:\n"
-                        f"{message}")
-
-
-def _program_info() -> Any:
-    import pyopencl as cl
-
-    return cl.program_info
+    put_in_place(program, served.assembled.program, served.log,
+                 loaded=served.outcome is Outcome.LOADED, seconds=served.seconds)

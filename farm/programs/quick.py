@@ -1,0 +1,355 @@
+"""The quick path: a served build answered from a stored binary with the standard library.
+
+A served application's builds are, on every node but the first, loads of binaries the
+store holds. What the full program server (:mod:`farm.programs.serve`) needs for one,
+pydantic models, pydantic-settings, the MinIO SDK, the records session, costs a process
+0.3 to 0.5 s of imports, paid before its first build; the loads themselves cost
+milliseconds. So the hook (:mod:`farm.programs.hook`) asks this path first, and it
+answers a build only when everything about it is plain:
+
+1. the build's key (:func:`farm.programs.program_key.program_id_of`) and each device's
+   fingerprint (:mod:`farm.core.fingerprint`);
+2. the binary for each fingerprint from this process's memory, else the node's local tier
+   (the environment's SQLite file, :mod:`farm.store.sqlite_file`), else MinIO (a signed
+   GET, :mod:`farm.store.s3_get`), each checked against its digest, its key and its
+   family before it is used (:func:`_checked`);
+3. the application's program made from those binaries (:mod:`farm.programs.assemble`),
+   and a binary MinIO served kept in the local tier once it loaded.
+
+It declines (and the server, imported then, does the build) whenever anything is not:
+a key or a stored row it does not read as expected, a miss in every tier, a binary the
+device refuses, signing configured (the server verifies signatures), a capture asked,
+PoCL's CPU devices with ready programs on (their work-group function records are the
+server's), a setting it does not parse, a MinIO answer it does not expect. What it
+served is counted like the server's loads and handed to the server as observed records
+if one is made later (:meth:`farm.programs.serve.ProgramServer.adopt`); a process the
+quick path served entirely writes no records, as a process that only loads writes none.
+
+Trust: a binary is used only after its digest, its key and its family are checked, and
+never when it was imported and not yet validated on this device (``origin``); a node's
+cached verdict on a binary (:func:`_trusted`) is the place for any further check.
+
+A store that does not answer is waited out :data:`APP_OUTAGE_LIMIT_S` at most (no
+attempt starts that could end later: :class:`farm.core.outage.Waiter`); then the farm
+is unavailable for the rest of the process, said once by the server, and every later
+build is built the plain way (:class:`QuickUnavailable`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import namedtuple
+
+from farm.core.hashing import sha256_hex
+from farm.core.keys import PROGRAM_FAMILY, Namespace, artifact_object
+from farm.programs.program_key import PROGRAM_BUILD_ID, Unserved, program_id_of
+
+#: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import sqlite3
+    from typing import Any
+
+    from farm.core.outage import Waiter
+    from farm.programs.counts import RunCounts
+    from farm.store.s3_get import S3Reader
+
+#: seconds a store outage is waited out inside an application (the farm's default of a
+#: minute would stall the application; past this its programs are built the plain way)
+APP_OUTAGE_LIMIT_S = 2.0
+#: the longest one request to the store may take inside an application: half the wait,
+#: so that a frozen store (no answer at all) is given up within it
+APP_ATTEMPT_S = APP_OUTAGE_LIMIT_S / 2
+
+#: what a program the quick path served leaves for the records: (key id, seconds, why
+#: machine code was not used)
+Observed = tuple[str, float, str]
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+#: a key as :func:`farm.core.keys.artifact_object` reads one, without the pydantic model
+_Key = namedtuple("_Key", "id_hash build_id")
+
+
+class QuickUnavailable(Exception):
+    """The store did not answer within :data:`APP_OUTAGE_LIMIT_S`; ``cause`` says why."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def app_waiter(what: str) -> Waiter:
+    """The outage waiter of a store inside an application (see the module docstring):
+    silent (the one line is the server's), and naming where the store is configured."""
+    from farm.core.outage import Waiter
+
+    waiter = Waiter(what, APP_OUTAGE_LIMIT_S, is_down=lambda exc: isinstance(exc, OSError),
+                    say=lambda line: None, attempt_s=APP_ATTEMPT_S)
+    waiter.limit_setting = "FARM_MINIO_ENDPOINT"
+    return waiter
+
+
+class _Config:
+    """The settings the quick path reads (``FARM_*``), or why it leaves builds to the
+    server (``declined``: a value it does not parse is the server's to report)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.declined = ""
+        home = env.get("FARM_HOME") or os.path.join(
+            env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+            "kernel-farm")
+        environment = env.get("FARM_ENVIRONMENT") or "default"
+        if "/" in environment or environment in (".", ".."):
+            self.declined = "FARM_ENVIRONMENT"
+        from farm.core.keys import STORE_FILE
+
+        self.store_path = os.path.join(home, "envs", environment, STORE_FILE)
+        self.pocl_ready = self._flag(env, "FARM_POCL_READY", True)
+        if env.get("FARM_SIGNING_KEY") or env.get("FARM_VERIFY_KEY"):
+            self.declined = "signing"
+        self.minio: tuple[str, bool, str, str, str] | None = None
+        endpoint = env.get("FARM_MINIO_ENDPOINT")
+        if endpoint:
+            from farm.store.s3_get import parse_endpoint
+
+            access = env.get("FARM_MINIO_ACCESS_KEY")
+            secret = env.get("FARM_MINIO_SECRET_KEY")
+            bucket = env.get("FARM_MINIO_BUCKET")
+            try:
+                host, secure = parse_endpoint(
+                    endpoint, self._flag(env, "FARM_MINIO_SECURE", False))
+            except ValueError:
+                host, secure = "", False
+            if not (host and access and secret):
+                self.declined = "FARM_MINIO_*"
+            else:
+                from farm.core.keys import DEFAULT_BUCKET
+
+                self.minio = (host, secure, access, secret, bucket or DEFAULT_BUCKET)
+
+    def _flag(self, env: dict[str, str], name: str, default: bool) -> bool:
+        value = env.get(name, "").strip().lower()
+        if not value:
+            return default
+        if value not in _TRUE + _FALSE:
+            self.declined = name
+        return value in _TRUE
+
+
+class QuickPath:
+    """The quick path of one process (see the module docstring). Thread-safe."""
+
+    def __init__(self, counts: RunCounts, env: dict[str, str] | None = None) -> None:
+        self.counts = counts
+        self.config = _Config(dict(os.environ if env is None else env))
+        self._lock = threading.Lock()
+        self._devices: dict[int, tuple[str, str, bool]] = {}
+        #: (fingerprint, key id) -> (binary, build log)
+        self._memory: dict[tuple[str, str], tuple[bytes, str]] = {}
+        self._observed: list[Observed] = []
+        self._local: sqlite3.Connection | None = None
+        self._local_tried = False
+        self._remote: tuple[S3Reader, Waiter] | None = None
+        #: metadata (JSON) of what MinIO served, until it loaded and is kept locally
+        self._pending: dict[tuple[str, str], str] = {}
+
+    # -- the hook's entry point -------------------------------------------------------------
+    def build(self, program: Any, options: Any, devices: Any) -> bool:
+        """Serve ``program.build(options, devices)`` from stored binaries; ``False`` when
+        this path declines (nothing was done), :class:`QuickUnavailable` when the store
+        did not answer."""
+        if self.config.declined:
+            return False
+        ctx = program._context
+        devs = list(devices) if devices is not None else list(ctx.devices)
+        found = [self._device(d) for d in devs]
+        if self.config.pocl_ready and any(at_launch for _, _, at_launch in found):
+            return False  # PoCL's work-group function records: the server's
+        options_bytes, _ = program._process_build_options(ctx, options)
+        raw = program._source
+        source = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
+        start = time.perf_counter()
+        try:
+            key = program_id_of(source, options_bytes, os.getcwd())
+        except Unserved:
+            return False  # the server says why, once
+        stored: dict[str, tuple[bytes, str, bool]] = {}
+        for fingerprint, _, _ in found:
+            if fingerprint not in stored:
+                got = self._obtain(fingerprint, key)
+                if got is None:
+                    return False
+                stored[fingerprint] = got
+        from farm.core.errors import LoadError
+        from farm.programs.assemble import assemble, put_in_place
+
+        binaries = [stored[fp][0] for fp, _, _ in found]
+        try:
+            assembled = assemble(ctx, devs, binaries, options_bytes,
+                                 [arch for _, arch, _ in found])
+        except LoadError:
+            return False  # the server warns, and builds it the plain way
+        for fingerprint, (binary, log, remote) in stored.items():
+            self._memory[(fingerprint, key)] = binary, log
+            if remote:
+                self._keep(fingerprint, key, binary)
+        seconds = time.perf_counter() - start
+        put_in_place(program, assembled.program,
+                     {d.int_ptr: stored[fp][1] for d, (fp, _, _) in zip(devs, found,
+                                                                         strict=True)},
+                     loaded=True, seconds=seconds)
+        self.counts.bump("programs")
+        self.counts.bump("loaded")
+        with self._lock:
+            self._observed.append((key, seconds, assembled.native_fallback))
+        return True
+
+    def observed(self) -> list[Observed]:
+        """What this path served so far, for the records (see the module docstring)."""
+        with self._lock:
+            return list(self._observed)
+
+    # -- obtaining ----------------------------------------------------------------------------
+    def _device(self, dev: Any) -> tuple[str, str, bool]:
+        """(fingerprint, native architecture, compiles at launch) of a device, once."""
+        known = self._devices.get(dev.int_ptr)
+        if known is None:
+            from farm.core.fingerprint import (
+                compiles_at_launch,
+                device_identity,
+                fingerprint_of,
+            )
+
+            identity = device_identity(dev)
+            known = self._devices[dev.int_ptr] = (
+                fingerprint_of(identity), identity.get("native_arch", ""),
+                compiles_at_launch(identity["platform_name"], identity["device_name"]))
+        return known
+
+    def _obtain(self, fingerprint: str, key: str) -> tuple[bytes, str, bool] | None:
+        """(binary, build log, whether MinIO served it) from memory, the local tier or
+        MinIO; ``None`` to decline."""
+        held = self._memory.get((fingerprint, key))
+        if held is not None:
+            return held[0], held[1], False
+        ns = str(Namespace.for_fingerprint(fingerprint))
+        local = self._local_tier()
+        if local is not None:
+            from farm.store.sqlite_file import read_row
+
+            with self._lock:
+                row = read_row(local, ns, key, PROGRAM_BUILD_ID)
+            if row is not None:
+                checked = _checked(key, row[0], row[1])
+                return None if checked is None else (row[1], checked, False)
+        if self.config.minio is None:
+            return None
+        data = self._read_remote(artifact_object(Namespace.for_fingerprint(fingerprint),
+                                                 _Key(key, PROGRAM_BUILD_ID)))
+        if data is None:
+            return None
+        from farm.store.frames import split_artifact
+
+        parts = split_artifact(data)
+        if parts is None:
+            return None
+        meta, binary = parts
+        checked = _checked(key, meta, binary)
+        if checked is None:
+            return None
+        self._pending[(fingerprint, key)] = meta.decode("utf-8")
+        return binary, checked, True
+
+    def _local_tier(self) -> sqlite3.Connection | None:
+        """The node's local tier, if it is a store this path reads (see
+        :func:`farm.store.sqlite_file.open_existing`)."""
+        with self._lock:
+            if not self._local_tried:
+                from pathlib import Path
+
+                from farm.store.sqlite_file import open_existing
+
+                self._local_tried = True
+                self._local = open_existing(Path(self.config.store_path))
+            return self._local
+
+    def _read_remote(self, name: str) -> bytes | None:
+        from farm.core.outage import OutageError
+        from farm.store.s3_get import S3Declined
+
+        reader, waiter = self._remote_reader()
+        try:
+            return waiter.call(lambda: reader.get(name))
+        except S3Declined:
+            return None  # an answer the SDK handles: the server reads it
+        except OutageError as exc:
+            raise QuickUnavailable(exc) from None
+
+    def _remote_reader(self) -> tuple[S3Reader, Waiter]:
+        with self._lock:
+            if self._remote is None:
+                from farm.store.s3_get import S3Reader
+
+                assert self.config.minio is not None
+                host, secure, access, secret, bucket = self.config.minio
+                self._remote = (S3Reader(host, secure, access, secret, bucket,
+                                         APP_ATTEMPT_S), app_waiter(f"MinIO at {host}"))
+            return self._remote
+
+    def _keep(self, fingerprint: str, key: str, binary: bytes) -> None:
+        """Keep what MinIO served, and the device loaded, in the local tier (a cache:
+        what cannot be kept there is read from MinIO again next time)."""
+        import sqlite3
+
+        meta = self._pending.pop((fingerprint, key), None)
+        if meta is None:
+            return
+        local = self._local_tier()
+        with self._lock:
+            if local is None:
+                from pathlib import Path
+
+                from farm.store.sqlite_file import create
+
+                local = self._local = create(Path(self.config.store_path))
+            if local is None:
+                return
+            from farm.store.sqlite_file import insert_row
+
+            try:
+                insert_row(local, str(Namespace.for_fingerprint(fingerprint)), key,
+                           PROGRAM_BUILD_ID, sha256_hex(binary), meta, binary)
+            except sqlite3.Error:
+                pass
+
+
+
+def _checked(key: str, meta_json: str | bytes, binary: bytes) -> str | None:
+    """The build log of a stored program artifact whose metadata says it is ``key``'s,
+    of family ``program``, of exactly these bytes, and trusted here; ``None`` otherwise
+    (the server then reads it, and treats it as its rules say)."""
+    try:
+        meta = json.loads(meta_json)
+        stored_key = meta["key"] if isinstance(meta, dict) else None
+        if not (isinstance(stored_key, dict) and stored_key.get("id_hash") == key
+                and stored_key.get("build_id") == PROGRAM_BUILD_ID
+                and meta.get("family") == PROGRAM_FAMILY
+                and meta.get("size") == len(binary)
+                and meta.get("digest") == sha256_hex(binary) and _trusted(meta)):
+            return None
+        log = meta.get("build_log", "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return log if isinstance(log, str) else None
+
+
+def _trusted(meta: dict[str, Any]) -> bool:
+    """Whether a verified binary may be loaded here without the server: not one imported
+    from a bundle and not yet validated on this device. (A node's cached verdict on a
+    binary belongs here.)"""
+    return meta.get("origin", "compiled") in ("compiled", "validated")
+
