@@ -79,7 +79,9 @@ class Hooked:
         self._quick: QuickPath | None = None
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
+        #: set when the close starts (at most one close runs), and when it is done
         self.closed = False
+        self._done = threading.Event()
         #: the store stopped answering: every later build is the server's (the plain way)
         self.broken = False
         if run_dir is not None:
@@ -165,9 +167,16 @@ class Hooked:
         """Write what was asked, store what PoCL's launches made, close the records
         session (flushes it); the summary line. Once."""
         with self._lock:
-            if self.closed:
-                return
-            self.closed = True
+            first, self.closed = not self.closed, True
+        if not first:  # another thread closes (SIGTERM during the exit): wait for it,
+            self._done.wait(SIGTERM_CLOSE_S)  # as the process may end when this returns
+            return
+        try:
+            self._close()
+        finally:
+            self._done.set()
+
+    def _close(self) -> None:
         server = self.started
         counts = self.counts.snapshot()
         try:
@@ -338,23 +347,53 @@ def _if_multiprocessing_child() -> None:
             register(_at_exit)
         except RuntimeError:  # already shutting down
             return
+    _watch_sigterm()
+
+
+def _watch_sigterm() -> None:
+    """Close on the SIGTERM a pool's ``terminate()`` sends, then end as that signal would.
+
+    A Python handler alone is not enough: CPython runs it on the main thread, and a pool
+    worker's main thread waits in a lock (its queue's) that only a signal delivered to
+    that very thread interrupts, while the kernel may deliver it to any thread (PoCL's,
+    the farm's). So the handler does nothing itself; what CPython writes for every
+    signal to the wakeup file descriptor wakes a thread of ours, which closes (bounded:
+    the main thread may hold a lock the close needs) and ends the process with the
+    status SIGTERM gives. Not installed where SIGTERM has a handler already or a wakeup
+    descriptor is in use (an event loop's)."""
     import signal
 
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    if signal.set_wakeup_fd(write, warn_on_full_buffer=False) != -1:
+        signal.set_wakeup_fd(-1)  # someone's own: left as it was, and SIGTERM too
+        os.close(read)
+        os.close(write)
+        return
+    signal.signal(signal.SIGTERM, _sigterm_noted)
+    threading.Thread(target=_on_sigterm, args=(read,), name="kernel-farm SIGTERM",
+                     daemon=True).start()
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """Close (on a thread, bounded: the interrupted code may hold a lock the close
-    needs), then die of SIGTERM as the pool expects."""
+def _sigterm_noted(signum: int, frame: Any) -> None:
+    """SIGTERM's Python handler: the work is :func:`_on_sigterm`'s, on its own thread."""
+
+
+def _on_sigterm(read: int) -> None:
+    """Wait for SIGTERM on the wakeup descriptor; then close and end the process."""
     import signal
 
-    closer = threading.Thread(target=_at_exit, name="kernel-farm close", daemon=True)
-    closer.start()
-    closer.join(SIGTERM_CLOSE_S)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+    while signal.SIGTERM not in os.read(read, 64):
+        pass
+    hooked = _HOOKED
+    if hooked is not None and not hooked.closed:  # else: closing, and ending anyway
+        closer = threading.Thread(target=_at_exit, name="kernel-farm close", daemon=True)
+        closer.start()
+        closer.join(SIGTERM_CLOSE_S)
+        os._exit(128 + signal.SIGTERM)
 
 
 def _run_dir_files(run_dir: Path, capture: bool) -> tuple[Path, Path | None]:

@@ -313,9 +313,10 @@ class QuickPath:
             if local is None:
                 from pathlib import Path
 
-                from farm.store.sqlite_file import create
+                from farm.store.sqlite_file import create, open_existing
 
-                local = self._local = create(Path(self.config.store_path))
+                path = Path(self.config.store_path)
+                local = self._local = open_existing(path) if create(path) else None
             if local is None:
                 return
             from farm.store.sqlite_file import insert_row

@@ -54,7 +54,7 @@ from farm.store.base import (
     log_refused,
     quarantine_reason,
 )
-from farm.store.sqlite_file import BLOBS, FORMAT, ROW, VERSION, connect, initialise
+from farm.store.sqlite_file import BLOBS, FORMAT, ROW, VERSION, connect, create, initialise
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,8 @@ class SQLiteStore(ArtifactStore):
         path = self.path
         if path.exists() and not path.is_file():
             raise ForeignStoreError(f"{path}: not a kernel-farm store (not a file)")
+        if not path.exists():
+            create(path)  # whole before anyone opens it (see sqlite_file.create)
         fresh = not path.exists() or path.stat().st_size == 0
         header = b""
         if not fresh:

@@ -88,20 +88,35 @@ def open_existing(path: Path) -> sqlite3.Connection | None:
     return None
 
 
-def create(path: Path) -> sqlite3.Connection | None:
-    """A new store at ``path`` (its folder made), or the one another process just made
-    there; ``None`` when neither can be had."""
+def create(path: Path) -> bool:
+    """Make a new store at ``path`` (and its folder) if there is no file there yet; False
+    when it cannot be made. Made whole under a name of its own and then linked into
+    place, so that processes starting together (a pool's) never open a file another is
+    still laying out (it would read as "not a kernel-farm store")."""
     try:
         os.makedirs(path.parent, exist_ok=True)
-        conn = connect(path)
-    except (OSError, sqlite3.Error):
-        return None
+    except OSError:
+        return False
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.new")
     try:
-        initialise(conn)
-    except sqlite3.Error:
-        conn.close()
-        return open_existing(path)
-    return conn
+        conn = connect(tmp)
+        try:
+            initialise(conn)
+        finally:
+            conn.close()  # the last connection: the file is whole, its WAL folded in
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another process made it first: theirs is the store
+    except (OSError, sqlite3.Error):
+        return False
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-wal"),
+                         tmp.with_name(tmp.name + "-shm")):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+    return True
 
 
 def read_row(conn: sqlite3.Connection, ns: str, id_hash: str, build_id: str
