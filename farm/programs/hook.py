@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm.compilation.compiling import in_farm_compile
 from farm.programs.counts import RunCounts, summary_line, write_json, write_process
+from farm.programs.plain import build_plain, unavailable, warn, why
 
 if TYPE_CHECKING:
     from farm.core.settings import Settings
@@ -132,21 +133,26 @@ class Hooked:
 
     def build(self, program: Any, options: Any, devices: Any, plain: PlainBuild) -> Any:
         try:
-            quick = None if self.broken else self.quick()
+            if self.broken:
+                self.counts.bump("programs")
+                return build_plain(plain, self.counts)
+            quick = self.quick()
             if quick is not None:
                 from farm.programs.quick import QuickUnavailable
 
                 try:
                     if quick.build(program, options, devices):
                         return program
-                except QuickUnavailable as exc:
-                    self.broken = True
-                    return self.server.build_unavailable(plain, exc.cause)
+                except QuickUnavailable as exc:  # said here, once: every later build
+                    self.broken = True           # is the plain way, with no server
+                    warn(unavailable(why(exc.cause)))
+                    self.counts.bump("programs")
+                    return build_plain(plain, self.counts)
             server = self.server
             try:
                 return server.build(program, options, devices, plain)
             finally:
-                self.broken = self.broken or bool(server.broken)
+                self.broken = bool(server.broken)
         finally:
             self.write_counts()
 

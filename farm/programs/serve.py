@@ -41,10 +41,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from farm.compilation.compiling import farm_compiling
 from farm.compilation.native import unpack
 from farm.core.device import DeviceInfo, info_from_device
-from farm.core.errors import FarmError, LoadError, StoreError, printable
+from farm.core.errors import FarmError, LoadError, StoreError
 from farm.core.gcpause import cyclic_gc_paused
 from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
@@ -53,6 +52,7 @@ from farm.core.settings import Settings, load_settings
 from farm.programs.assemble import Assembled, assemble, put_in_place
 from farm.programs.counts import RunCounts
 from farm.programs.harvest import Harvester
+from farm.programs.plain import build_plain, driver_output_held, unavailable, warn, why
 from farm.programs.program_key import PROGRAM_BUILD_ID, Unserved
 from farm.programs.quick import APP_ATTEMPT_S, APP_OUTAGE_LIMIT_S, app_waiter
 from farm.programs.spec import Described, describe
@@ -68,10 +68,6 @@ if TYPE_CHECKING:
     from farm.programs.quick import Observed
     from farm.programs.remote import Remote
     from farm.records import Recorder
-
-#: characters of a failure's text a warning line carries (whole words: the text comes
-#: from drivers and services, and is cut only with "..." at its end)
-_WHY_LIMIT = 400
 
 #: the tier index :meth:`ProgramServer._obtain` gives a binary compiled here, not stored
 _UNSTORED = -1
@@ -161,21 +157,13 @@ class ProgramServer:
         """Why the farm is unavailable for the rest of this process ("" while it is not)."""
         return self._broken
 
-    def build_unavailable(self, plain: PlainBuild, exc: BaseException) -> cl.Program:
-        """A build the hook's quick path could not serve because the store did not
-        answer (``exc``): counted here, said once, built the plain way, and so is every
-        later build of this process."""
-        self.counts.bump("programs")
-        return self._cannot_help(plain, exc)
-
     def _cannot_help(self, plain: PlainBuild, exc: BaseException) -> cl.Program:
-        why = printable(" ".join(str(exc).split()), _WHY_LIMIT)
+        reason = why(exc)
         if isinstance(exc, LoadError):  # this program's binary: the next may load
-            return self._fallback(plain, f"the farm could not serve a program ({why}); "
+            return self._fallback(plain, f"the farm could not serve a program ({reason}); "
                                          "built the plain way")
-        self._broken = why
-        return self._fallback(plain, f"the farm is unavailable ({why}); this run's "
-                                     "programs are built the plain way from now on")
+        self._broken = reason
+        return self._fallback(plain, unavailable(reason))
 
     def close(self) -> None:
         """Store what the watched programs' launches made (PoCL), then close the store
@@ -208,15 +196,9 @@ class ProgramServer:
         ``after`` one said only once the plain build succeeded."""
         if why:
             self._warn(why)
-        try:
-            with farm_compiling():
-                result = plain()
-        except BaseException:
-            self.counts.bump("failed")
-            raise
+        result = build_plain(plain, self.counts)
         if after:
             self._warn(after)
-        self.counts.bump("fallbacks")
         return result
 
     def _warn_once(self, what: str, text: str) -> None:
@@ -232,7 +214,7 @@ class ProgramServer:
             if text in self._warned:
                 return
             self._warned.add(text)
-        print(f"kernel-farm: warning: {text}", file=sys.stderr, flush=True)
+        warn(text)
 
     # -- obtaining -----------------------------------------------------------------------------
     def _serve(self, ctx: cl.Context, devs: list[cl.Device], described: Described) -> Served:
@@ -394,9 +376,12 @@ class ProgramServer:
         from farm.compilation.finalize import RawSource, finalize_and_validate
 
         settings = self._settings()
-        built = finalize_and_validate(ctx, dev, RawSource(described.source, described.options),
-                                      "auto" if settings.native_binaries else None,
-                                      ready=settings.pocl_ready, validate=False)
+        with driver_output_held() as held:  # said once: see farm.programs.plain
+            built = finalize_and_validate(ctx, dev, RawSource(described.source,
+                                                              described.options),
+                                          "auto" if settings.native_binaries else None,
+                                          ready=settings.pocl_ready, validate=False)
+            held.keep = built.ok or built.error_kind != "compile"
         if not built.ok:
             if built.error_kind == "compile":
                 raise _CompileRefused(built.error)
