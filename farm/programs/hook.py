@@ -83,8 +83,9 @@ class Hooked:
         #: set when the close starts (at most one close runs), and when it is done
         self.closed = False
         self._done = threading.Event()
-        #: the store stopped answering: every later build is the server's (the plain way)
+        #: the store stopped answering: every later build is the plain way
         self.broken = False
+        self._warned: set[str] = set()
         if run_dir is not None:
             self.json_path, self.capture = _run_dir_files(run_dir, capture is not None)
 
@@ -128,8 +129,18 @@ class Hooked:
             if self._quick is None:
                 from farm.programs.quick import QuickPath
 
-                self._quick = QuickPath(self.counts)
+                self._quick = QuickPath(self.counts, lambda: self.server.store,
+                                        self._warn_once)
             return self._quick
+
+    def _warn_once(self, text: str) -> None:
+        """A warning of the quick path's harvest, once; none after the farm became
+        unavailable (its one line said so)."""
+        with self._lock:
+            if self.broken or text in self._warned:
+                return
+            self._warned.add(text)
+        warn(text)
 
     def build(self, program: Any, options: Any, devices: Any, plain: PlainBuild) -> Any:
         try:
@@ -183,6 +194,9 @@ class Hooked:
             self._done.set()
 
     def _close(self) -> None:
+        quick = self._quick
+        if quick is not None:
+            quick.close()  # the last harvest of what its programs' launches made
         server = self.started
         counts = self.counts.snapshot()
         try:

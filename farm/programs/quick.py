@@ -13,14 +13,17 @@ answers a build only when everything about it is plain:
    (the environment's SQLite file, :mod:`farm.store.sqlite_file`), else MinIO (a signed
    GET, :mod:`farm.store.s3_get`), each checked against its digest, its key and its
    family before it is used (:func:`_checked`);
-3. the application's program made from those binaries (:mod:`farm.programs.assemble`),
-   and a binary MinIO served kept in the local tier once it loaded.
+3. on PoCL's CPU drivers, the work-group function records stored beside the program
+   merged into its binary, and what its launches make harvested
+   (:mod:`farm.programs.quick_pocl`: the records' models are the first pydantic this
+   process imports);
+4. the application's program made from those binaries (:mod:`farm.programs.assemble`),
+   and what MinIO served kept in the local tier once it loaded.
 
 It declines (and the server, imported then, does the build) whenever anything is not:
 a key or a stored row it does not read as expected, a miss in every tier, a binary the
-device refuses, signing configured (the server verifies signatures), a capture asked,
-PoCL's CPU devices with ready programs on (their work-group function records are the
-server's), a setting it does not parse, a MinIO answer it does not expect. What it
+device refuses, a record refused, signing configured (the server verifies signatures),
+a capture asked, a setting it does not parse, a MinIO answer it does not expect. What it
 served is counted like the server's loads and handed to the server as observed records
 if one is made later (:meth:`farm.programs.serve.ProgramServer.adopt`); a process the
 quick path served entirely writes no records, as a process that only loads writes none.
@@ -51,10 +54,15 @@ from farm.programs.program_key import PROGRAM_BUILD_ID, Unserved, program_id_of
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import sqlite3
+    from collections.abc import Callable
     from typing import Any
 
+    from farm.core.model import Artifact
     from farm.core.outage import Waiter
     from farm.programs.counts import RunCounts
+    from farm.programs.quick_pocl import Records, RowReader
+    from farm.programs.supplements import Prepared
+    from farm.store.base import ArtifactStore
     from farm.store.s3_get import S3Reader
 
 #: seconds a store outage is waited out inside an application (the farm's default of a
@@ -72,6 +80,9 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 #: a key as :func:`farm.core.keys.artifact_object` reads one, without the pydantic model
 _Key = namedtuple("_Key", "id_hash build_id")
+#: a stored program artifact as the quick path read it: its binary, its source build's
+#: log, the spec's digest (a harvest names it), its metadata JSON, whether MinIO served it
+_Stored = namedtuple("_Stored", "binary log source_hash meta remote")
 
 
 class QuickUnavailable(Exception):
@@ -143,19 +154,27 @@ class _Config:
 class QuickPath:
     """The quick path of one process (see the module docstring). Thread-safe."""
 
-    def __init__(self, counts: RunCounts, env: dict[str, str] | None = None) -> None:
+    def __init__(self, counts: RunCounts, harvest_store: Callable[[], ArtifactStore],
+                 warn: Callable[[str], None], env: dict[str, str] | None = None) -> None:
+        """``harvest_store``: the store a harvest writes what PoCL's launches made to
+        (the server's, opened then); ``warn``: how a warning line is said."""
         self.counts = counts
         self.config = _Config(dict(os.environ if env is None else env))
+        self._harvest_store = harvest_store
+        self._warn = warn
         self._lock = threading.Lock()
         self._devices: dict[int, tuple[str, str, bool]] = {}
-        #: (fingerprint, key id) -> (binary, build log)
-        self._memory: dict[tuple[str, str], tuple[bytes, str]] = {}
+        #: (fingerprint, key id) -> the stored artifact, as served before
+        self._memory: dict[tuple[str, str], _Stored] = {}
+        #: (fingerprint, key id) -> the binary with its records merged (PoCL)
+        self._prepared: dict[tuple[str, str], Prepared] = {}
+        #: fingerprint -> records MinIO served, to keep locally once their program loaded
+        self._fills: dict[str, list[Artifact]] = {}
+        self._records: Records | None = None
         self._observed: list[Observed] = []
         self._local: sqlite3.Connection | None = None
         self._local_tried = False
         self._remote: tuple[S3Reader, Waiter] | None = None
-        #: metadata (JSON) of what MinIO served, until it loaded and is kept locally
-        self._pending: dict[tuple[str, str], str] = {}
 
     # -- the hook's entry point -------------------------------------------------------------
     def build(self, program: Any, options: Any, devices: Any) -> bool:
@@ -167,8 +186,6 @@ class QuickPath:
         ctx = program._context
         devs = list(devices) if devices is not None else list(ctx.devices)
         found = [self._device(d) for d in devs]
-        if self.config.pocl_ready and any(at_launch for _, _, at_launch in found):
-            return False  # PoCL's work-group function records: the server's
         options_bytes, _ = program._process_build_options(ctx, options)
         raw = program._source
         source = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
@@ -177,29 +194,44 @@ class QuickPath:
             key = program_id_of(source, options_bytes, os.getcwd())
         except Unserved:
             return False  # the server says why, once
-        stored: dict[str, tuple[bytes, str, bool]] = {}
-        for fingerprint, _, _ in found:
-            if fingerprint not in stored:
-                got = self._obtain(fingerprint, key)
-                if got is None:
+        stored: dict[str, _Stored] = {}
+        loads: dict[str, bytes] = {}
+        for fingerprint, _, at_launch in found:
+            if fingerprint in stored:
+                continue
+            got = self._obtain(fingerprint, key)
+            if got is None:
+                return False
+            stored[fingerprint] = got
+            loads[fingerprint] = got.binary
+            if at_launch and self.config.pocl_ready:
+                ready = self._ready(fingerprint, key, got.binary)
+                if ready is None:
                     return False
-                stored[fingerprint] = got
+                loads[fingerprint] = ready.binary
         from farm.core.errors import LoadError
         from farm.programs.assemble import assemble, put_in_place
 
-        binaries = [stored[fp][0] for fp, _, _ in found]
         try:
-            assembled = assemble(ctx, devs, binaries, options_bytes,
+            assembled = assemble(ctx, devs, [loads[fp] for fp, _, _ in found], options_bytes,
                                  [arch for _, arch, _ in found])
         except LoadError:
             return False  # the server warns, and builds it the plain way
-        for fingerprint, (binary, log, remote) in stored.items():
-            self._memory[(fingerprint, key)] = binary, log
-            if remote:
-                self._keep(fingerprint, key, binary)
+        for fingerprint, got in stored.items():
+            self._memory[(fingerprint, key)] = got._replace(remote=False)
+            if got.remote:
+                self._keep(fingerprint, key, got.binary, got.meta)
+            if fingerprint in self._fills:
+                for art in self._fills.pop(fingerprint):
+                    self._keep(fingerprint, art.meta.key.id_hash, art.binary,
+                               art.meta.model_dump_json(), art.meta.key.build_id)
+            prep = self._prepared.get((fingerprint, key))
+            if prep is not None and self._records is not None:
+                self._records.watch(fingerprint, key, prep, got.source_hash,
+                                    assembled.program)
         seconds = time.perf_counter() - start
         put_in_place(program, assembled.program,
-                     {d.int_ptr: stored[fp][1] for d, (fp, _, _) in zip(devs, found,
+                     {d.int_ptr: stored[fp].log for d, (fp, _, _) in zip(devs, found,
                                                                          strict=True)},
                      loaded=True, seconds=seconds)
         self.counts.bump("programs")
@@ -207,6 +239,36 @@ class QuickPath:
         with self._lock:
             self._observed.append((key, seconds, assembled.native_fallback))
         return True
+
+    def _ready(self, fingerprint: str, key: str, binary: bytes) -> Prepared | None:
+        """On PoCL's CPU drivers, ``binary`` with its work-group function records merged
+        (once per key in this process; :mod:`farm.programs.quick_pocl`); ``None`` to
+        decline."""
+        from farm.compilation.native import unpack
+
+        known = self._prepared.get((fingerprint, key))
+        if known is not None or unpack(binary) is not None:
+            return known
+        if self._records is None:
+            from farm.programs.quick_pocl import Records
+
+            tiers: list[RowReader] = [self._read_local]
+            if self.config.minio is not None:
+                tiers.append(self._read_remote_row)
+            self._records = Records(tiers, self._harvest_store, self._warn)
+        got = self._records.prepare(fingerprint, key, binary)
+        if got is None:
+            return None
+        prep, fills = got
+        self._prepared[(fingerprint, key)] = prep
+        self._fills[fingerprint] = [art for tier, art in fills if tier > 0]
+        return prep
+
+    def close(self) -> None:
+        """The last harvest of what PoCL's launches made (the process ends)."""
+        records, self._records = self._records, None
+        if records is not None:
+            records.close()
 
     def observed(self) -> list[Observed]:
         """What this path served so far, for the records (see the module docstring)."""
@@ -230,39 +292,47 @@ class QuickPath:
                 compiles_at_launch(identity["platform_name"], identity["device_name"]))
         return known
 
-    def _obtain(self, fingerprint: str, key: str) -> tuple[bytes, str, bool] | None:
-        """(binary, build log, whether MinIO served it) from memory, the local tier or
-        MinIO; ``None`` to decline."""
+    def _obtain(self, fingerprint: str, key: str) -> _Stored | None:
+        """The program's artifact from memory, the local tier or MinIO; ``None`` to
+        decline."""
         held = self._memory.get((fingerprint, key))
         if held is not None:
-            return held[0], held[1], False
-        ns = str(Namespace.for_fingerprint(fingerprint))
-        local = self._local_tier()
-        if local is not None:
-            from farm.store.sqlite_file import read_row
+            return held
+        row = self._read_local(str(Namespace.for_fingerprint(fingerprint)), key,
+                               PROGRAM_BUILD_ID)
+        remote = row is None
+        if remote and self.config.minio is not None:
+            row = self._read_remote_row(str(Namespace.for_fingerprint(fingerprint)), key,
+                                        PROGRAM_BUILD_ID)
+        if row is None:
+            return None
+        meta = _checked(key, row[0], row[1])
+        if meta is None:
+            return None
+        log, source_hash = meta.get("build_log", ""), meta.get("source_hash", "")
+        if not isinstance(log, str) or not isinstance(source_hash, str):
+            return None
+        text = row[0] if isinstance(row[0], str) else row[0].decode("utf-8")
+        return _Stored(row[1], log, source_hash, text, remote)
 
-            with self._lock:
-                row = read_row(local, ns, key, PROGRAM_BUILD_ID)
-            if row is not None:
-                checked = _checked(key, row[0], row[1])
-                return None if checked is None else (row[1], checked, False)
-        if self.config.minio is None:
+    def _read_local(self, ns: str, id_hash: str, build_id: str
+                    ) -> tuple[str | bytes, bytes] | None:
+        """(metadata JSON, binary) of an artifact in the node's local tier, if there."""
+        local = self._local_tier()
+        if local is None:
             return None
-        data = self._read_remote(artifact_object(Namespace.for_fingerprint(fingerprint),
-                                                 _Key(key, PROGRAM_BUILD_ID)))
-        if data is None:
-            return None
+        from farm.store.sqlite_file import read_row
+
+        with self._lock:
+            return read_row(local, ns, id_hash, build_id)
+
+    def _read_remote_row(self, ns: str, id_hash: str, build_id: str
+                         ) -> tuple[str | bytes, bytes] | None:
+        """(metadata JSON, binary) of an artifact in MinIO, if there (and whole)."""
         from farm.store.frames import split_artifact
 
-        parts = split_artifact(data)
-        if parts is None:
-            return None
-        meta, binary = parts
-        checked = _checked(key, meta, binary)
-        if checked is None:
-            return None
-        self._pending[(fingerprint, key)] = meta.decode("utf-8")
-        return binary, checked, True
+        data = self._read_remote(artifact_object(Namespace.parse(ns), _Key(id_hash, build_id)))
+        return None if data is None else split_artifact(data)
 
     def _local_tier(self) -> sqlite3.Connection | None:
         """The node's local tier, if it is a store this path reads (see
@@ -300,14 +370,12 @@ class QuickPath:
                                          APP_ATTEMPT_S), app_waiter(f"MinIO at {host}"))
             return self._remote
 
-    def _keep(self, fingerprint: str, key: str, binary: bytes) -> None:
+    def _keep(self, fingerprint: str, key: str, binary: bytes, meta: str,
+              build_id: str = PROGRAM_BUILD_ID) -> None:
         """Keep what MinIO served, and the device loaded, in the local tier (a cache:
         what cannot be kept there is read from MinIO again next time)."""
         import sqlite3
 
-        meta = self._pending.pop((fingerprint, key), None)
-        if meta is None:
-            return
         local = self._local_tier()
         with self._lock:
             if local is None:
@@ -323,16 +391,15 @@ class QuickPath:
 
             try:
                 insert_row(local, str(Namespace.for_fingerprint(fingerprint)), key,
-                           PROGRAM_BUILD_ID, sha256_hex(binary), meta, binary)
+                           build_id, sha256_hex(binary), meta, binary)
             except sqlite3.Error:
                 pass
 
 
-
-def _checked(key: str, meta_json: str | bytes, binary: bytes) -> str | None:
-    """The build log of a stored program artifact whose metadata says it is ``key``'s,
-    of family ``program``, of exactly these bytes, and trusted here; ``None`` otherwise
-    (the server then reads it, and treats it as its rules say)."""
+def _checked(key: str, meta_json: str | bytes, binary: bytes) -> dict[str, Any] | None:
+    """The metadata of a stored program artifact that says it is ``key``'s, of family
+    ``program``, of exactly these bytes, and trusted here; ``None`` otherwise (the
+    server then reads it, and treats it as its rules say)."""
     try:
         meta = json.loads(meta_json)
         stored_key = meta["key"] if isinstance(meta, dict) else None
@@ -342,10 +409,9 @@ def _checked(key: str, meta_json: str | bytes, binary: bytes) -> str | None:
                 and meta.get("size") == len(binary)
                 and meta.get("digest") == sha256_hex(binary) and _trusted(meta)):
             return None
-        log = meta.get("build_log", "")
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    return log if isinstance(log, str) else None
+    return meta
 
 
 def _trusted(meta: dict[str, Any]) -> bool:
