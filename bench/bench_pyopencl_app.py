@@ -26,7 +26,7 @@ back:
   folders: ``POCL_CACHE_DIR``, ``CUDA_CACHE_PATH``, ``XDG_CACHE_HOME``) and whose
   programs are in MinIO (put there once, untimed, by a ``farm run`` on another "node",
   with its drivers' caches off: that run also stores the work-group functions its
-  launches made on PoCL);
+  launches made on PoCL, and the code pyopencl and loopy generated);
 
 and with ``--more``: ``farm, same node`` (``farm run`` again on that node),
 ``farm, fresh node, caches off`` (the drivers' caches off) and ``farm, cold`` (an empty
@@ -128,9 +128,13 @@ def machine(device: str) -> dict[str, str]:
 
 
 def fill(work: Path, name: str, device: str, store_env: dict[str, str]) -> dict[str, Any]:
-    """One farm run on another 'node': compiles every program into the shared store."""
-    return run_app(APPS[name], base_env(**store_env, **OFF,
-                                        FARM_HOME=str(work / f"filler-{name}")),
+    """One farm run on another 'node': compiles every program into the shared store, with
+    the drivers' caches off (pyopencl's and loopy's caches of generated code on, in a
+    folder of its own: the farm stores what they hold)."""
+    drivers = {k: v for k, v in OFF.items() if k != "PYOPENCL_NO_CACHE"}
+    filler = work / f"filler-{name}"
+    return run_app(APPS[name], base_env(**store_env, **drivers, FARM_HOME=str(filler),
+                                        XDG_CACHE_HOME=str(filler / "xdg")),
                    device, farm=work / f"filler-{name}.json")
 
 

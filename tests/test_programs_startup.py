@@ -111,3 +111,54 @@ def test_a_failing_sources_diagnostics_are_printed_once_as_in_a_plain_run(
     assert said, plain.stderr  # PoCL says "1 error generated."
     assert [line for line in served.stderr.splitlines() if line.strip()] == [
         *said, "kernel-farm: programs 1, loaded 0, compiled 0, fallbacks 0, failed 1"]
+
+
+SCAN = """
+import json
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+import pyopencl.invoker as invoker
+import pyopencl.scan as scan
+generated = []
+def counted(fn, what):
+    def wrapper(*args, **kwargs):
+        generated.append(what)
+        return fn(*args, **kwargs)
+    return wrapper
+scan.GenericScanKernel._finish_setup_impl = counted(
+    scan.GenericScanKernel._finish_setup_impl, "scan")
+invoker._generate_enqueue_and_set_args_module = counted(
+    invoker._generate_enqueue_and_set_args_module, "invoker")
+ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+q = cl.CommandQueue(ctx)
+a = cla.to_device(q, np.arange(1000, dtype=np.int32))
+assert (cla.cumsum(a).get() == np.cumsum(np.arange(1000))).all()
+assert ((2 * a + 1).get() == 2 * np.arange(1000) + 1).all()
+print(json.dumps(sorted(set(generated))))
+"""
+
+
+@pytest.mark.integration
+def test_a_fresh_node_gets_pyopencls_generated_code_from_the_farm(
+        tmp_path: Path, minio_server: Any) -> None:
+    """pyopencl renders its scans with Mako and generates its kernels' invokers, and keeps
+    both in its own cache of generated code (``XDG_CACHE_HOME``); the farm serves them
+    like binaries (:mod:`farm.programs.generated`), so a fresh node generates neither."""
+    app = tmp_path / "scan.py"
+    app.write_text(SCAN)
+    store = {"FARM_MINIO_ENDPOINT": minio_server.endpoint,
+             "FARM_MINIO_ACCESS_KEY": minio_server.access_key,
+             "FARM_MINIO_SECRET_KEY": minio_server.secret_key,
+             "FARM_MINIO_BUCKET": f"generated-{os.getpid()}"}
+
+    def node(name: str) -> dict[str, str]:
+        env = _env(tmp_path / name, **store, XDG_CACHE_HOME=str(tmp_path / name / "xdg"))
+        del env["PYOPENCL_NO_CACHE"]  # pyopencl's cache of generated code: on
+        return env
+
+    first = _run(node("filler"), app)
+    assert _imported(first) == ["invoker", "scan"]  # it generated both
+    fresh = _run(node("fresh"), app)
+    assert "compiled 0" in fresh.stderr, fresh.stderr
+    assert _imported(fresh) == [], fresh.stderr

@@ -47,11 +47,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.compilation.compiling import in_farm_compile
+from farm.core.errors import FarmError
 from farm.programs.counts import RunCounts, summary_line, write_json, write_process
 from farm.programs.plain import build_plain, unavailable, warn, why
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from farm.core.settings import Settings
+    from farm.programs.generated import Generated
     from farm.programs.quick import QuickPath
     from farm.programs.serve import PlainBuild, ProgramServer
 
@@ -86,6 +90,7 @@ class Hooked:
         #: the store stopped answering: every later build is the plain way
         self.broken = False
         self._warned: set[str] = set()
+        self._generated: Generated | None = None
         if run_dir is not None:
             self.json_path, self.capture = _run_dir_files(run_dir, capture is not None)
 
@@ -132,6 +137,38 @@ class Hooked:
                 self._quick = QuickPath(self.counts, lambda: self.server.store,
                                         self._warn_once)
             return self._quick
+
+    def serve_generated(self) -> None:
+        """Serve pyopencl's and loopy's generated code as the farm serves binaries
+        (:mod:`farm.programs.generated`), where the quick path reads the store."""
+        quick = self.quick()
+        if quick is None or quick.config.declined:
+            return
+        from farm.programs.generated import Generated
+
+        self._generated = Generated(quick.read_generated, self._generated_writer)
+        self._generated.install()
+
+    def _generated_writer(self) -> Callable[[str, str, bytes], None] | None:
+        """How generated code is stored at the end (the server's store), unless the farm
+        became unavailable."""
+        if self.broken:
+            return None
+        from farm.core.keys import Namespace
+        from farm.core.model import Artifact, Key
+        from farm.programs.generated import GENERATED_FAMILY, GENERATED_NAMESPACE
+
+        store = self.server.store
+        ns = Namespace.for_fingerprint(GENERATED_NAMESPACE)
+
+        def write(key: str, build_id: str, data: bytes) -> None:
+            try:
+                store.put(ns, Artifact.create(Key(id_hash=key, build_id=build_id),
+                                              GENERATED_FAMILY, data, key))
+            except (OSError, ValueError, FarmError) as exc:
+                self._warn_once(f"generated code not stored ({why(exc)})")
+
+        return write
 
     def _warn_once(self, text: str) -> None:
         """A warning of the quick path's harvest, once; none after the farm became
@@ -197,6 +234,9 @@ class Hooked:
         quick = self._quick
         if quick is not None:
             quick.close()  # the last harvest of what its programs' launches made
+        generated, self._generated = self._generated, None
+        if generated is not None:
+            generated.close()
         server = self.started
         counts = self.counts.snapshot()
         try:
@@ -264,6 +304,7 @@ def arm(run_dir: Path, capture: bool) -> None:
                           run_dir=run_dir, summary=False, quick=True))
             assert _HOOKED is not None
             _HOOKED.write_counts()
+            _HOOKED.serve_generated()
             _if_multiprocessing_child()
 
 

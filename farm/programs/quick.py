@@ -264,6 +264,19 @@ class QuickPath:
         self._fills[fingerprint] = [art for tier, art in fills if tier > 0]
         return prep
 
+    def read_generated(self, key: str, build_id: str) -> bytes | None:
+        """A stored artifact of generated code (:mod:`farm.programs.generated`) from the
+        local tier or MinIO, verified; ``None`` when there is none (or it is not whole)."""
+        from farm.programs.generated import GENERATED_FAMILY, GENERATED_NAMESPACE
+
+        ns = str(Namespace.for_fingerprint(GENERATED_NAMESPACE))
+        row = self._read_local(ns, key, build_id)
+        if row is None and self.config.minio is not None:
+            row = self._read_remote_row(ns, key, build_id)
+        if row is None or _checked(key, row[0], row[1], GENERATED_FAMILY, build_id) is None:
+            return None
+        return row[1]
+
     def close(self) -> None:
         """The last harvest of what PoCL's launches made (the process ends)."""
         records, self._records = self._records, None
@@ -396,16 +409,17 @@ class QuickPath:
                 pass
 
 
-def _checked(key: str, meta_json: str | bytes, binary: bytes) -> dict[str, Any] | None:
-    """The metadata of a stored program artifact that says it is ``key``'s, of family
-    ``program``, of exactly these bytes, and trusted here; ``None`` otherwise (the
+def _checked(key: str, meta_json: str | bytes, binary: bytes, family: str = PROGRAM_FAMILY,
+             build_id: str = PROGRAM_BUILD_ID) -> dict[str, Any] | None:
+    """The metadata of a stored artifact that says it is ``key``'s (and ``build_id``'s),
+    of ``family``, of exactly these bytes, and trusted here; ``None`` otherwise (the
     server then reads it, and treats it as its rules say)."""
     try:
         meta = json.loads(meta_json)
         stored_key = meta["key"] if isinstance(meta, dict) else None
         if not (isinstance(stored_key, dict) and stored_key.get("id_hash") == key
-                and stored_key.get("build_id") == PROGRAM_BUILD_ID
-                and meta.get("family") == PROGRAM_FAMILY
+                and stored_key.get("build_id") == build_id
+                and meta.get("family") == family
                 and meta.get("size") == len(binary)
                 and meta.get("digest") == sha256_hex(binary) and _trusted(meta)):
             return None
