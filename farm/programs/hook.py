@@ -231,12 +231,23 @@ class Hooked:
             self._done.set()
 
     def _close(self) -> None:
-        quick = self._quick
-        if quick is not None:
-            quick.close()  # the last harvest of what its programs' launches made
-        generated, self._generated = self._generated, None
-        if generated is not None:
-            generated.close()
+        try:
+            self._close_parts()
+        finally:
+            self.write_counts(closed=True, wait_s=SIGTERM_CLOSE_S)
+            counts = self.counts.snapshot()
+            if self.summary and counts["programs"]:
+                print(summary_line(counts), file=sys.stderr, flush=True)
+
+    def _close_parts(self) -> None:
+        """The last harvest, generated code, the capture, the server: each on its own (a
+        failure of one never keeps the others, nor the counts, from being written)."""
+        for part in (self._quick, self._generated):
+            if part is not None:
+                try:
+                    part.close()  # the last harvest; the generated code's store
+                except Exception as exc:  # the exit goes on: said once
+                    self._warn_once(f"the farm could not finish ({why(exc)})")
         server = self.started
         counts = self.counts.snapshot()
         try:
@@ -255,9 +266,6 @@ class Hooked:
                 server.close()
         except Exception as exc:  # records that cannot be written never fail the exit
             print(f"kernel-farm: warning: records not written ({exc})", file=sys.stderr)
-        self.write_counts(closed=True, wait_s=SIGTERM_CLOSE_S)
-        if self.summary and counts["programs"]:
-            print(summary_line(counts), file=sys.stderr, flush=True)
 
     def forked(self) -> Hooked:
         """The state of a child forked from this process: the same configuration, new

@@ -37,7 +37,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +61,8 @@ from farm.store.base import ArtifactStore, PutResult
 from farm.store.tiers import tiers_of
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyopencl as cl
 
     from farm.programs.capture import CaptureLog
@@ -274,6 +275,10 @@ class ProgramServer:
             return None
         with self._lock:
             if self._pool is None:
+                # imported here: a server made at the process's exit (a harvest, the
+                # generated code's store) cannot import it then (it registers an atexit)
+                from concurrent.futures import ThreadPoolExecutor
+
                 self._pool = ThreadPoolExecutor(2 * READ_AHEAD,
                                                 thread_name_prefix="kernel-farm records")
             pool = self._pool
