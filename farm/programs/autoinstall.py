@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 RUN_DIR = "FARM_RUN_DIR"
 RUN_CAPTURE = "FARM_RUN_CAPTURE"
 
 
-def shim_dir() -> Path:
+def shim_folder() -> str:
     """The folder ``farm run`` puts first on ``PYTHONPATH`` (holds ``sitecustomize``)."""
-    return Path(__file__).resolve().parent / "shim"
+    return os.path.join(os.path.dirname(os.path.realpath(__file__)), "shim")
 
 
 def install_from_env() -> None:
     """Install the hook as ``farm run`` asked (``FARM_RUN_DIR``, ``FARM_RUN_CAPTURE``):
     :func:`farm.programs.hook.arm`, which imports nothing of the program server."""
+    from pathlib import Path
+
     from farm.programs.hook import arm
 
     try:
