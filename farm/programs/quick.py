@@ -53,6 +53,7 @@ from farm.programs.program_key import PROGRAM_BUILD_ID, Unserved, program_id_of
 #: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import queue
     import sqlite3
     from collections.abc import Callable
     from typing import Any
@@ -71,6 +72,9 @@ APP_OUTAGE_LIMIT_S = 2.0
 #: the longest one request to the store may take inside an application: half the wait,
 #: so that a frozen store (no answer at all) is given up within it
 APP_ATTEMPT_S = APP_OUTAGE_LIMIT_S / 2
+
+#: seconds the process's end waits for the local tier to take what MinIO served
+KEEP_S = 10.0
 
 #: what a program the quick path served leaves for the records: (key id, seconds, why
 #: machine code was not used)
@@ -175,6 +179,9 @@ class QuickPath:
         self._local: sqlite3.Connection | None = None
         self._local_tried = False
         self._remote: tuple[S3Reader, Waiter] | None = None
+        #: rows to keep in the local tier, and the thread that writes them
+        self._keeping: queue.SimpleQueue[tuple[str, str, str, str, str, bytes] | None]
+        self._keeper: threading.Thread | None = None
 
     # -- the hook's entry point -------------------------------------------------------------
     def build(self, program: Any, options: Any, devices: Any) -> bool:
@@ -278,7 +285,12 @@ class QuickPath:
         return row[1]
 
     def close(self) -> None:
-        """The last harvest of what PoCL's launches made (the process ends)."""
+        """What is left to keep in the local tier, and the last harvest of what PoCL's
+        launches made (the process ends)."""
+        keeper = self._keeper
+        if keeper is not None:
+            self._keeping.put(None)
+            keeper.join(KEEP_S)
         records, self._records = self._records, None
         if records is not None:
             records.close()
@@ -386,27 +398,41 @@ class QuickPath:
     def _keep(self, fingerprint: str, key: str, binary: bytes, meta: str,
               build_id: str = PROGRAM_BUILD_ID) -> None:
         """Keep what MinIO served, and the device loaded, in the local tier (a cache:
-        what cannot be kept there is read from MinIO again next time)."""
+        what cannot be kept there is read from MinIO again next time), on a thread of
+        its own: a fresh node makes its store file then (WAL, an fsync), and SQLite lets
+        the application run meanwhile."""
+        import queue
+
+        with self._lock:
+            if self._keeper is None:
+                self._keeping = queue.SimpleQueue()
+                self._keeper = threading.Thread(target=self._keep_all, daemon=True,
+                                                 name="kernel-farm local tier")
+                self._keeper.start()
+        self._keeping.put((str(Namespace.for_fingerprint(fingerprint)), key, build_id,
+                           sha256_hex(binary), meta, binary))
+
+    def _keep_all(self) -> None:
         import sqlite3
 
-        local = self._local_tier()
-        with self._lock:
-            if local is None:
-                from pathlib import Path
+        from farm.store.sqlite_file import insert_row
 
-                from farm.store.sqlite_file import create, open_existing
+        while (row := self._keeping.get()) is not None:
+            local = self._local_tier()
+            with self._lock:
+                if local is None:
+                    from pathlib import Path
 
-                path = Path(self.config.store_path)
-                local = self._local = open_existing(path) if create(path) else None
-            if local is None:
-                return
-            from farm.store.sqlite_file import insert_row
+                    from farm.store.sqlite_file import create, open_existing
 
-            try:
-                insert_row(local, str(Namespace.for_fingerprint(fingerprint)), key,
-                           build_id, sha256_hex(binary), meta, binary)
-            except sqlite3.Error:
-                pass
+                    path = Path(self.config.store_path)
+                    local = self._local = open_existing(path) if create(path) else None
+                if local is None:
+                    continue
+                try:
+                    insert_row(local, *row)
+                except sqlite3.Error:
+                    pass
 
 
 def _checked(key: str, meta_json: str | bytes, binary: bytes, family: str = PROGRAM_FAMILY,
