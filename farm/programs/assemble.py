@@ -99,16 +99,16 @@ def put_in_place(program: Any, built: BuiltProgram, logs: dict[int, str], *, loa
                                     loaded, seconds)
     program._farm_build_logs = logs
     if loaded:
-        _say_log(program, logs)
+        _say_log(built, logs)
 
 
-def _say_log(program: Any, logs: dict[int, str]) -> None:
+def _say_log(built: BuiltProgram, logs: dict[int, str]) -> None:
     """pyopencl warns about a source build's non-empty log (``compiler_output``); a
     program served from a binary says what its source build said, the same way."""
     import pyopencl as cl
 
-    said = [(dev, logs.get(dev.int_ptr, "")) for dev in program._prg.get_info(
-        cl.program_info.DEVICES)]
+    devices: list[cl.Device] = built.get_info(cl.program_info.DEVICES)  # type: ignore[assignment]
+    said = [(dev, logs.get(dev.int_ptr, "")) for dev in devices]
     message = ("=" * 75 + "\n").join(f"Build on {dev} succeeded, but said:\n\n{log}"
                                      for dev, log in said if log and log.strip())
     if message:

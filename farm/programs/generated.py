@@ -39,8 +39,23 @@ from farm.core.hashing import stable_hash
 #: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import sqlite3
     from collections.abc import Callable
-    from typing import Any
+    from typing import Protocol, TypeVar
+
+    T = TypeVar("T")
+
+    class _KeyBuilder(Protocol):
+        def __call__(self, key: object) -> str: ...
+
+    class _Dict(Protocol):
+        """What the farm uses of a pytools persistent dictionary."""
+
+        filename: str
+        conn: sqlite3.Connection
+        key_builder: _KeyBuilder
+
+        def _exec_sql_fn(self, fn: Callable[[], T]) -> T | None: ...
 
     #: (key id, build id) -> the artifact's bytes, verified, or None
     Reader = Callable[[str, str], "bytes | None"]
@@ -136,7 +151,7 @@ class Generated:
         for cls in (pd.WriteOncePersistentDict, pd.PersistentDict):
             _wrap(cls, self)
 
-    def missed(self, pdict: Any, keyhash: str) -> bool:
+    def missed(self, pdict: _Dict, keyhash: str) -> bool:
         """A miss of ``pdict``: its stored rows added, the first time; whether a retry
         can find ``keyhash`` now."""
         filename = pdict.filename
@@ -160,12 +175,12 @@ class Generated:
             "INSERT OR IGNORE INTO dict VALUES (?, ?)", list(rows.items())))
         return keyhash in rows
 
-    def writes(self, pdict: Any) -> bool:
+    def writes(self, pdict: _Dict) -> bool:
         """Whether this process will store ``pdict``'s rows (the store held none)."""
         entry = self._dicts.get(pdict.filename)
         return entry is not None and not entry[1]
 
-    def used(self, pdict: Any, keyhash: str) -> None:
+    def used(self, pdict: _Dict, keyhash: str) -> None:
         """A row of ``pdict`` this process found or stored."""
         with self._lock:
             entry = self._dicts.get(pdict.filename)
@@ -198,13 +213,13 @@ class Generated:
                 writer(key, GENERATED_BUILD_ID, encode(rows))
 
 
-def _wrap(cls: Any, served: Generated) -> None:
+def _wrap(cls: type, served: Generated) -> None:
     """``cls.fetch`` and ``cls.store`` noting what is used, and a miss asking the farm."""
-    if getattr(cls.fetch, "_farm_generated", False):
+    if getattr(vars(cls).get("fetch"), "_farm_generated", False):
         return
-    fetch, store = cls.fetch, cls.store
+    fetch, store = vars(cls)["fetch"], vars(cls)["store"]
 
-    def served_fetch(self: Any, key: Any) -> Any:
+    def served_fetch(self: _Dict, key: object) -> object:
         try:
             value = fetch(self, key)
         except KeyError:
@@ -216,12 +231,12 @@ def _wrap(cls: Any, served: Generated) -> None:
             served.used(self, self.key_builder(key))
         return value
 
-    def served_store(self: Any, key: Any, value: Any, _skip_if_present: bool = False
-                     ) -> None:
+    def served_store(self: _Dict, key: object, value: object,
+                     _skip_if_present: bool = False) -> None:
         store(self, key, value, _skip_if_present)
         if served.writes(self):
             served.used(self, self.key_builder(key))
 
     served_fetch._farm_generated = True  # type: ignore[attr-defined]
-    cls.fetch = served_fetch
-    cls.store = served_store
+    setattr(cls, "fetch", served_fetch)  # noqa: B010 - a class of another library
+    setattr(cls, "store", served_store)  # noqa: B010

@@ -52,11 +52,14 @@ from farm.programs.counts import RunCounts, summary_line, write_json, write_proc
 from farm.programs.plain import build_plain, unavailable, warn, why
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
+    from types import FrameType
+
+    import pyopencl as cl
 
     from farm.core.settings import Settings
     from farm.programs.generated import Generated
-    from farm.programs.quick import QuickPath
+    from farm.programs.quick import BuildOptions, QuickPath
     from farm.programs.serve import PlainBuild, ProgramServer
 
 _LOCK = threading.Lock()
@@ -179,7 +182,8 @@ class Hooked:
             self._warned.add(text)
         warn(text)
 
-    def build(self, program: Any, options: Any, devices: Any, plain: PlainBuild) -> Any:
+    def build(self, program: cl.Program, options: BuildOptions,
+              devices: Sequence[cl.Device] | None, plain: PlainBuild) -> cl.Program:
         try:
             if self.broken:
                 self.counts.bump("programs")
@@ -447,7 +451,7 @@ def _watch_sigterm() -> None:
                      daemon=True).start()
 
 
-def _sigterm_noted(signum: int, frame: Any) -> None:
+def _sigterm_noted(signum: int, frame: FrameType | None) -> None:
     """SIGTERM's Python handler: the work is :func:`_on_sigterm`'s, on its own thread."""
 
 

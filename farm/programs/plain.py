@@ -25,16 +25,18 @@ from farm.core.errors import printable
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import Any
+    from typing import TypeVar
 
     from farm.programs.counts import RunCounts
+
+    T = TypeVar("T")
 
 #: characters of a failure's text a warning line carries (the text comes from drivers and
 #: services; past this it ends with "...")
 WHY_LIMIT = 400
 
 
-def build_plain(plain: Callable[[], Any], counts: RunCounts) -> Any:
+def build_plain(plain: Callable[[], T], counts: RunCounts) -> T:
     """``plain()`` (pyopencl's build; the hook never serves what runs inside it), counted
     as a fallback, or as failed when it raises."""
     try:

@@ -55,8 +55,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import queue
     import sqlite3
-    from collections.abc import Callable
-    from typing import Any
+    from collections.abc import Callable, Sequence
+    from typing import Any, TypeAlias
+
+    import pyopencl as cl
+
+    #: the options pyopencl's ``Program.build`` takes
+    BuildOptions: TypeAlias = str | Sequence[str] | None
 
     from farm.core.model import Artifact
     from farm.core.outage import Waiter
@@ -113,14 +118,15 @@ class _Config:
     server (``declined``: a value it does not parse is the server's to report)."""
 
     def __init__(self, env: dict[str, str]) -> None:
+        from farm.core.keys import DEFAULT_ENVIRONMENT, HOME_FOLDER, STORE_FILE
+
         self.declined = ""
         home = env.get("FARM_HOME") or os.path.join(
-            env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-            "kernel-farm")
-        environment = env.get("FARM_ENVIRONMENT") or "default"
+            env.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
+            HOME_FOLDER)  # as farm.core.settings makes FARM_HOME's default
+        environment = env.get("FARM_ENVIRONMENT") or DEFAULT_ENVIRONMENT
         if "/" in environment or environment in (".", ".."):
             self.declined = "FARM_ENVIRONMENT"
-        from farm.core.keys import STORE_FILE
 
         self.store_path = os.path.join(home, "envs", environment, STORE_FILE)
         self.pocl_ready = self._flag(env, "FARM_POCL_READY", True)
@@ -184,7 +190,8 @@ class QuickPath:
         self._keeper: threading.Thread | None = None
 
     # -- the hook's entry point -------------------------------------------------------------
-    def build(self, program: Any, options: Any, devices: Any) -> bool:
+    def build(self, program: cl.Program, options: BuildOptions,
+              devices: Sequence[cl.Device] | None) -> bool:
         """Serve ``program.build(options, devices)`` from stored binaries; ``False`` when
         this path declines (nothing was done), :class:`QuickUnavailable` when the store
         did not answer."""
@@ -301,7 +308,7 @@ class QuickPath:
             return list(self._observed)
 
     # -- obtaining ----------------------------------------------------------------------------
-    def _device(self, dev: Any) -> tuple[str, str, bool]:
+    def _device(self, dev: cl.Device) -> tuple[str, str, bool]:
         """(fingerprint, native architecture, compiles at launch) of a device, once."""
         known = self._devices.get(dev.int_ptr)
         if known is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, ArtifactMeta, Key
@@ -77,7 +77,7 @@ class Records:
         return prep, fills
 
     def watch(self, fingerprint: str, key: str, prep: Prepared, source_hash: str,
-              handle: Any) -> None:
+              handle: object) -> None:
         """Harvest what ``handle``'s launches make (see :mod:`farm.programs.harvest`)."""
         if self._harvester is None:
             self._harvester = Harvester(self._harvest_store, self._warn)
