@@ -210,12 +210,13 @@ class Waiter:
 
     def _next_wait(self, attempt: int) -> float:
         """The wait before the attempt after ``attempt`` failed ones (doubling from
-        :data:`_FIRST_WAIT_S`, at most ``max_wait_s``), never past the limit."""
+        :data:`_FIRST_WAIT_S`, at most ``max_wait_s``); where an attempt's longest time
+        is known, never so long that the next attempt could end past the limit."""
         wait = min(_FIRST_WAIT_S * 2 ** attempt, self._max_wait_s)
         since = self._down_since
-        if since is None:
+        if since is None or self.attempt_s is None:
             return wait
-        left = self.limit_s - (time.monotonic() - since) - (self.attempt_s or 0.0)
+        left = self.limit_s - (time.monotonic() - since) - self.attempt_s
         return max(0.0, min(wait, left))
 
     def _gave_up(self, exc: BaseException) -> str:
