@@ -19,7 +19,13 @@ from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farm.core.errors import SettingsError, first_error
-from farm.core.keys import DEFAULT_BUCKET, RECORDS_FILE, STORE_FILE
+from farm.core.keys import (
+    DEFAULT_BUCKET,
+    DEFAULT_ENVIRONMENT,
+    HOME_FOLDER,
+    RECORDS_FILE,
+    STORE_FILE,
+)
 from farm.core.model import INT64_MAX
 from farm.records.model import RecordLevel
 
@@ -31,7 +37,7 @@ _MAX_SECONDS = 86_400.0
 
 
 def _default_home() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kernel-farm"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / HOME_FOLDER
 
 
 class Settings(BaseSettings):
@@ -44,7 +50,7 @@ class Settings(BaseSettings):
     home: Path = Field(default_factory=_default_home)
     #: named environment: one store plus one records storage (FARM_ENVIRONMENT); a
     #: folder name under FARM_HOME/envs, so never ``.`` or ``..``
-    environment: str = Field(default="default",
+    environment: str = Field(default=DEFAULT_ENVIRONMENT,
                              pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     #: records storage URL; default SQLite beside the store (FARM_RECORDS_URL)
     records_url: str | None = Field(default=None, max_length=2000)

@@ -19,29 +19,25 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 RUN_DIR = "FARM_RUN_DIR"
 RUN_CAPTURE = "FARM_RUN_CAPTURE"
 
 
-def shim_dir() -> Path:
+def shim_folder() -> str:
     """The folder ``farm run`` puts first on ``PYTHONPATH`` (holds ``sitecustomize``)."""
-    return Path(__file__).resolve().parent / "shim"
+    return os.path.join(os.path.dirname(os.path.realpath(__file__)), "shim")
 
 
 def install_from_env() -> None:
-    """Install the hook as ``farm run`` asked (``FARM_RUN_DIR``, ``FARM_RUN_CAPTURE``)."""
-    from farm.core.gcpause import cyclic_gc_paused
+    """Install the hook as ``farm run`` asked (``FARM_RUN_DIR``, ``FARM_RUN_CAPTURE``):
+    :func:`farm.programs.hook.arm`, which imports nothing of the program server."""
+    from pathlib import Path
 
-    with cyclic_gc_paused():  # the hook's modules: pydantic, settings (farm.core.gcpause)
-        from farm.programs.hook import install, run_dir_paths
+    from farm.programs.hook import arm
 
-        run_dir = Path(os.environ[RUN_DIR])
-        counts, capture = run_dir_paths(run_dir)
-        try:
-            install(json_path=counts, summary=False,
-                    capture=capture if os.environ.get(RUN_CAPTURE) == "1" else None)
-        except Exception as exc:  # never break the application: it runs unserved
-            print(f"kernel-farm: warning: the farm's hook is not installed ({exc}); "
-                  "programs are built the plain way", file=sys.stderr)
+    try:
+        arm(Path(os.environ[RUN_DIR]), capture=os.environ.get(RUN_CAPTURE) == "1")
+    except Exception as exc:  # never break the application: it runs unserved
+        print(f"kernel-farm: warning: the farm's hook is not installed ({exc}); "
+              "programs are built the plain way", file=sys.stderr)

@@ -77,7 +77,13 @@ from farm.core.keys import (
     program_functions_key,
 )
 from farm.core.model import SHA256_HEX, Artifact, Frozen, Key, ReadyLaunch
-from farm.store.tiers import Tier
+
+#: typing.TYPE_CHECKING without importing typing for it: the tiers are read through, not
+#: made here (a served process's quick path reads with tiers of its own, and imports no
+#: store module for them: farm.programs.quick_pocl)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from farm.store.tiers import Tier
 
 MAGIC = b"KFWGSUP2"
 _LEN = struct.Struct(">I")

@@ -57,7 +57,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import urlsplit
 
 import urllib3
 from minio import Minio
@@ -110,6 +109,7 @@ from farm.store.s3_failures import (
     make_http_client,
     store_error,
 )
+from farm.store.s3_get import parse_endpoint
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState
@@ -189,14 +189,10 @@ class MinioStore(SourceIndex, BlobObjects):
         raw = settings.minio_endpoint
         if not raw:
             raise SettingsError("setting FARM_MINIO_ENDPOINT: not set")
-        endpoint, secure = raw, settings.minio_secure
-        if "://" in raw:
-            url = urlsplit(raw)
-            if url.scheme not in ("http", "https") or not url.netloc \
-                    or url.path not in ("", "/") or url.query:
-                raise SettingsError(f"setting FARM_MINIO_ENDPOINT: not host:port or "
-                                    f"http(s)://host:port: {raw!r}")
-            endpoint, secure = url.netloc, url.scheme == "https"
+        try:
+            endpoint, secure = parse_endpoint(raw, settings.minio_secure)
+        except ValueError as exc:
+            raise SettingsError(f"setting FARM_MINIO_ENDPOINT: {exc}") from None
         access, secret = settings.minio_access_key, settings.minio_secret_key
         if access is None or secret is None:
             raise SettingsError("settings FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY "
