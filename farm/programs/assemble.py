@@ -80,14 +80,6 @@ def _build(ctx: cl.Context, devices: Sequence[cl.Device], binaries: list[bytes],
     raise LoadError(f"the device refused the binary: {first}")
 
 
-def kernel_names(program: BuiltProgram) -> tuple[str, ...]:
-    """The kernels of a built program, as the driver lists them."""
-    import pyopencl as cl
-
-    return tuple(n for n in str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")
-                 if n)
-
-
 def put_in_place(program: Any, built: BuiltProgram, logs: dict[int, str], *, loaded: bool,
                  seconds: float) -> None:
     """Make the application's ``program`` what pyopencl's build would have made: ``built``

@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from farm.compilation.load import program_kernels
 from farm.core.device import DeviceInfo, info_from_device
 from farm.core.errors import FarmError, LoadError, StoreError
 from farm.core.gcpause import cyclic_gc_paused
@@ -55,7 +56,7 @@ from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
 from farm.core.model import Artifact, Key, Lowered, Outcome
 from farm.core.settings import Settings, load_settings
-from farm.programs.assemble import Assembled, assemble, escaped_log, kernel_names, put_in_place
+from farm.programs.assemble import Assembled, assemble, escaped_log, put_in_place
 from farm.programs.counts import RunCounts
 from farm.programs.harvest import Harvester
 from farm.programs.plain import build_plain, driver_output_held, unavailable, warn, why
@@ -247,7 +248,7 @@ class ProgramServer:
             logs[dev.int_ptr] = escaped_log(got.body.log)
         archs = [self._info(d).native_arch for d in devs]
         assembled = assemble(ctx, devs, binaries, described.options, archs)
-        names = sorted(kernel_names(assembled.program))
+        names = sorted(program_kernels(assembled.program))
         for fp, got in by_fp.items():
             if got.tier == UNSTORED:  # it loaded: now it may be stored
                 if not self._keep(infos[fp], described, got, names):
