@@ -138,7 +138,7 @@ class IsolatedValidator:
         if self._child is not None and self._child.poll() is None:
             return self._child
         self._cache = tempfile.mkdtemp(prefix="farm-validate-")
-        env = {**os.environ, "POCL_CACHE_DIR": os.path.join(self._cache, "pocl"),
+        env = {**unserved_environment(), "POCL_CACHE_DIR": os.path.join(self._cache, "pocl"),
                "CUDA_CACHE_PATH": os.path.join(self._cache, "cuda"),
                "XDG_CACHE_HOME": os.path.join(self._cache, "xdg"), "PYOPENCL_NO_CACHE": "1"}
         for sub in ("pocl", "cuda", "xdg"):
@@ -199,6 +199,16 @@ class IsolatedValidator:
             if self._cache is not None:  # what a crashed load left goes with it
                 shutil.rmtree(self._cache, ignore_errors=True)
                 self._cache = None
+
+
+def unserved_environment() -> dict[str, str]:
+    """This process's environment for a child the farm starts itself: never served nor
+    counted by ``farm run`` (a proof's child inside a served application is the farm's,
+    and is killed when the application ends: counted, it would read as a process that
+    died before its end)."""
+    from farm.core.keys import RUN_CAPTURE, RUN_DIR
+
+    return {k: v for k, v in os.environ.items() if k not in (RUN_DIR, RUN_CAPTURE)}
 
 
 def _read_line(stream: IO[bytes], timeout_s: float) -> str | None:

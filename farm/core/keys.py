@@ -394,6 +394,11 @@ DEFAULT_BUCKET = "kernel-farm"
 HOME_FOLDER = "kernel-farm"
 #: FARM_ENVIRONMENT unless set
 DEFAULT_ENVIRONMENT = "default"
+#: ``farm run``'s folder for its processes' counts (:mod:`farm.programs.autoinstall`), and
+#: whether they capture: a process the farm itself starts inside a run (a proof's child)
+#: is not served, and is started without them
+RUN_DIR = "FARM_RUN_DIR"
+RUN_CAPTURE = "FARM_RUN_CAPTURE"
 
 
 # -- records ---------------------------------------------------------------------------------

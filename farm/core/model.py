@@ -21,14 +21,11 @@ from pydantic import (
     field_validator,
 )
 
-from farm.core.hashing import canonical_json, sha256_hex, stable_hash
+from farm.core.hashing import SHA256_HEX, canonical_json, sha256_hex, stable_hash
 
 #: the largest integer every storage takes (SQLite and PostgreSQL BIGINT): an integer
 #: from outside beyond it is refused where it enters, not by a database later
 INT64_MAX = 2**63 - 1
-
-#: a 64-digit lowercase hex SHA-256 (source hashes, digests)
-SHA256_HEX = r"^[0-9a-f]{64}$"
 
 NonNegInt64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
 """A count, a size, a sequence number."""

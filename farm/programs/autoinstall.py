@@ -20,8 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-RUN_DIR = "FARM_RUN_DIR"
-RUN_CAPTURE = "FARM_RUN_CAPTURE"
+from farm.core.keys import RUN_CAPTURE, RUN_DIR
 
 
 def shim_folder() -> str:

@@ -26,7 +26,8 @@ import os
 import sys
 
 from farm.core.errors import FarmError, InputError
-from farm.programs.autoinstall import RUN_CAPTURE, RUN_DIR, shim_folder
+from farm.core.keys import RUN_CAPTURE, RUN_DIR
+from farm.programs.autoinstall import shim_folder
 from farm.programs.counts import KEYS, RunCounts, read_process, summary_line, write_json
 
 #: typing.TYPE_CHECKING without importing typing (nor dataclasses below): this module is

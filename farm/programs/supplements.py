@@ -49,7 +49,6 @@ import json
 import os
 import socket
 import sqlite3
-import struct
 from collections.abc import Mapping
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -77,6 +76,18 @@ from farm.core.keys import (
     program_functions_key,
 )
 from farm.core.model import SHA256_HEX, Artifact, Frozen, Key, ReadyLaunch
+from farm.programs.headers import (
+    DEVICE_PATTERN,
+    MAX_FUNCTIONS,
+    MAX_LOCAL,
+    MAX_RECORD_HEADER,
+    PROGRAM_PATTERN,
+    StaleRecord,
+    SupplementError,
+    spec_name,
+)
+from farm.programs.headers import LENGTH as _LEN
+from farm.programs.headers import RECORD_MAGIC as MAGIC
 
 #: typing.TYPE_CHECKING without importing typing for it: the tiers are read through, not
 #: made here (a served process's quick path reads with tiers of its own, and imports no
@@ -85,17 +96,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from farm.store.tiers import Tier
 
-MAGIC = b"KFWGSUP2"
-_LEN = struct.Struct(">I")
-#: functions one record holds at most; a harvest with more writes several records
-MAX_FUNCTIONS = 256
 #: bytes of functions one record holds at most
 MAX_RECORD_BYTES = 64 * 1024 * 1024
-_MAX_HEADER = 1024 * 1024
 #: slots read at once (most programs have one record: the first two answer in one trip)
 READ_AHEAD = 2
-#: a local size PoCL specialises for, per dimension, at most
-MAX_LOCAL = 4096
 #: the tag of the name a merged binary is loaded under (:func:`merge`)
 LOADED_TAG = b"kernel-farm loaded program 2\n"
 #: what a store may raise that only means "no records this time"
@@ -106,12 +110,6 @@ Pair = tuple[str, str]
 Local = tuple[Annotated[int, Field(ge=1, le=MAX_LOCAL)],
               Annotated[int, Field(ge=1, le=MAX_LOCAL)],
               Annotated[int, Field(ge=1, le=MAX_LOCAL)]]
-
-
-def spec_name(local: tuple[int, int, int], zero_offset: bool, small_grid: bool) -> str:
-    """PoCL's folder name of a work-group function's specialisation."""
-    return (f"{local[0]}-{local[1]}-{local[2]}" + ("-goffs0" if zero_offset else "")
-            + ("-smallgrid" if small_grid else ""))
 
 
 def parse_spec(spec: str) -> tuple[tuple[int, int, int], bool, bool] | None:
@@ -143,18 +141,10 @@ class Function(Frozen):
 
 class Header(Frozen):
     format: Literal[2] = 2
-    program: str = Field(pattern=r"^[0-9a-f]{8,64}\.[0-9a-f]{8,64}$")
+    program: str = Field(pattern=PROGRAM_PATTERN)
     base: str = Field(pattern=FARM_NAMED.pattern)
-    device: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,99}$")
+    device: str = Field(pattern=DEVICE_PATTERN)
     functions: tuple[Function, ...] = Field(min_length=1, max_length=MAX_FUNCTIONS)
-
-
-class SupplementError(ValueError):
-    """A record that is not one this reader accepts (see the module docstring)."""
-
-
-class StaleRecord(SupplementError):
-    """A record of another binary of the same program."""
 
 
 @dataclass(frozen=True)
@@ -190,7 +180,7 @@ def decode(data: bytes, program: Key, base: str, device: str, kernels: frozenset
         raise SupplementError("not a work-group function record of this format")
     size = _LEN.unpack_from(data, len(MAGIC))[0]
     start = len(MAGIC) + _LEN.size
-    if size > _MAX_HEADER or start + size > len(data):
+    if size > MAX_RECORD_HEADER or start + size > len(data):
         raise SupplementError("record header runs past the record")
     try:
         header = Header.model_validate(json.loads(data[start:start + size]))
