@@ -14,7 +14,7 @@ meanwhile is not stored twice.
 
 What it stores is only what PoCL made in this node from a binary the node proved: the
 folder it reads is the one of the binary the application loaded, named by that binary's
-own content (:func:`farm.programs.supplements.merge`), so nothing in it came from another
+own content (:func:`farm.programs.prepared.merge`), so nothing in it came from another
 binary, and what the binary itself carried (records merged in) is known and never
 stored again. :func:`store_functions` is the one writer of records; a build process that
 made functions by launching recorded settings calls it with those launches.
@@ -38,15 +38,9 @@ from farm.compilation.poclcache import loaded_folder, work_group_functions
 from farm.core.errors import FarmError
 from farm.core.keys import PROGRAM_FUNCTION_SLOTS, Namespace, program_functions_key
 from farm.core.model import Key, ReadyLaunch
-from farm.programs.supplements import (
-    MAX_FUNCTIONS,
-    MAX_RECORD_BYTES,
-    Pair,
-    Prepared,
-    SupplementError,
-    read_slot,
-    record,
-)
+from farm.programs.headers import MAX_FUNCTIONS
+from farm.programs.prepared import Pair, Prepared
+from farm.programs.supplements import MAX_RECORD_BYTES, SupplementError, read_slot, record
 from farm.store.base import ArtifactStore, PutResult
 
 #: seconds between two harvests of a running process

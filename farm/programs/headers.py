@@ -65,8 +65,6 @@ _SHA256 = re.compile(SHA256_HEX)
 
 #: a body read: the key and device it names, its kernels and log, the device binary
 BodyView = namedtuple("BodyView", "program device kernels log binary")
-#: a record's functions, (kernel, specialisation folder) -> bytes
-Functions = dict
 
 
 class BodyError(ValueError):

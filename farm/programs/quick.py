@@ -66,8 +66,8 @@ if TYPE_CHECKING:
     from farm.core.model import Artifact
     from farm.core.outage import Waiter
     from farm.programs.counts import RunCounts
+    from farm.programs.prepared import Prepared
     from farm.programs.quick_pocl import Records, RowReader
-    from farm.programs.supplements import Prepared
     from farm.store.base import ArtifactStore
     from farm.store.s3_get import S3Reader
 

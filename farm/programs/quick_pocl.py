@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, ArtifactMeta, Key
 from farm.programs.harvest import Harvester
+from farm.programs.prepared import Prepared
 from farm.programs.program_key import PROGRAM_BUILD_ID
-from farm.programs.supplements import Prepared
 
 if TYPE_CHECKING:
     from farm.store.base import ArtifactStore

@@ -60,11 +60,12 @@ from farm.programs.assemble import Assembled, assemble, escaped_log, put_in_plac
 from farm.programs.counts import RunCounts
 from farm.programs.harvest import Harvester
 from farm.programs.plain import build_plain, driver_output_held, unavailable, warn, why
+from farm.programs.prepared import Prepared
 from farm.programs.program_key import PROGRAM_BUILD_ID, Unserved
 from farm.programs.proving import UNSTORED, Got, Proving, compiled_here
 from farm.programs.quick import APP_ATTEMPT_S, APP_OUTAGE_LIMIT_S, app_waiter
 from farm.programs.spec import Described, describe
-from farm.programs.supplements import READ_AHEAD, Prepared, SlotReader, fill_front
+from farm.programs.supplements import READ_AHEAD, SlotReader, fill_front
 from farm.records.model import Trip
 from farm.store.base import ArtifactStore, PutResult
 from farm.store.tiers import tiers_of

@@ -7,8 +7,8 @@ program declares no launch, so its stored binary holds none: without more, every
 compiles them again at every first launch. So the functions an application's launches
 made are *harvested* (:mod:`farm.programs.harvest`) and stored as **records** beside the
 program's artifact, and a node that loads the program merges the records it has proven
-into the binary before PoCL unpacks it (:func:`merge`), so the first launch of a known
-geometry finds its function and compiles nothing.
+into the binary before PoCL unpacks it (:func:`farm.programs.prepared.merge`), so the
+first launch of a known geometry finds its function and compiles nothing.
 
 A record is an ordinary artifact (digest-verified, signed where signing is configured,
 bound to its namespace). Its key is slot ``n`` of the program's records
@@ -37,10 +37,8 @@ and grid class. A record that passes is then *proven* like every stored binary
 isolated child with a private PoCL cache, each function ``dlopen``\\ ed there, its
 recorded launch run. Only then does a function reach the application's PoCL cache.
 
-The binary an application loads is named by its own content (:func:`merge`:
-:func:`farm.compilation.poclbin.renamed`), so the node's PoCL folder for it holds only
-what those very bytes held and what PoCL made from them: once a record is gone from the
-store, no later process loads a binary with its function, nor harvests it from a folder.
+The binary an application loads is named by its own content
+(:mod:`farm.programs.prepared`).
 """
 
 from __future__ import annotations
@@ -57,14 +55,6 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, ValidationError
 
 from farm.compilation.elfstub import MAX_FUNCTION_BYTES, exports
-from farm.compilation.poclbin import (
-    add_files,
-    build_hash,
-    function_folder,
-    function_path,
-    kernel_file_data,
-    renamed,
-)
 from farm.compilation.poclcache import FARM_NAMED, KERNEL, SPEC
 from farm.compilation.ready import GRID_LIMIT, grid_width
 from farm.core.errors import FarmError
@@ -88,6 +78,7 @@ from farm.programs.headers import (
 )
 from farm.programs.headers import LENGTH as _LEN
 from farm.programs.headers import RECORD_MAGIC as MAGIC
+from farm.programs.prepared import Pair
 
 #: typing.TYPE_CHECKING without importing typing for it: the tiers are read through, not
 #: made here (a served process's quick path reads with tiers of its own, and imports no
@@ -100,13 +91,9 @@ if TYPE_CHECKING:
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 #: slots read at once (most programs have one record: the first two answer in one trip)
 READ_AHEAD = 2
-#: the tag of the name a merged binary is loaded under (:func:`merge`)
-LOADED_TAG = b"kernel-farm loaded program 2\n"
 #: what a store may raise that only means "no records this time"
 _UNAVAILABLE = (FarmError, OSError, sqlite3.Error)
 
-#: (kernel, specialisation folder name, e.g. ``16-1-1-goffs0-smallgrid``)
-Pair = tuple[str, str]
 Local = tuple[Annotated[int, Field(ge=1, le=MAX_LOCAL)],
               Annotated[int, Field(ge=1, le=MAX_LOCAL)],
               Annotated[int, Field(ge=1, le=MAX_LOCAL)]]
@@ -298,6 +285,10 @@ class Candidate:
     art: Artifact
     decoded: Decoded
 
+    @property
+    def functions(self) -> dict[Pair, bytes]:
+        return self.decoded.functions
+
 
 @dataclass(frozen=True)
 class Refused:
@@ -342,52 +333,6 @@ def read_records(reader: SlotReader, program: Key, base: str, device: str,
             continue
         out.candidates.append(Candidate(slot, tier, art, decoded))
     return out
-
-
-@dataclass
-class Prepared:
-    """A program's binary as a PoCL node loads it: the stored one with its proven
-    records' functions merged in, under a name of its own content, and what a harvest
-    needs to know about it."""
-
-    binary: bytes
-    #: the build hash of the stored binary (what records name)
-    base: str
-    #: the build hash ``binary`` is loaded under (the folder PoCL unpacks it into)
-    folder: str
-    kernels: tuple[str, ...]
-    #: (kernel, specialisation) pairs the loaded binary carries
-    known: set[Pair] = field(default_factory=set)
-    #: the first slot no reader found (where a harvest writes next)
-    next_slot: int = 0
-    #: functions merged from records
-    merged: int = 0
-    #: records to copy into the tiers in front of the one that served them
-    fills: list[tuple[int, Artifact]] = field(default_factory=list)
-
-
-def merge(binary: bytes, base: str, records: list[Candidate], next_slot: int) -> Prepared:
-    """``binary`` (a program's stored one, named ``base``) with the functions of
-    ``records`` (proven) added, under a name of the merged content
-    (:data:`LOADED_TAG`); :class:`~farm.compilation.poclbin.PoclBinaryError` when it
-    cannot be walked (the caller proved it walks)."""
-    files = kernel_file_data(binary)
-    known = {(k, function_folder(p)) for k, held in files.items() for p in held
-             if SPEC.match(function_folder(p))}
-    adding: dict[str, dict[str, bytes]] = {}
-    fills = []
-    for rec in records:
-        if rec.tier:
-            fills.append((rec.tier, rec.art))
-        for (kernel, spec), data in rec.decoded.functions.items():
-            if (kernel, spec) not in known:
-                adding.setdefault(kernel, {})[function_path(kernel, spec)] = data
-                known.add((kernel, spec))
-    merged = add_files(binary, adding) if adding else binary
-    loaded = renamed(merged, LOADED_TAG)
-    return Prepared(binary=loaded, base=base, folder=build_hash(loaded), kernels=tuple(files),
-                    known=known, next_slot=next_slot,
-                    merged=sum(len(v) for v in adding.values()), fills=fills)
 
 
 def fill_front(tiers: list[Tier], ns: Namespace, fills: list[tuple[int, Artifact]]) -> None:
