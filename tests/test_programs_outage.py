@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from farm.devservices import MinioServer
-from farm.programs.quick import APP_OUTAGE_LIMIT_S
+from farm.programs.rows import APP_OUTAGE_LIMIT_S
 
 pytestmark = pytest.mark.integration
 

@@ -35,9 +35,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from farm.compilation.validate import IsolatedValidator, Request
+    from typing import Protocol
+
+    from farm.compilation.validate import Request
     from farm.core.device import DeviceInfo
     from farm.core.model import Artifact
+
+    class Checker(Protocol):
+        """What loads a binary where its crash harms nobody: the isolated child
+        (:class:`farm.compilation.validate.IsolatedValidator`), or a process that is
+        itself such a child (:mod:`farm.programs.ahead`)."""
+
+        started: int
+
+        def start(self) -> None: ...
+
+        def check(self, binary: bytes, request: Request) -> Verdict: ...
+
+        def close(self) -> None: ...
 
 #: bump when what a proof checks changes: every verdict kept before is then unknown
 PROOF_VERSION = 1
@@ -45,6 +60,18 @@ PROOF_VERSION = 1
 _MAX_REASON = 500
 
 Kind = Literal["family", "program", "functions"]
+
+
+def private_caches(folder: str) -> dict[str, str]:
+    """The environment of a process that proves binaries: every driver cache in
+    ``folder`` (made for that process, removed with it), so that what a load the driver
+    dies in leaves behind never reaches the node's own caches. Made here."""
+    out = {"POCL_CACHE_DIR": os.path.join(folder, "pocl"),
+           "CUDA_CACHE_PATH": os.path.join(folder, "cuda"),
+           "XDG_CACHE_HOME": os.path.join(folder, "xdg"), "PYOPENCL_NO_CACHE": "1"}
+    for key in ("POCL_CACHE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME"):
+        os.makedirs(out[key], exist_ok=True)
+    return out
 
 
 @dataclass(frozen=True)
@@ -152,13 +179,15 @@ class Prover:
     (started on first need, or early with :meth:`start`). Thread-safe."""
 
     def __init__(self, device: DeviceInfo, book: ProofBook,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, checker: Checker | None = None) -> None:
+        """``checker``: what loads the binaries (default: an isolated child, started on
+        first need)."""
         self.device = device
         self.book = book
         self.stats = ProofStats()
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._validator: IsolatedValidator | None = None
+        self._validator: Checker | None = checker
 
     def known(self, claim: Claim) -> str | None:
         """The node's verdict on ``claim`` ("" proven, why refused), ``None``: unknown."""
@@ -196,7 +225,7 @@ class Prover:
             self.book.note(claim, verdict.why)
             self.stats.bump("refused" if verdict.why else "proven")
 
-    def _child(self) -> IsolatedValidator:
+    def _child(self) -> Checker:
         from farm.compilation.validate import DEFAULT_TIMEOUT_S, IsolatedValidator
 
         with self._lock:

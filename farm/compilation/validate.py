@@ -42,8 +42,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from farm.compilation.proofs import Verdict
+from farm.compilation.proofs import Verdict, private_caches
 from farm.core.device import DeviceInfo
+from farm.core.keys import unserved_environment
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -138,11 +139,7 @@ class IsolatedValidator:
         if self._child is not None and self._child.poll() is None:
             return self._child
         self._cache = tempfile.mkdtemp(prefix="farm-validate-")
-        env = {**unserved_environment(), "POCL_CACHE_DIR": os.path.join(self._cache, "pocl"),
-               "CUDA_CACHE_PATH": os.path.join(self._cache, "cuda"),
-               "XDG_CACHE_HOME": os.path.join(self._cache, "xdg"), "PYOPENCL_NO_CACHE": "1"}
-        for sub in ("pocl", "cuda", "xdg"):
-            os.mkdir(os.path.join(self._cache, sub))
+        env = {**unserved_environment(), **private_caches(self._cache)}
         child = subprocess.Popen(
             [sys.executable, "-m", "farm.compilation.validate"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -201,16 +198,6 @@ class IsolatedValidator:
                 self._cache = None
 
 
-def unserved_environment() -> dict[str, str]:
-    """This process's environment for a child the farm starts itself: never served nor
-    counted by ``farm run`` (a proof's child inside a served application is the farm's,
-    and is killed when the application ends: counted, it would read as a process that
-    died before its end)."""
-    from farm.core.keys import RUN_CAPTURE, RUN_DIR
-
-    return {k: v for k, v in os.environ.items() if k not in (RUN_DIR, RUN_CAPTURE)}
-
-
 def _read_line(stream: IO[bytes], timeout_s: float) -> str | None:
     """One line from ``stream``; "" at end of file; ``None`` past ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -241,15 +228,17 @@ def _serve() -> int:
     while header := stdin.readline():
         request = json.loads(header)
         binary = stdin.read(int(request["size"]))
-        error = _check(ctx, cl_device, info, binary, request)
+        error = check_binary(ctx, cl_device, info.native_arch, binary, request)
         stdout.write(json.dumps({"error": " ".join(error.split())[:500]}).encode() + b"\n")
         stdout.flush()
     return 0
 
 
-def _check(ctx: cl.Context, cl_device: cl.Device, info: DeviceInfo, binary: bytes,
-           request: dict[str, Any]) -> str:
-    """"" when ``binary`` passes every check of ``request`` here, else why not."""
+def check_binary(ctx: cl.Context, cl_device: cl.Device, arch: str, binary: bytes,
+                 request: dict[str, Any]) -> str:
+    """"" when ``binary`` passes every check of ``request`` here (``arch``: the device's
+    native architecture), else why not. Run only where a crash harms nobody: the child,
+    or a prover that is itself one (:mod:`farm.programs.ahead`)."""
     import pyopencl as cl
 
     from farm.compilation.load import load_binary
@@ -259,7 +248,7 @@ def _check(ctx: cl.Context, cl_device: cl.Device, info: DeviceInfo, binary: byte
     try:
         loaded = load_binary(ctx, cl_device, binary,
                              tuple(names) if names is not None else (),
-                             arch=info.native_arch,
+                             arch=arch,
                              require_kernel=bool(request.get("require_kernel", True)))
     except FarmError as exc:
         return str(exc)

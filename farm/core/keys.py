@@ -265,12 +265,18 @@ def program_functions_key(program: Key, slot: int) -> Key:
     on the program's key alone, so a reader asks for the first slots while the program's
     own artifact is still on its way (each record names the binary it belongs to). Every
     slot of a program shares the first 62 digits: one listing of that prefix finds them."""
-    if not 0 <= slot < PROGRAM_FUNCTION_SLOTS:
-        raise ValueError(f"slot {slot} outside 0..{PROGRAM_FUNCTION_SLOTS - 1}")
     from farm.core.model import Key
 
+    return Key(id_hash=program_functions_id(str(program), slot), build_id=program.build_id)
+
+
+def program_functions_id(program: str, slot: int) -> str:
+    """The ``id`` of :func:`program_functions_key` (``program``: the key as text), without
+    the key's model (a served application's quick path)."""
+    if not 0 <= slot < PROGRAM_FUNCTION_SLOTS:
+        raise ValueError(f"slot {slot} outside 0..{PROGRAM_FUNCTION_SLOTS - 1}")
     digest = sha256_hex(f"{PROGRAM_FUNCTIONS_FAMILY}\n{program}")
-    return Key(id_hash=f"{digest[:62]}{slot:02x}", build_id=program.build_id)
+    return f"{digest[:62]}{slot:02x}"
 
 
 #: the family name tuning results are stored under (farm.tuning; never a registered
@@ -278,9 +284,12 @@ def program_functions_key(program: Key, slot: int) -> Key:
 TUNING_FAMILY = "tune"
 #: the family name of a problem's latest tuning, whatever its candidate list
 TUNING_INDEX_FAMILY = "tune-index"
+#: the family of an application's plan: the programs it builds on a device fingerprint
+#: (farm.programs.plan), in that fingerprint's namespace
+PLAN_FAMILY = "program-plan"
 #: stored families whose bytes are data, not a binary: never loaded on a device (a
 #: bundle import does not validate them in a child), read and checked by their reader
-DATA_FAMILIES = frozenset({TUNING_FAMILY, TUNING_INDEX_FAMILY})
+DATA_FAMILIES = frozenset({TUNING_FAMILY, TUNING_INDEX_FAMILY, PLAN_FAMILY})
 
 
 def blob_object(digest: str) -> str:
@@ -399,6 +408,16 @@ DEFAULT_ENVIRONMENT = "default"
 #: is not served, and is started without them
 RUN_DIR = "FARM_RUN_DIR"
 RUN_CAPTURE = "FARM_RUN_CAPTURE"
+
+
+def unserved_environment() -> dict[str, str]:
+    """This process's environment for a child the farm starts itself: never served nor
+    counted by ``farm run`` (a proof's child inside a served application is the farm's,
+    and may be killed when the application ends: counted, it would read as a process
+    that died before its end)."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k not in (RUN_DIR, RUN_CAPTURE)}
 
 
 # -- records ---------------------------------------------------------------------------------

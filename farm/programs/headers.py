@@ -51,6 +51,8 @@ MAX_KERNELS = 4096
 MAX_LOG = 4 * 1024 * 1024
 #: functions one record holds at most; a harvest with more writes several records
 MAX_FUNCTIONS = 256
+#: bytes of functions one record holds at most
+MAX_RECORD_BYTES = 64 * 1024 * 1024
 #: a local size PoCL specialises for, per dimension, at most
 MAX_LOCAL = 4096
 

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     import pyopencl as cl
 
     from farm.core.settings import Settings
+    from farm.programs.ahead import Ahead
     from farm.programs.generated import Generated
     from farm.programs.quick import BuildOptions, QuickPath
     from farm.programs.serve import PlainBuild, ProgramServer
@@ -74,7 +75,8 @@ class Hooked:
 
     def __init__(self, settings: Settings | None, *, capture: Path | None,
                  json_path: Path | None, run_dir: Path | None, summary: bool,
-                 server: ProgramServer | None = None, quick: bool = False) -> None:
+                 server: ProgramServer | None = None, quick: bool = False,
+                 ahead: Ahead | None = None) -> None:
         self.settings = settings
         self.capture = capture
         self.json_path = json_path
@@ -85,6 +87,15 @@ class Hooked:
         self._server = server
         self._quick_wanted = quick
         self._quick: QuickPath | None = None
+        #: the prover ahead of this application (farm.programs.ahead), if one runs
+        self.ahead = ahead
+        #: fingerprint -> the program keys built there, in order (the application's plan)
+        self._built: dict[str, list[str]] = {}
+        from farm.programs.generated import application_digest
+
+        #: the application: its main script's digest, read now (Python drops the main
+        #: module's ``__file__`` before the process's exit)
+        self.app = application_digest()
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         #: set when the close starts (at most one close runs), and when it is done
@@ -121,6 +132,7 @@ class Hooked:
                         log = CaptureLog()
                     self._server = ProgramServer(self.settings, capture=log,
                                                  counts=self.counts)
+                    self._server.built = self.built
                     if self._quick is not None:
                         self._server.adopt(self._quick.observed())
             return self._server
@@ -139,7 +151,16 @@ class Hooked:
 
                 self._quick = QuickPath(self.counts, lambda: self.server.store,
                                         self._warn_once)
+                self._quick.ahead = self.ahead
+                self._quick.built = self.built
             return self._quick
+
+    def built(self, fingerprint: str, key: str) -> None:
+        """A program built (loaded, compiled) for ``fingerprint``: part of the plan."""
+        with self._lock:
+            keys = self._built.setdefault(fingerprint, [])
+            if key not in keys:
+                keys.append(key)
 
     def serve_generated(self) -> None:
         """Serve pyopencl's and loopy's generated code as the farm serves binaries
@@ -190,12 +211,12 @@ class Hooked:
                 return build_plain(plain, self.counts)
             quick = self.quick()
             if quick is not None:
-                from farm.programs.quick import QuickUnavailable
+                from farm.programs.rows import Unavailable
 
                 try:
                     if quick.build(program, options, devices):
                         return program
-                except QuickUnavailable as exc:  # said here, once: every later build
+                except Unavailable as exc:  # said here, once: every later build
                     self.broken = True           # is the plain way, with no server
                     warn(unavailable(why(exc.cause)))
                     self.counts.bump("programs")
@@ -254,6 +275,8 @@ class Hooked:
                     self._warn_once(f"the farm could not finish ({why(exc)})")
         server = self.started
         counts = self.counts.snapshot()
+        if server is not None and not self.broken:
+            self._store_plans(server)
         try:
             if self.capture is not None and server is not None and \
                     server.capture is not None:
@@ -271,12 +294,28 @@ class Hooked:
         except Exception as exc:  # records that cannot be written never fail the exit
             print(f"kernel-farm: warning: records not written ({exc})", file=sys.stderr)
 
+    def _store_plans(self, server: ProgramServer) -> None:
+        """What this process built, as the application's plan where the store has none
+        (:mod:`farm.programs.plan`); only a process that used the server (it has the
+        store open): one served by the quick path alone found a plan, or its node had
+        proven everything."""
+        from farm.programs.plan import store_plans
+
+        app = self.app
+        with self._lock:
+            built = {fp: list(keys) for fp, keys in self._built.items()}
+        if app and built:
+            try:
+                store_plans(server.store, app, built)
+            except (OSError, ValueError, FarmError) as exc:
+                self._warn_once(f"the application's plan was not stored ({why(exc)})")
+
     def forked(self) -> Hooked:
         """The state of a child forked from this process: the same configuration, new
         counts, files and server (this one's is the parent's, never used here)."""
         return Hooked(self.settings, capture=self.capture, json_path=self.json_path,
                       run_dir=self.run_dir, summary=self.summary,
-                      quick=self._quick_wanted)
+                      quick=self._quick_wanted, ahead=self.ahead)
 
 
 _HOOKED: Hooked | None = None
@@ -304,16 +343,18 @@ def install(settings: Settings | None = None, *, capture: Path | None = None,
     return hooked.server
 
 
-def arm(run_dir: Path, capture: bool) -> None:
+def arm(run_dir: Path, capture: bool, ahead: Ahead | None = None) -> None:
     """Install the hook as ``farm run`` does (:mod:`farm.programs.autoinstall`): counts
-    (and a capture) into ``run_dir``; the quick path first; nothing of the program
+    (and a capture) into ``run_dir``; the quick path first (waiting for ``ahead``, the
+    prover ahead of the application, where it proves a program); nothing of the program
     server imported until a build needs it."""
     with _LOCK:
         if _HOOKED is None:
             # under a run folder the capture's file is named there (per process):
             # ``capture`` only says whether one is wanted
             _patch(Hooked(None, capture=run_dir if capture else None, json_path=None,
-                          run_dir=run_dir, summary=False, quick=True))
+                          run_dir=run_dir, summary=False, quick=True,
+                          ahead=ahead))
             assert _HOOKED is not None
             _HOOKED.write_counts()
             _HOOKED.serve_generated()

@@ -1,87 +1,120 @@
-"""The quick path on PoCL's CPU drivers: a program's work-group function records merged
-into its binary, and what its launches make harvested, without the program server.
+"""The quick path on PoCL's CPU drivers: a program's work-group function records read,
+held to the trust rule and merged into its binary, and what its launches make harvested,
+without the program server.
 
-:mod:`farm.programs.supplements` reads and merges the records, :mod:`farm.programs.harvest`
-stores what the launches make; what the server gives them (store tiers, a harvest
-store) is given here by the quick path (:mod:`farm.programs.quick`): the node's local
-tier and MinIO read as the quick path reads them, as tiers that answer records as
-artifacts. The records' models (pydantic) load with the first program that has records;
-the server, its settings and the MinIO SDK do not load at all unless a harvest has
-something to store. Whatever is not plain (a record refused, a binary not named by its
-content) is the server's: the quick path declines the build.
+Each record slot is read as the server reads it (:mod:`farm.programs.rows`: key,
+family, size, digest; :func:`farm.programs.headers.record_exactly`: the program, the
+binary, the device, each function's kernel, specialisation, bytes and ELF symbol) and is
+merged only when the node's proof book holds a good verdict for that record merged into
+that program (:class:`~farm.compilation.proofs.Claim`, kind ``functions``), as the server
+would have noted it. A record of another binary of the program is skipped (its slot
+stays taken), as the server skips it. Anything else (a record refused, one the node has
+not proven, a binary that does not walk) is the server's: the quick path declines the
+build, and the server proves, or quarantines and says so. Only the harvest's store loads
+the records' models, the server's store and the MinIO SDK, and only when a harvest has
+something to store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections import namedtuple
 
-from farm.core.keys import Namespace
-from farm.core.model import Artifact, ArtifactMeta, Key
-from farm.programs.harvest import Harvester
-from farm.programs.prepared import Prepared
+from farm.compilation.poclbin import PoclBinaryError, build_hash, kernel_files
+from farm.compilation.proofs import Claim, ProofBook
+from farm.core.keys import (
+    PROGRAM_FUNCTION_SLOTS,
+    PROGRAM_FUNCTIONS_FAMILY,
+    program_functions_id,
+)
+from farm.programs.headers import StaleRecord, SupplementError, record_exactly
+from farm.programs.prepared import merge
 from farm.programs.program_key import PROGRAM_BUILD_ID
+from farm.programs.rows import Unchecked
 
+#: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from farm.programs.harvest import Harvester
+    from farm.programs.prepared import Prepared
+    from farm.programs.rows import Rows
     from farm.store.base import ArtifactStore
 
-#: reads one stored artifact's (metadata JSON, binary) by namespace, key id and build id
-RowReader = Callable[[str, str, str], "tuple[str | bytes, bytes] | None"]
+    #: the node's verdict on a claim, waited for where the prover ahead proves ``key``
+    Verdict = Callable[[Claim, str], "str | None"]
 
-
-class _Reads:
-    """One tier as :class:`~farm.programs.supplements.SlotReader` walks tiers: ``get``
-    answers an artifact, verified, or ``None``."""
-
-    def __init__(self, read: RowReader) -> None:
-        self._read = read
-
-    def get(self, ns: Namespace, key: Key) -> Artifact | None:
-        row = self._read(str(ns), key.id_hash, key.build_id)
-        if row is None:
-            return None
-        try:
-            art = Artifact(meta=ArtifactMeta.model_validate_json(row[0]), binary=row[1])
-        except ValueError:
-            return None
-        return art if art.verify() and art.meta.key == key else None
-
-
-@dataclass(frozen=True)
-class _Tier:
-    store: _Reads
+#: a record to merge (:func:`farm.programs.prepared.merge`): its tier (1: MinIO, kept in
+#: the local tier once its program loaded), (its key id, its row), its functions
+_Record = namedtuple("_Record", "tier art functions")
 
 
 class Records:
     """The records side of the quick path in one process (thread-safe where it must be:
     the harvester is)."""
 
-    def __init__(self, tiers: list[RowReader], harvest_store: Callable[[], ArtifactStore],
-                 warn: Callable[[str], None]) -> None:
-        self._tiers = [_Tier(_Reads(read)) for read in tiers]
+    def __init__(self, rows: Rows, harvest_store: Callable[[], ArtifactStore],
+                 warn: Callable[[str], None], book: ProofBook) -> None:
+        self._rows = rows
+        self._book = book
         self._harvest_store = harvest_store
         self._warn = warn
         self._harvester: Harvester | None = None
 
-    def prepare(self, fingerprint: str, key: str, binary: bytes
-                ) -> tuple[Prepared, list[tuple[int, Artifact]]] | None:
-        """``binary`` with its records merged, and the records a later tier served (to
-        keep in the ones in front); ``None`` to decline (see the module docstring)."""
-        del fingerprint, key, binary  # records are proven first (issue 29): the server's
-        return None
+    def prepare(self, fingerprint: str, key: str, binary: bytes, digest: str,
+                verdict: Verdict) -> Prepared | None:
+        """``binary`` (``key``'s stored program, of artifact digest ``digest``) with its
+        proven records merged; ``None`` to decline (see the module docstring)."""
+        try:
+            base = build_hash(binary)
+            kernels = frozenset(kernel_files(binary))
+        except PoclBinaryError:
+            return None
+        program = f"{key}.{PROGRAM_BUILD_ID}"
+        proven: list[_Record] = []
+        next_slot = 0
+        for slot in range(PROGRAM_FUNCTION_SLOTS):
+            rec_id = program_functions_id(program, slot)
+            try:
+                found = self._rows.read(fingerprint, rec_id, PROGRAM_BUILD_ID,
+                                        PROGRAM_FUNCTIONS_FAMILY)
+            except Unchecked:
+                return None  # the server's to read (and refuse)
+            if found is None:
+                break
+            row, meta = found
+            next_slot = slot + 1
+            try:
+                functions = record_exactly(row.binary, program, base, fingerprint, kernels)
+            except StaleRecord:
+                continue
+            except SupplementError:
+                return None  # the server quarantines it and says so
+            claim = Claim("functions", fingerprint, str(meta["digest"]), merged=(digest,))
+            if verdict(claim, key) != "":
+                return None
+            proven.append(_Record(1 if row.remote else 0, (rec_id, row), functions))
+        try:
+            return merge(binary, base, proven, next_slot)
+        except PoclBinaryError:
+            return None
 
     def watch(self, fingerprint: str, key: str, prep: Prepared, source_hash: str,
-              handle: object) -> None:
-        """Harvest what ``handle``'s launches make (see :mod:`farm.programs.harvest`)."""
+              digest: str, handle: object) -> None:
+        """Harvest what ``handle``'s launches make (see :mod:`farm.programs.harvest`);
+        ``digest``: the program artifact's."""
+        from farm.core.keys import Namespace
+
         if self._harvester is None:
-            self._harvester = Harvester(self._harvest_store, self._warn)
+            from farm.programs.harvest import Harvester
+
+            self._harvester = Harvester(self._harvest_store, self._warn, book=self._book)
         self._harvester.watch(Namespace.for_fingerprint(fingerprint),
-                              Key(id_hash=key, build_id=PROGRAM_BUILD_ID), prep,
-                              source_hash, handle)
+                              f"{key}.{PROGRAM_BUILD_ID}", prep, source_hash, handle, digest)
 
     def close(self) -> None:
         """The last harvest (the process ends)."""
         harvester, self._harvester = self._harvester, None
         if harvester is not None:
             harvester.close()
+

@@ -63,7 +63,7 @@ from farm.programs.plain import build_plain, driver_output_held, unavailable, wa
 from farm.programs.prepared import Prepared
 from farm.programs.program_key import PROGRAM_BUILD_ID, Unserved
 from farm.programs.proving import UNSTORED, Got, Proving, compiled_here
-from farm.programs.quick import APP_ATTEMPT_S, APP_OUTAGE_LIMIT_S, app_waiter
+from farm.programs.rows import APP_ATTEMPT_S, APP_OUTAGE_LIMIT_S, app_waiter
 from farm.programs.spec import Described, describe
 from farm.programs.supplements import READ_AHEAD, SlotReader, fill_front
 from farm.records.model import Trip
@@ -131,6 +131,8 @@ class ProgramServer:
         self._warned: set[str] = set()
         self._blobs_put: set[str] = set()
         self._remote: Remote | None = None
+        #: told of each program served or compiled, per fingerprint (the hook's plan)
+        self.built: Callable[[str, str], None] = lambda fingerprint, key: None
 
     # -- the hook's entry point -------------------------------------------------------------
     def build(self, program: Any, options: Any,
@@ -256,6 +258,7 @@ class ProgramServer:
                     got.prepared = None  # another binary won: harvest for that one
         seconds = time.perf_counter() - start
         for fp, got in by_fp.items():
+            self.built(fp, key.id_hash)
             ns = Namespace.for_fingerprint(fp)
             self._fill_front(ns, got.art, got.tier)
             if got.prepared is not None and self._settings().pocl_ready:
@@ -285,11 +288,12 @@ class ProgramServer:
 
     def _watch(self, ns: Namespace, key: Key, prep: Prepared, art: Artifact,
                handle: object) -> None:
+        book = self._proving().book  # (takes the server's lock)
         with self._lock:
             if self._harvester is None:
-                self._harvester = Harvester(self._harvest_store, self._warn)
+                self._harvester = Harvester(self._harvest_store, self._warn, book=book)
             harvester = self._harvester
-        harvester.watch(ns, key, prep, art.meta.source_hash, handle)
+        harvester.watch(ns, str(key), prep, art.meta.source_hash, handle, art.meta.digest)
 
     def _harvest_store(self) -> ArtifactStore:
         if self._broken:

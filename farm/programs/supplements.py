@@ -87,8 +87,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from farm.store.tiers import Tier
 
-#: bytes of functions one record holds at most
-MAX_RECORD_BYTES = 64 * 1024 * 1024
 #: slots read at once (most programs have one record: the first two answer in one trip)
 READ_AHEAD = 2
 #: what a store may raise that only means "no records this time"
