@@ -44,7 +44,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from farm.compilation.proofs import Verdict, private_caches
 from farm.core.device import DeviceInfo
-from farm.core.keys import unserved_environment
+from farm.core.runenv import unserved_environment
 
 if TYPE_CHECKING:
     import pyopencl as cl

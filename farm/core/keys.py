@@ -403,21 +403,6 @@ DEFAULT_BUCKET = "kernel-farm"
 HOME_FOLDER = "kernel-farm"
 #: FARM_ENVIRONMENT unless set
 DEFAULT_ENVIRONMENT = "default"
-#: ``farm run``'s folder for its processes' counts (:mod:`farm.programs.autoinstall`), and
-#: whether they capture: a process the farm itself starts inside a run (a proof's child)
-#: is not served, and is started without them
-RUN_DIR = "FARM_RUN_DIR"
-RUN_CAPTURE = "FARM_RUN_CAPTURE"
-
-
-def unserved_environment() -> dict[str, str]:
-    """This process's environment for a child the farm starts itself: never served nor
-    counted by ``farm run`` (a proof's child inside a served application is the farm's,
-    and may be killed when the application ends: counted, it would read as a process
-    that died before its end)."""
-    import os
-
-    return {k: v for k, v in os.environ.items() if k not in (RUN_DIR, RUN_CAPTURE)}
 
 
 # -- records ---------------------------------------------------------------------------------

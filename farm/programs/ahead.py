@@ -129,7 +129,7 @@ def start(home: str, app: str) -> Ahead | None:
     ahead = Ahead(where, app, None)
     if _held(ahead.lock):
         return ahead
-    from farm.core.keys import unserved_environment
+    from farm.core.runenv import unserved_environment
 
     env = {**unserved_environment(), "FARM_HOME": home}
     null = os.devnull
@@ -262,14 +262,21 @@ def _prove(app: str, home: str, fd: int) -> bool:
 
 
 def _plan(rows: Rows, fingerprint: str, app: str) -> list[str]:
-    from farm.programs.plan import PLAN_BUILD_ID, PLAN_FAMILY, decode, plan_id
+    """The programs ``app``'s plans name on ``fingerprint``, in order (every slot until
+    the first missing one; a plan that does not read is skipped)."""
+    from farm.programs.plan import PLAN_BUILD_ID, PLAN_FAMILY, PLAN_SLOTS, decode, plan_id
     from farm.programs.rows import Unchecked
 
-    try:
-        found = rows.read(fingerprint, plan_id(app), PLAN_BUILD_ID, PLAN_FAMILY)
-        return decode(found[0].binary) if found is not None else []
-    except (Unchecked, ValueError):
-        return []
+    keys: list[str] = []
+    for slot in range(PLAN_SLOTS):
+        try:
+            found = rows.read(fingerprint, plan_id(app, slot), PLAN_BUILD_ID, PLAN_FAMILY)
+            if found is None:
+                break
+            keys += decode(found[0].binary)
+        except (Unchecked, ValueError):
+            continue
+    return list(dict.fromkeys(keys))
 
 
 def _prove_plan(rows: Rows, dev: cl.Device, keys: list[str], home: str,

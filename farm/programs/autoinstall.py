@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import sys
 
-from farm.core.keys import RUN_CAPTURE, RUN_DIR
+from farm.core.runenv import RUN_CAPTURE, RUN_DIR
 
 #: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
 TYPE_CHECKING = False

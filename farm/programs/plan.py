@@ -1,13 +1,15 @@
 """An application's plan: the programs it builds, per device fingerprint, so that a fresh
 node proves them before the application asks (:mod:`farm.programs.ahead`).
 
-The first process of an application (its main script, by digest, as generated code is
-named: :func:`farm.programs.generated.application_digest`) that builds programs through
-the program server on a fingerprint, where the store holds no plan for it yet, stores the
-keys it built, in the order it built them, as an artifact of family :data:`PLAN_FAMILY`
-in that fingerprint's namespace (first writer wins). A plan is data, never code: a list
-of program keys, read within limits (:func:`decode`); the worst a forged plan can do is
-make a node prove programs the application will not ask for. Standard library only.
+A process of an application (its main script, by digest, as generated code is named:
+:func:`farm.programs.generated.application_digest`) that built programs through the
+program server on a fingerprint stores the keys it built that no plan of the application
+names yet, in the order it built them, as an artifact of family :data:`PLAN_FAMILY` in
+that fingerprint's namespace, in the first free of :data:`PLAN_SLOTS` slots (first writer
+wins each slot: a pool's children, an MPI job's ranks, each add what they built). A
+plan is data, never code: a list of program keys, read within limits (:func:`decode`);
+the worst a forged plan can do is make a node prove programs the application will not
+ask for. Standard library only.
 """
 
 from __future__ import annotations
@@ -27,13 +29,16 @@ _FORMAT = 1
 PLAN_BUILD_ID = stable_hash({"kind": PLAN_FAMILY, "format": _FORMAT}, 24)
 #: programs one plan names at most (past it, the first ones)
 MAX_PROGRAMS = 4096
+#: plans of one application on one fingerprint at most (read in order until a miss)
+PLAN_SLOTS = 16
 #: a program key's ``id`` (:func:`farm.programs.program_key.program_id`)
 _KEY = re.compile(r"[0-9a-f]{64}")
 
 
-def plan_id(app: str) -> str:
-    """The ``id`` of the plan of the application whose main script has digest ``app``."""
-    return stable_hash({"kind": PLAN_FAMILY, "app": app}, 64)
+def plan_id(app: str, slot: int) -> str:
+    """The ``id`` of plan ``slot`` of the application whose main script has digest
+    ``app``."""
+    return stable_hash({"kind": PLAN_FAMILY, "app": app, "slot": slot}, 64)
 
 
 def encode(keys: list[str]) -> bytes:
@@ -61,14 +66,28 @@ def decode(data: bytes) -> list[str]:
 
 
 def store_plans(store: ArtifactStore, app: str, built: dict[str, list[str]]) -> None:
-    """Store the plan of application ``app`` for each fingerprint of ``built`` (the
-    program keys this process built there, in order) where the store holds none: the
-    first writer's plan stays (what it built is what a fresh node proves)."""
+    """Store what this process built on each fingerprint of ``built`` (program keys, in
+    order) that no plan of application ``app`` there names yet, in the first free slot."""
     from farm.core.keys import Namespace
     from farm.core.model import Artifact, Key
+    from farm.store.base import PutResult
 
-    key = Key(id_hash=plan_id(app), build_id=PLAN_BUILD_ID)
     for fingerprint, keys in built.items():
         ns = Namespace.for_fingerprint(fingerprint)
-        if keys and store.get(ns, key) is None:
-            store.put(ns, Artifact.create(key, PLAN_FAMILY, encode(keys), key.id_hash))
+        todo = list(keys)
+        slot, rounds = 0, 2 * PLAN_SLOTS  # a slot refused and then not found, forever
+        while todo and slot < PLAN_SLOTS and rounds > 0:
+            rounds -= 1
+            key = Key(id_hash=plan_id(app, slot), build_id=PLAN_BUILD_ID)
+            there = store.get(ns, key)
+            if there is not None:
+                try:
+                    named = set(decode(there.binary))
+                except ValueError:
+                    named = set()
+                todo = [k for k in todo if k not in named]
+                slot += 1
+                continue
+            art = Artifact.create(key, PLAN_FAMILY, encode(todo), key.id_hash)
+            if store.put(ns, art) is not PutResult.REFUSED:
+                return

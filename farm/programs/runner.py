@@ -26,7 +26,7 @@ import os
 import sys
 
 from farm.core.errors import FarmError, InputError
-from farm.core.keys import RUN_CAPTURE, RUN_DIR
+from farm.core.runenv import RUN_CAPTURE, RUN_DIR
 from farm.programs.autoinstall import shim_folder
 from farm.programs.counts import KEYS, RunCounts, read_process, summary_line, write_json
 

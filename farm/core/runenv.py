@@ -1,0 +1,23 @@
+"""``farm run``'s environment: the variables it sets for the processes it serves, and
+the environment of a process the farm starts itself inside such a run.
+
+Standard library only, and no more than ``os``: ``farm run``'s own process reads these
+names (:mod:`farm.programs.runner`), and it imports as little as it can.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: ``farm run``'s folder for its processes' counts (:mod:`farm.programs.autoinstall`)
+RUN_DIR = "FARM_RUN_DIR"
+#: "1" when ``farm run`` captures what its processes build
+RUN_CAPTURE = "FARM_RUN_CAPTURE"
+
+
+def unserved_environment() -> dict[str, str]:
+    """This process's environment for a child the farm starts itself (a proof's child,
+    the prover ahead): never served nor counted by ``farm run`` (killed when the
+    application ends, or ending after it, it would read as a process that died before
+    its end)."""
+    return {k: v for k, v in os.environ.items() if k not in (RUN_DIR, RUN_CAPTURE)}
