@@ -55,9 +55,8 @@ def _run(env: dict[str, str], app: Path, plain: bool = False
     return proc
 
 
-def _imported(proc: subprocess.CompletedProcess[str]) -> list[str]:
-    found: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return found
+def _imported(proc: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_a_served_process_whose_programs_are_stored_imports_nothing_heavy(
@@ -138,30 +137,45 @@ q = cl.CommandQueue(ctx)
 a = cla.to_device(q, np.arange(1000, dtype=np.int32))
 assert (cla.cumsum(a).get() == np.cumsum(np.arange(1000))).all()
 assert ((2 * a + 1).get() == 2 * np.arange(1000) + 1).all()
-print(json.dumps(sorted(set(generated))))
-"""
+import sys
+print(json.dumps([sorted(set(generated)), [m for m in HEAVY if m in sys.modules]]))
+""".replace("HEAVY", repr(HEAVY))
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("store", ["signed", "unsigned", "unsigned, any"])
 def test_a_fresh_node_gets_pyopencls_generated_code_from_the_farm(
-        tmp_path: Path, minio_server: Any) -> None:
+        tmp_path: Path, minio_server: Any, store: str) -> None:
     """pyopencl renders its scans with Mako and generates its kernels' invokers, and keeps
     both in its own cache of generated code (``XDG_CACHE_HOME``); the farm serves them
-    like binaries (:mod:`farm.programs.generated`), so a fresh node generates neither."""
+    like binaries (:mod:`farm.programs.generated`), so a fresh node generates neither.
+    They are pickles, code that runs in the application: served from a store whose
+    artifacts are signed and verified (the quick path verifies the signatures itself:
+    still nothing heavy imported), from an unsigned store only with
+    ``FARM_GENERATED_CODE=any``."""
+    from farm.store.signing import generate_keypair
+
     app = tmp_path / "scan.py"
     app.write_text(SCAN)
-    store = {"FARM_MINIO_ENDPOINT": minio_server.endpoint,
-             "FARM_MINIO_ACCESS_KEY": minio_server.access_key,
-             "FARM_MINIO_SECRET_KEY": minio_server.secret_key,
-             "FARM_MINIO_BUCKET": f"generated-{os.getpid()}"}
+    private, public = generate_keypair()
+    base = {"FARM_MINIO_ENDPOINT": minio_server.endpoint,
+            "FARM_MINIO_ACCESS_KEY": minio_server.access_key,
+            "FARM_MINIO_SECRET_KEY": minio_server.secret_key,
+            "FARM_MINIO_BUCKET": f"generated-{store.replace(', ', '-')}-{os.getpid()}"}
+    if store.endswith("any"):
+        base["FARM_GENERATED_CODE"] = "any"
 
-    def node(name: str) -> dict[str, str]:
-        env = _env(tmp_path / name, **store, XDG_CACHE_HOME=str(tmp_path / name / "xdg"))
+    def node(name: str, **keys: str) -> dict[str, str]:
+        env = _env(tmp_path / name, **base, **keys,
+                   XDG_CACHE_HOME=str(tmp_path / name / "xdg"))
         del env["PYOPENCL_NO_CACHE"]  # pyopencl's cache of generated code: on
         return env
 
-    first = _run(node("filler"), app)
-    assert _imported(first) == ["invoker", "scan"]  # it generated both
-    fresh = _run(node("fresh"), app)
+    signed = store == "signed"
+    first = _run(node("filler", **({"FARM_SIGNING_KEY": private} if signed else {})), app)
+    assert _imported(first)[0] == ["invoker", "scan"]  # it generated both
+    fresh = _run(node("fresh", **({"FARM_VERIFY_KEY": public} if signed else {})), app)
     assert "compiled 0" in fresh.stderr, fresh.stderr
-    assert _imported(fresh) == [], fresh.stderr
+    generated, heavy = _imported(fresh)
+    assert generated == ([] if store != "unsigned" else ["invoker", "scan"]), fresh.stderr
+    assert heavy == [], fresh.stderr  # signatures verified on the quick path too

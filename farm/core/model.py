@@ -305,9 +305,9 @@ class ArtifactMeta(Frozen):
         namespace binds the device (its fingerprint), so a signed binary can be replayed
         neither under another kernel's key nor under another device's namespace.
         """
-        return canonical_json({"v": 2, "namespace": namespace, "key": str(self.key),
-                               "family": self.family, "digest": self.digest,
-                               "size": self.size}).encode()
+        from farm.core.signatures import signed_message
+
+        return signed_message(namespace, str(self.key), self.family, self.digest, self.size)
 
     def signed_bytes_v1(self) -> bytes:
         """What a version 1 signature (farm before issue 19) covers: key, family, digest

@@ -102,6 +102,13 @@ class Settings(BaseSettings):
     signing_key: SecretStr | None = Field(default=None, max_length=200)
     #: Ed25519 public key (base64): refuse artifacts not signed by its private key
     verify_key: str | None = Field(default=None, max_length=200)
+    #: whose generated code (pyopencl's and loopy's cached Python, pickles: code that
+    #: runs in the application) a served application takes from the store
+    #: (FARM_GENERATED_CODE; farm/programs/generated.py, docs/SECURITY.md): ``signed``
+    #: only from a store this node verifies, stored only by a signing writer; ``any``
+    #: also unsigned (every writer of the store may run Python in every served
+    #: application); ``off`` never
+    generated_code: Literal["signed", "any", "off"] = "signed"
 
     # -- cluster -------------------------------------------------------------------------
     redis_url: str | None = Field(default=None, max_length=2000)

@@ -121,14 +121,14 @@ def read_body(data: bytes, program: str, device: str) -> BodyView:
                     data[start + size:])
 
 
-def _body_header(header: Any) -> str:
+def _body_header(header: object) -> str:
     """Why ``header`` is not a body header the model accepts ("" when it is);
     :class:`Undecided` where the model must say."""
     why = _fields(header, required=("program", "device"),
                   optional=("format", "kernels", "log"))
     if why:
         return why
-    fields: dict[str, Any] = header
+    fields: dict[str, Any] = header  # type: ignore[assignment]  # _fields: an object
     why = _exact(fields.get("format", 1), 1, "format") or _text(
         fields["program"], "program", _PROGRAM) or _text(fields["device"], "device", _DEVICE)
     if why:
@@ -192,7 +192,7 @@ def read_record(data: bytes, program: str, base: str, device: str, kernels: froz
     return out
 
 
-def _record_header(header: Any) -> list[tuple[str, str, int, str]]:
+def _record_header(header: object) -> list[tuple[str, str, int, str]]:
     """(kernel, specialisation, size, SHA-256) of each function of a record header the
     model accepts; :class:`SupplementError` when it refuses it, :class:`Undecided` where
     it must say."""
@@ -200,7 +200,7 @@ def _record_header(header: Any) -> list[tuple[str, str, int, str]]:
                   optional=("format",))
     if why:
         raise SupplementError(f"record header does not validate: {why}"[:200])
-    fields: dict[str, Any] = header
+    fields: dict[str, Any] = header  # type: ignore[assignment]  # _fields: an object
     why = (_exact(fields.get("format", 2), 2, "format")
            or _text(fields["program"], "program", _PROGRAM)
            or _text(fields["base"], "base", FARM_NAMED)
@@ -222,12 +222,12 @@ def _record_header(header: Any) -> list[tuple[str, str, int, str]]:
     return out
 
 
-def _function(fn: Any, where: str) -> tuple[str, str, int, str] | str:
+def _function(fn: object, where: str) -> tuple[str, str, int, str] | str:
     why = _fields(fn, required=("kernel", "local_size", "zero_offset", "small_grid",
                                 "size", "sha256"), optional=("launch",))
     if why:
         return f"{where}: {why}"
-    fields: dict[str, Any] = fn
+    fields: dict[str, Any] = fn  # type: ignore[assignment]  # _fields: an object
     if fields.get("launch") is not None:
         raise Undecided("a recorded launch")
     why = (_text(fields["kernel"], f"{where}.kernel", KERNEL)
@@ -280,7 +280,7 @@ def record_exactly(data: bytes, program: str, base: str, device: str,
 
 
 # -- the model's rules, on the types the farm writes -----------------------------------------
-def _fields(value: Any, required: tuple[str, ...], optional: tuple[str, ...]) -> str:
+def _fields(value: object, required: tuple[str, ...], optional: tuple[str, ...]) -> str:
     """Why ``value`` is not an object of exactly these fields ("" when it is): the model
     refuses anything but an object, a field missing, a field it does not have."""
     if type(value) is not dict:
@@ -292,7 +292,7 @@ def _fields(value: Any, required: tuple[str, ...], optional: tuple[str, ...]) ->
     return f"{extra[0][:40]}: not a field" if extra else ""
 
 
-def _exact(value: Any, expected: int, where: str) -> str:
+def _exact(value: object, expected: int, where: str) -> str:
     """Why ``value`` is not the literal ``expected`` ("" when it is); :class:`Undecided`
     for a value that is not an integer (the model takes ``true`` or ``1.0`` for 1)."""
     if type(value) is not int:
@@ -300,7 +300,7 @@ def _exact(value: Any, expected: int, where: str) -> str:
     return "" if value == expected else f"{where}: not {expected}"
 
 
-def _text(value: Any, where: str, pattern: re.Pattern[str] | None) -> str:
+def _text(value: object, where: str, pattern: re.Pattern[str] | None) -> str:
     """Why the string ``value`` breaks ``pattern`` (matched whole) ("" when it does not);
     :class:`Undecided` for a value that is not a string of valid Unicode."""
     if type(value) is not str or not (value.isascii() or _encodes(value)):
@@ -318,7 +318,7 @@ def _encodes(value: str) -> bool:
     return True
 
 
-def _integer(value: Any, where: str, low: int, high: int) -> str:
+def _integer(value: object, where: str, low: int, high: int) -> str:
     if type(value) is not int:
         raise Undecided(where)
     return "" if low <= value <= high else f"{where}: not in {low}..{high}"

@@ -89,13 +89,10 @@ class Hooked:
         self._quick: QuickPath | None = None
         #: the prover ahead of this application (farm.programs.ahead), if one runs
         self.ahead = ahead
-        #: fingerprint -> the program keys built there, in order (the application's plan)
-        self._built: dict[str, list[str]] = {}
-        from farm.programs.generated import application_digest
+        from farm.programs.plan import Built
 
-        #: the application: its main script's digest, read now (Python drops the main
-        #: module's ``__file__`` before the process's exit)
-        self.app = application_digest()
+        #: what this process built, for the application's plan (farm.programs.plan)
+        self.plan = Built()
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         #: set when the close starts (at most one close runs), and when it is done
@@ -132,7 +129,7 @@ class Hooked:
                         log = CaptureLog()
                     self._server = ProgramServer(self.settings, capture=log,
                                                  counts=self.counts)
-                    self._server.built = self.built
+                    self._server.built = self.plan.add
                     if self._quick is not None:
                         self._server.adopt(self._quick.observed())
             return self._server
@@ -152,21 +149,14 @@ class Hooked:
                 self._quick = QuickPath(self.counts, lambda: self.server.store,
                                         self._warn_once)
                 self._quick.ahead = self.ahead
-                self._quick.built = self.built
+                self._quick.built = self.plan.add
             return self._quick
-
-    def built(self, fingerprint: str, key: str) -> None:
-        """A program built (loaded, compiled) for ``fingerprint``: part of the plan."""
-        with self._lock:
-            keys = self._built.setdefault(fingerprint, [])
-            if key not in keys:
-                keys.append(key)
 
     def serve_generated(self) -> None:
         """Serve pyopencl's and loopy's generated code as the farm serves binaries
         (:mod:`farm.programs.generated`), where the quick path reads the store."""
         quick = self.quick()
-        if quick is None or quick.config.declined:
+        if quick is None or quick.config.declined or not quick.config.reads_generated:
             return
         from farm.programs.generated import Generated
 
@@ -176,7 +166,7 @@ class Hooked:
     def _generated_writer(self) -> Callable[[str, str, bytes], None] | None:
         """How generated code is stored at the end (the server's store), unless the farm
         became unavailable."""
-        if self.broken:
+        if self.broken or self._quick is None or not self._quick.config.writes_generated:
             return None
         from farm.core.keys import Namespace
         from farm.core.model import Artifact, Key
@@ -276,7 +266,7 @@ class Hooked:
         server = self.started
         counts = self.counts.snapshot()
         if server is not None and not self.broken:
-            self._store_plans(server)
+            self.plan.store(lambda: server.store, self._warn_once)
         try:
             if self.capture is not None and server is not None and \
                     server.capture is not None:
@@ -293,22 +283,6 @@ class Hooked:
                 server.close()
         except Exception as exc:  # records that cannot be written never fail the exit
             print(f"kernel-farm: warning: records not written ({exc})", file=sys.stderr)
-
-    def _store_plans(self, server: ProgramServer) -> None:
-        """What this process built, as the application's plan where the store has none
-        (:mod:`farm.programs.plan`); only a process that used the server (it has the
-        store open): one served by the quick path alone found a plan, or its node had
-        proven everything."""
-        from farm.programs.plan import store_plans
-
-        app = self.app
-        with self._lock:
-            built = {fp: list(keys) for fp, keys in self._built.items()}
-        if app and built:
-            try:
-                store_plans(server.store, app, built)
-            except (OSError, ValueError, FarmError) as exc:
-                self._warn_once(f"the application's plan was not stored ({why(exc)})")
 
     def forked(self) -> Hooked:
         """The state of a child forked from this process: the same configuration, new

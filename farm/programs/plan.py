@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 from farm.core.hashing import stable_hash
 from farm.core.keys import PLAN_FAMILY
@@ -23,6 +24,8 @@ from farm.core.keys import PLAN_FAMILY
 #: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from farm.store.base import ArtifactStore
 
 _FORMAT = 1
@@ -91,3 +94,39 @@ def store_plans(store: ArtifactStore, app: str, built: dict[str, list[str]]) -> 
             art = Artifact.create(key, PLAN_FAMILY, encode(todo), key.id_hash)
             if store.put(ns, art) is not PutResult.REFUSED:
                 return
+
+
+class Built:
+    """What one process built, per fingerprint, in order (thread-safe); its application
+    is read when it is made (Python drops the main module's ``__file__`` before the
+    process's exit)."""
+
+    def __init__(self) -> None:
+        from farm.programs.generated import application_digest
+
+        self.app = application_digest()
+        self._lock = threading.Lock()
+        self._keys: dict[str, list[str]] = {}
+
+    def add(self, fingerprint: str, key: str) -> None:
+        """A program built (loaded or compiled) for ``fingerprint``."""
+        with self._lock:
+            keys = self._keys.setdefault(fingerprint, [])
+            if key not in keys:
+                keys.append(key)
+
+    def store(self, store: Callable[[], ArtifactStore], warn: Callable[[str], None]) -> None:
+        """Store it as the application's plan (:func:`store_plans`), where there is an
+        application and something was built; a failure is one warning, never an error.
+        Called by a process that used the program server (its store is open): one the
+        quick path served alone found a plan, or its node had proven everything."""
+        from farm.core.errors import FarmError
+
+        with self._lock:
+            built = {fp: list(keys) for fp, keys in self._keys.items()}
+        if self.app and built:
+            try:
+                store_plans(store(), self.app, built)
+            except (OSError, ValueError, FarmError) as exc:
+                warn(f"the application's plan was not stored "
+                     f"({' '.join(str(exc).split())[:200]})")

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
         def tier(self) -> int: ...
 
         @property
-        def art(self) -> Any: ...
+        def art(self) -> object: ...
 
         @property
         def functions(self) -> Mapping[tuple[str, str], bytes]: ...
@@ -94,7 +94,7 @@ class Prepared:
     #: functions merged from records
     merged: int = 0
     #: records to copy into the tiers in front of the one that served them (tier, art)
-    fills: list[tuple[int, Any]] = field(default_factory=list)
+    fills: list[tuple[int, Any]] = field(default_factory=list)  # (tier, its artifact)
 
 
 def merge(binary: bytes, base: str, records: Sequence[Merged], next_slot: int) -> Prepared:

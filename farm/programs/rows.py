@@ -88,8 +88,23 @@ class Config:
             self.declined = "FARM_ENVIRONMENT"
         self.store_path = os.path.join(self.home, "envs", environment, STORE_FILE)
         self.pocl_ready = self._flag(env, "FARM_POCL_READY", True)
-        if env.get("FARM_SIGNING_KEY") or env.get("FARM_VERIFY_KEY"):
-            self.declined = "signing"
+        #: the public key every artifact read must be signed by (FARM_VERIFY_KEY, else the
+        #: public half of FARM_SIGNING_KEY, as farm.store.signing verifies)
+        self.verify_key: bytes | None = None
+        self.signs = bool(env.get("FARM_SIGNING_KEY"))
+        verify = env.get("FARM_VERIFY_KEY") or ""
+        if verify or self.signs:
+            from farm.core.signatures import public_of, raw_key
+
+            try:
+                self.verify_key = raw_key(verify) if verify else public_of(
+                    raw_key(env.get("FARM_SIGNING_KEY", "")))
+            except ValueError:
+                self.declined = "FARM_VERIFY_KEY"
+        #: FARM_GENERATED_CODE: whose generated code (pickles: Python code) is served
+        self.generated_code = env.get("FARM_GENERATED_CODE", "").strip().lower() or "signed"
+        if self.generated_code not in ("signed", "any", "off"):
+            self.declined = "FARM_GENERATED_CODE"
         self.minio: tuple[str, bool, str, str, str] | None = None
         endpoint = env.get("FARM_MINIO_ENDPOINT")
         if endpoint:
@@ -109,6 +124,20 @@ class Config:
                 from farm.core.keys import DEFAULT_BUCKET
 
                 self.minio = (host, secure, access, secret, bucket or DEFAULT_BUCKET)
+
+    @property
+    def reads_generated(self) -> bool:
+        """Whether generated code from the store runs here (docs/SECURITY.md): from a store
+        whose every artifact is signed by a trusted key, or from any with ``any``."""
+        return self.generated_code == "any" or (
+            self.generated_code == "signed" and self.verify_key is not None)
+
+    @property
+    def writes_generated(self) -> bool:
+        """Whether this process stores the generated code its application used: signed,
+        or unsigned with ``any``."""
+        return self.generated_code == "any" or (self.generated_code == "signed"
+                                                and self.signs)
 
     def _flag(self, env: dict[str, str], name: str, default: bool) -> bool:
         value = env.get(name, "").strip().lower()
@@ -146,10 +175,22 @@ class Rows:
         if found is None:
             return None
         meta = checked(id_hash, found[0], found[1], family, build_id)
-        if meta is None:
+        if meta is None or not self._signed(ns, f"{id_hash}.{build_id}", family, meta):
             raise Unchecked(f"{ns}/{id_hash}")
         text = found[0] if isinstance(found[0], str) else found[0].decode("utf-8")
         return Row(text, found[1], remote), meta
+
+    def _signed(self, ns: str, key: str, family: str, meta: dict[str, Any]) -> bool:
+        """Whether ``meta`` is signed as the node requires (:mod:`farm.store.signing`:
+        version 2, by the verify key, for this namespace); always, with no key."""
+        if self.config.verify_key is None:
+            return True
+        from farm.core.signatures import SIGNATURE_V2, signed_message, valid
+
+        signature = meta.get("signature")
+        return isinstance(signature, str) and signature.startswith(SIGNATURE_V2) and valid(
+            self.config.verify_key, signature[len(SIGNATURE_V2):],
+            signed_message(ns, key, family, meta["digest"], meta["size"]))
 
     def read_local(self, ns: str, id_hash: str, build_id: str
                    ) -> tuple[str | bytes, bytes] | None:
