@@ -28,6 +28,12 @@ back:
   with its drivers' caches off: that run also stores the work-group functions its
   launches made on PoCL, and the code pyopencl and loopy generated);
 
+The store is signed, as a deployment that serves generated code has it: the filling
+run has ``FARM_SIGNING_KEY``, every fresh node ``FARM_VERIFY_KEY`` (generated code is
+Python the application runs: by default the farm serves it only from a store it
+verifies; docs/SECURITY.md); ``--unsigned`` runs without keys (then no generated code
+is served).
+
 and with ``--more``: ``farm, same node`` (``farm run`` again on that node),
 ``farm, fresh node, caches off`` (the drivers' caches off) and ``farm, cold`` (an empty
 store, the drivers' caches off: the farm's own compile of every program).
@@ -176,6 +182,8 @@ def main() -> None:
                         help="also farm same node, fresh node with caches off, farm cold")
     parser.add_argument("--no-minio", action="store_true",
                         help="no MinIO binary here: seed each fresh node by a bundle")
+    parser.add_argument("--unsigned", action="store_true",
+                        help="no signing keys (then no generated code is served)")
     args = parser.parse_args()
     names = [n for n in args.apps.split(",") if n]
     unknown = [n for n in names if n not in APPS]
@@ -186,18 +194,25 @@ def main() -> None:
     compileall.compile_dir(Path(farm.__file__).parent, quiet=1)  # see the docstring
     work = Path(tempfile.mkdtemp(prefix="bench-pyopencl-app-"))
     info = machine(args.device)
+    signer: dict[str, str] = {}
+    verifier: dict[str, str] = {}
+    if not args.unsigned:
+        from farm.store.signing import generate_keypair
+
+        private, public = generate_keypair()
+        signer, verifier = {"FARM_SIGNING_KEY": private}, {"FARM_VERIFY_KEY": public}
     filled: dict[str, dict[str, Any]] = {}
     rounds: list[dict[str, dict[str, dict[str, Any]]]] = []
     try:
         if args.no_minio:
             seeds = {}
             for name in names:
-                filled[name] = fill(work, name, args.device, {})
+                filled[name] = fill(work, name, args.device, signer)
                 seeds[name] = work / f"programs-{name}.tar"
                 subprocess.run([*farm_cmd(), "bundle", "export", str(seeds[name]), "--all"],
                                check=True, capture_output=True,
                                env=base_env(FARM_HOME=str(work / f"filler-{name}")))
-            rounds = [{n: one_round(work, i, n, args.device, {}, seeds[n], args.more)
+            rounds = [{n: one_round(work, i, n, args.device, verifier, seeds[n], args.more)
                        for n in names} for i in range(args.rounds)]
         else:
             from farm.devservices import MinioServer
@@ -208,8 +223,9 @@ def main() -> None:
                              "FARM_MINIO_SECRET_KEY": minio.secret_key,
                              "FARM_MINIO_BUCKET": "bench-pyopencl-app"}
                 for name in names:
-                    filled[name] = fill(work, name, args.device, store_env)
-                rounds = [{n: one_round(work, i, n, args.device, store_env, None, args.more)
+                    filled[name] = fill(work, name, args.device, {**store_env, **signer})
+                rounds = [{n: one_round(work, i, n, args.device, {**store_env, **verifier},
+                                        None, args.more)
                            for n in names} for i in range(args.rounds)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -221,7 +237,8 @@ def report(info: dict[str, str], args: argparse.Namespace, names: list[str],
            rounds: list[dict[str, dict[str, dict[str, Any]]]]) -> None:
     peers = PEERS + (MORE if args.more else ())
     print(f"{info['device']} | {info['cpus']} CPUs, {info['cpu']} | {info['date']}")
-    print(f"store: {'bundle import (no MinIO)' if args.no_minio else 'MinIO'}; drivers' "
+    print(f"store: {'bundle import (no MinIO)' if args.no_minio else 'MinIO'}, "
+          f"{'unsigned' if args.unsigned else 'signed (fresh nodes verify)'}; drivers' "
           "caches off in 'cold' (and 'farm, cold', '..., caches off'), the defaults in "
           "folders of each node's own elsewhere (empty on a fresh node); first launches "
           f"included; medians of {len(rounds)} round(s), back to back")
@@ -251,6 +268,7 @@ def report(info: dict[str, str], args: argparse.Namespace, names: list[str],
                       "fresh_counts": counts, "raw": runs}
     print("BENCH_PYOPENCL_APP " + json.dumps({
         **info, "rounds": len(rounds), "store": "bundle" if args.no_minio else "minio",
+        "signed": not args.unsigned,
         "apps": apps}))
 
 

@@ -5,6 +5,9 @@
 # to $OUT (the device tool's folder, which comes back even when the call runs out of
 # time) or /tmp/h200-round; each step's last lines are printed as it ends.
 #   bench/h200_round.sh probe-served pyapp-nvidia pyapp-pocl  # about 6 minutes (issue 30)
+#   bench/h200_round.sh pyapp-30m                             # at most 5 minutes (issue 30
+#       merged with 29: the quick path under the trust rule, proving ahead; NVIDIA 2
+#       rounds, then PoCL 5 one round)
 #   bench/h200_round.sh gpu-test pyapp-nvidia ready-pocl      # about 9 minutes
 #   bench/h200_round.sh fanout-nvidia pyapp-pocl              # about 9 minutes
 #   bench/h200_round.sh control-plane                         # about 4 minutes
@@ -42,6 +45,12 @@ for name in "$@"; do
             --device nvidia ;;
         ready-pocl) step ready-pocl 240 env FARM_DEVICE=pocl $host python3 bench/bench_ready.py \
             --manifest medium --workers 16 --device pocl --repeat 1 --no-before ;;
+        # issue 30 after issue 29 (i30m): the three applications, a signed store, on NVIDIA
+        # (2 rounds) then PoCL 5 (1 round), one device call; each part bounded so both fit
+        pyapp-30m) step pyapp-30m 300 $host sh -c \
+            'timeout 170 python3 bench/bench_pyopencl_app.py --device nvidia --rounds 2;
+             FARM_DEVICE=pocl timeout 110 python3 bench/bench_pyopencl_app.py --device pocl \
+                 --rounds 1' ;;
         pyapp-pocl) step pyapp-pocl 300 env FARM_DEVICE=pocl $host python3 \
             bench/bench_pyopencl_app.py --device pocl --rounds 2 ;;
         gpu-cluster-bench) step gpu-cluster-bench 560 $host python3 \

@@ -112,3 +112,12 @@ def test_a_binary_that_crashes_the_prover_ahead_is_refused_by_the_applications_o
         store.close()
     fresh = run(tmp_path, env(tmp_path / "c", tmp_path / "c-pocl", minio_server, bucket))
     assert fresh.ok and fresh.warnings == [] and fresh.counts["loaded"] == 1, fresh
+
+
+def test_the_prover_ahead_keeps_its_marks_in_the_book_of_this_proof_version() -> None:
+    """``farm run``'s own process starts the prover without importing the proofs' module:
+    the book's folder is named twice, and must be one folder."""
+    from farm.compilation.proofs import PROOF_VERSION
+    from farm.programs.ahead import BOOK
+
+    assert BOOK == str(Path("proofs") / f"v{PROOF_VERSION}")

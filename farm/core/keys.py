@@ -399,8 +399,7 @@ STORE_FILE = "store.sqlite"
 RECORDS_FILE = "records.sqlite"
 #: the MinIO bucket when FARM_MINIO_BUCKET does not name one
 DEFAULT_BUCKET = "kernel-farm"
-#: FARM_HOME unless set: this folder under ``XDG_CACHE_HOME`` (or ``~/.cache``)
-HOME_FOLDER = "kernel-farm"
+
 #: FARM_ENVIRONMENT unless set
 DEFAULT_ENVIRONMENT = "default"
 

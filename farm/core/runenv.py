@@ -13,6 +13,21 @@ import os
 RUN_DIR = "FARM_RUN_DIR"
 #: "1" when ``farm run`` captures what its processes build
 RUN_CAPTURE = "FARM_RUN_CAPTURE"
+#: FARM_HOME unless set: this folder under ``XDG_CACHE_HOME`` (or ``~/.cache``)
+HOME_FOLDER = "kernel-farm"
+
+
+def default_home(env: dict[str, str] | os._Environ[str]) -> str:
+    """FARM_HOME's default: :data:`HOME_FOLDER` under ``XDG_CACHE_HOME`` (or
+    ``~/.cache``)."""
+    return os.path.join(env.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"),
+                                                               ".cache")), HOME_FOLDER)
+
+
+def home_of(env: dict[str, str] | os._Environ[str]) -> str:
+    """The farm home ``env`` names: ``FARM_HOME``, else :func:`default_home`, as
+    :class:`farm.core.settings.Settings` reads it."""
+    return env.get("FARM_HOME") or default_home(env)
 
 
 def unserved_environment() -> dict[str, str]:

@@ -22,11 +22,11 @@ from farm.core.errors import SettingsError, first_error
 from farm.core.keys import (
     DEFAULT_BUCKET,
     DEFAULT_ENVIRONMENT,
-    HOME_FOLDER,
     RECORDS_FILE,
     STORE_FILE,
 )
 from farm.core.model import INT64_MAX
+from farm.core.runenv import default_home
 from farm.records.model import RecordLevel
 
 #: a dotted Python module name (FARM_FAMILY_MODULES entries)
@@ -37,7 +37,7 @@ _MAX_SECONDS = 86_400.0
 
 
 def _default_home() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / HOME_FOLDER
+    return Path(default_home(os.environ))
 
 
 class Settings(BaseSettings):

@@ -38,7 +38,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections import namedtuple
 
 #: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
 TYPE_CHECKING = False
@@ -62,11 +61,45 @@ PROVER_LIMIT_S = 300.0
 _END = "end"
 
 
+#: the node's book of this proof version (``farm.compilation.proofs.PROOF_VERSION``, which
+#: this module does not import: ``farm run``'s own process starts a prover too, and
+#: imports as little as it can; tests/test_quick_trust.py holds the two equal)
+BOOK = os.path.join("proofs", "v1")
+
+
 def folder(home: str) -> str:
     """Where the provers ahead keep their locks and marks, in the node's book."""
-    from farm.compilation.proofs import PROOF_VERSION
+    return os.path.join(home, BOOK, "ahead")
 
-    return os.path.join(home, "proofs", f"v{PROOF_VERSION}", "ahead")
+
+def script_digest(path: str) -> str:
+    """The SHA-256 of the file at ``path`` (an application's main script: the
+    application, to its plan and its generated code), "" when it cannot be read."""
+    import hashlib
+
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return ""
+
+
+def start_before(command: list[str], capture: bool) -> None:
+    """``farm run``'s own start of the prover ahead, before the command's interpreter
+    even starts (0.1 to 0.5 s before the application imports pyopencl): where the
+    command names a Python script (its first argument that ends in ``.py`` and is a
+    file: ``python app.py``, ``mpirun -n 4 python3 app.py``), the prover of that
+    application. The application's own start (:func:`farm.programs.autoinstall.
+    before_pyopencl`) then finds it running; a command this does not read (``python -m
+    pkg``, a shell script) is left to that."""
+    if capture:
+        return
+    script = next((a for a in command[1:] if a.endswith(".py") and os.path.isfile(a)), "")
+    app = script_digest(script) if script else ""
+    if app:
+        from farm.core.runenv import home_of
+
+        start(home_of(os.environ), app)
 
 
 class Ahead:
@@ -239,7 +272,10 @@ def _prove(app: str, home: str, fd: int) -> bool:
     from farm.core.fingerprint import device_identity, fingerprint_of
     from farm.programs.rows import Config, Rows, Unavailable
 
-    rows = Rows(Config(dict(os.environ)))
+    config = Config(dict(os.environ))
+    if config.declined:
+        return True  # the application's settings are the server's to report: nothing here
+    rows = Rows(config)
     plans: dict[str, tuple[cl.Device, list[str]]] = {}
     try:
         for platform in cl.get_platforms():
@@ -352,8 +388,11 @@ class _Reads:
         return art if art.verify() and art.meta.key == key else None
 
 
-#: a tier as the program server's proofs read tiers
-_Tier = namedtuple("_Tier", "store")
+class _Tier:
+    """A tier as the program server's proofs read tiers."""
+
+    def __init__(self, store: _Reads) -> None:
+        self.store = store
 
 
 def _tiers(rows: Rows) -> list[_Tier]:

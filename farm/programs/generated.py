@@ -28,7 +28,6 @@ signatures is not served from here (the quick path declines everything then).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import sys
@@ -110,14 +109,10 @@ def decode(data: bytes) -> dict[str, bytes]:
 
 def application_digest() -> str:
     """The digest of the main script (``""`` when there is none: ``python -c``, a REPL)."""
+    from farm.programs.ahead import script_digest
+
     path = getattr(sys.modules.get("__main__"), "__file__", None)
-    if not path:
-        return ""
-    try:
-        with open(path, "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest()
-    except OSError:
-        return ""
+    return script_digest(path) if path else ""
 
 
 class Generated:

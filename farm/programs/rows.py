@@ -76,13 +76,12 @@ class Config:
     to report)."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        from farm.core.keys import DEFAULT_ENVIRONMENT, HOME_FOLDER, STORE_FILE
+        from farm.core.keys import DEFAULT_ENVIRONMENT, STORE_FILE
+        from farm.core.runenv import home_of
 
         self.declined = ""
         #: the node's farm home (its local tier's folder, its proof book)
-        self.home = env.get("FARM_HOME") or os.path.join(
-            env.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
-            HOME_FOLDER)  # as farm.core.settings makes FARM_HOME's default
+        self.home = home_of(env)
         environment = env.get("FARM_ENVIRONMENT") or DEFAULT_ENVIRONMENT
         if "/" in environment or environment in (".", ".."):
             self.declined = "FARM_ENVIRONMENT"

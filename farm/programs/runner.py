@@ -72,6 +72,7 @@ def run_served(command: list[str], *, capture: bool = False) -> RunResult:
         env.setdefault("PYTHONHASHSEED", "0")  # see the module docstring
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (shim_folder(), env.get("PYTHONPATH", "")) if p)
+        _prove_ahead(command, capture)
         try:
             pid = os.posix_spawnp(command[0], command, env)
         except FileNotFoundError:
@@ -85,6 +86,18 @@ def run_served(command: list[str], *, capture: bool = False) -> RunResult:
         return _gather(run_dir, code, capture)
     finally:
         _remove(run_dir)
+
+
+def _prove_ahead(command: list[str], capture: bool) -> None:
+    """The prover ahead of the application, started before the command
+    (:func:`farm.programs.ahead.start_before`); never an error of the run's."""
+    try:
+        from farm.programs.ahead import start_before
+
+        start_before(command, capture)
+    except Exception as exc:  # the application starts it itself, or is proven later
+        print(f"kernel-farm: warning: the prover ahead is not started ({exc})",
+              file=sys.stderr)
 
 
 def _private_folder() -> str:
