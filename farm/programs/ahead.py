@@ -291,10 +291,11 @@ def _prove(app: str, home: str, fd: int) -> bool:
     os.write(fd, "".join(f"{fp} {key}\n" for fp, (_, keys) in plans.items()
                          for key in keys).encode() + f"{_END}\n".encode())
     deadline = time.monotonic() + PROVER_LIMIT_S
-    for dev, keys in plans.values():
-        if not _prove_plan(rows, dev, keys, home, deadline):
-            return False
-    return True
+    try:
+        return all(_prove_plan(rows, dev, keys, home, deadline)
+                   for dev, keys in plans.values())
+    finally:
+        rows.close()  # what it keeps in the local tier, written
 
 
 def _plan(rows: Rows, fingerprint: str, app: str) -> list[str]:
@@ -346,11 +347,26 @@ def _prove_plan(rows: Rows, dev: cl.Device, keys: list[str], home: str,
             art = tiers[0].store.get(ns, key) or tiers[1].store.get(ns, key)
             if art is None:
                 continue
-            proving.program(info, key, art, _records(tiers, ns, key, info.fingerprint)
-                            if ready else None)
+            proven = proving.program(info, key, art, _records(tiers, ns, key,
+                                                              info.fingerprint)
+                                     if ready else None)
+            if proven.body is not None:  # what MinIO served and is proven: kept locally
+                _keep(rows, info.fingerprint, tiers[1].store,
+                      [art] + [c.art for c in proven.records])
         except Unavailable:
             return False
     return True
+
+
+def _keep(rows: Rows, fingerprint: str, remote: _Reads, arts: list[Artifact]) -> None:
+    """Keep what MinIO served and this prover proved in the node's local tier, so that
+    the application reads it there (as it keeps what it loaded itself)."""
+    from farm.programs.rows import Row
+
+    for art in arts:
+        if remote.read.pop(art.meta.key.id_hash, None) is art:
+            rows.keep(fingerprint, art.meta.key.id_hash, art.meta.key.build_id,
+                      Row(art.meta.model_dump_json(), art.binary, False))
 
 
 def _records(tiers: list[_Tier], ns: Namespace, key: Key, fingerprint: str
@@ -369,11 +385,13 @@ def _records(tiers: list[_Tier], ns: Namespace, key: Key, fingerprint: str
 
 class _Reads:
     """One tier as :class:`~farm.programs.supplements.SlotReader` walks tiers:
-    ``get`` answers an artifact, verified, or ``None``."""
+    ``get`` answers an artifact, verified, or ``None``; what it answered is kept
+    (``read``: its key id -> the artifact) for the local tier."""
 
     def __init__(self, read: Callable[[str, str, str], tuple[str | bytes, bytes] | None]
                  ) -> None:
         self._read = read
+        self.read: dict[str, Artifact] = {}
 
     def get(self, ns: Namespace, key: Key) -> Artifact | None:
         from farm.core.model import Artifact, ArtifactMeta
@@ -385,7 +403,10 @@ class _Reads:
             art = Artifact(meta=ArtifactMeta.model_validate_json(row[0]), binary=row[1])
         except ValueError:
             return None
-        return art if art.verify() and art.meta.key == key else None
+        if not art.verify() or art.meta.key != key:
+            return None
+        self.read[key.id_hash] = art
+        return art
 
 
 class _Tier:

@@ -221,15 +221,17 @@ class Rows:
 
     def _local_tier(self) -> sqlite3.Connection | None:
         """The node's local tier, if it is a store this reader reads (see
-        :func:`farm.store.sqlite_file.open_existing`)."""
+        :func:`farm.store.sqlite_file.open_existing`); one not there yet is looked for
+        again at the next read (a ``stat``: the prover ahead makes it meanwhile)."""
         with self._lock:
             if not self._local_tried:
                 from pathlib import Path
 
                 from farm.store.sqlite_file import open_existing
 
-                self._local_tried = True
-                self._local = open_existing(Path(self.config.store_path))
+                path = self.config.store_path
+                self._local_tried = os.path.exists(path)
+                self._local = open_existing(Path(path)) if self._local_tried else None
             return self._local
 
     def _remote_reader(self) -> tuple[S3Reader, Waiter]:
