@@ -120,19 +120,40 @@ def parse_spec(spec: str) -> tuple[tuple[int, int, int], bool, bool] | None:
     return local, "goffs0" in parts[3:], "smallgrid" in parts[3:]
 
 
-class Function(Frozen):
+class Launched(Frozen):
+    """What PoCL specialises a kernel's work-group function by: the kernel, the local
+    size, a zero global offset and the grid class. A record files each function under
+    these (the folder name is derived from them, never read); a capture records them
+    for the functions a program's launches needed (:mod:`farm.programs.capture`)."""
+
     kernel: Annotated[str, StringConstraints(pattern=KERNEL.pattern)]
     local_size: Local
     zero_offset: bool
     small_grid: bool
-    size: int = Field(ge=1, le=MAX_FUNCTION_BYTES)
-    sha256: Annotated[str, StringConstraints(pattern=SHA256_HEX)]
-    #: the launch that made it, where one was recorded (the proof runs it)
-    launch: ReadyLaunch | None = None
 
     @property
     def spec(self) -> str:
         return spec_name(self.local_size, self.zero_offset, self.small_grid)
+
+    @property
+    def pair(self) -> Pair:
+        return self.kernel, self.spec
+
+    @classmethod
+    def of(cls, pair: Pair) -> Launched | None:
+        """The settings of ``pair``; ``None`` for a specialisation PoCL does not make."""
+        parsed = parse_spec(pair[1])
+        if parsed is None or not KERNEL.match(pair[0]):
+            return None
+        return cls(kernel=pair[0], local_size=parsed[0], zero_offset=parsed[1],
+                   small_grid=parsed[2])
+
+
+class Function(Launched):
+    size: int = Field(ge=1, le=MAX_FUNCTION_BYTES)
+    sha256: Annotated[str, StringConstraints(pattern=SHA256_HEX)]
+    #: the launch that made it, where one was recorded (the proof runs it)
+    launch: ReadyLaunch | None = None
 
 
 class Header(Frozen):
