@@ -95,7 +95,8 @@ def _print_ready(ready: Readiness) -> None:
     from farm.cli.console import out
     from farm.core.errors import printable
 
-    out.print(f"work-group functions of the captured launches: {ready.made} made, "
+    took = f" in {ready.wall_s:.2f} s" if ready.wall_s else ""
+    out.print(f"work-group functions of the captured launches: {ready.made} made{took}, "
               f"{ready.held} stored already ({ready.programs} programs"
               + (f"; {ready.ignored} launches of kernels the programs lack, ignored"
                  if ready.ignored else "") + ")", markup=False, soft_wrap=True)

@@ -10,7 +10,7 @@ binary is taken (``clGetProgramInfo(CL_PROGRAM_BINARIES)``), it makes, for every
 the work-group functions that ``POCL_BINARY_SPECIALIZE_WG`` lists (specialisation names
 as its cache folders spell them, ``16-1-1-goffs0-smallgrid``, comma-separated), through
 the same call and with the same parameters as a launch (``pocl_driver_build_poclbinary``,
-PoCL 1.8 to 5.x). The function it makes is byte for byte the one a launch of that
+PoCL 3.0 to 7.x). The function it makes is byte for byte the one a launch of that
 geometry makes (checked on PoCL 3.0 and 3.1; ``tests/test_capture_ready.py``). No
 argument is set, no buffer exists, no kernel runs.
 
@@ -93,6 +93,12 @@ class FunctionMaker(IsolatedValidator):
         self.specs = specs
         self._sent: set[str] = set()
 
+    def kill(self) -> None:
+        """End the child now, even mid-request (the request then answers that it died)."""
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
+
     def make(self, binary: bytes, kernels: tuple[str, ...], wanted: set[Pair]
              ) -> Specialized:
         """The work-group functions ``wanted`` of the program ``binary`` (holding exactly
@@ -113,7 +119,7 @@ class FunctionMaker(IsolatedValidator):
         return Specialized(functions=_received(answer.get("functions"), wanted))
 
 
-def _received(items: Any, wanted: set[Pair]) -> dict[Pair, bytes]:
+def _received(items: object, wanted: set[Pair]) -> dict[Pair, bytes]:
     """The functions of an answer that are what was asked for: a pair asked for, an ELF
     shared object of this host exporting its kernel's symbol."""
     out: dict[Pair, bytes] = {}

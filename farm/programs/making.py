@@ -67,6 +67,8 @@ class Readiness:
     ignored: int = 0
     #: (program key, why) of each program whose functions were not all made
     failed: list[tuple[str, str]] = field(default_factory=list)
+    #: seconds from the build's start to the last function stored (a local build)
+    wall_s: float = 0.0
 
     def add(self, other: Readiness) -> None:
         self.programs += other.programs
@@ -77,7 +79,7 @@ class Readiness:
 
     def summary(self) -> dict[str, Any]:
         return {"programs": self.programs, "made": self.made, "held": self.held,
-                "ignored": self.ignored,
+                "ignored": self.ignored, "wall_s": round(self.wall_s, 3),
                 "failed": [{"key": k, "message": why} for k, why in self.failed]}
 
 
@@ -167,6 +169,13 @@ class Makers:
             return maker.make(binary, kernels, want)
         finally:
             self._idle.put(maker)
+
+    def kill(self) -> None:
+        """End every child now, mid-request too (that request answers that it died)."""
+        with self._lock:
+            makers = list(self._all)
+        for maker in makers:
+            maker.kill()
 
     def close(self) -> None:
         with self._lock:

@@ -17,8 +17,9 @@ launches with the spec. What was made is a :class:`~farm.programs.making.Readine
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -117,37 +118,44 @@ def build_here(settings: Settings, device: DeviceInfo, capture: CaptureFile, *,
     ns = Namespace.for_fingerprint(device.fingerprint)
     results, misses = _results(store, ns, specs, notify)
     ready = _Ready(settings, device, capture, store, max(1, workers), status)
-    for res, spec in zip(results, specs, strict=True):
-        if res.outcome is Outcome.LOADED:
-            ready.submit(spec)
-    if misses:
-        put_blobs(store, capture, [s for _, s in misses])
-        pool = ProcessPoolCompiler(device, max(1, workers), settings.native_binaries,
-                                   crash_limit=settings.crash_limit)
-        stopped = False
-        try:
-            futures: dict[Future[FinalizeResult], tuple[KernelResult, ProgramSpec]] = {}
-            for res, spec in misses:
-                job = ProgramJob(spec=spec, blobs={d: capture.blob(d) for d in spec.digests()},
-                                 ready=settings.pocl_ready)
-                futures[pool.submit_job(pool_compile, job.model_dump_json())] = res, spec
-            for fut in as_completed(futures):
-                res, spec = futures[fut]
-                _finish(store, device, res, spec, fut.result(), recorder)
-                notify(res)
-                if res.outcome is Outcome.COMPILED:
-                    ready.submit(spec)
-        except BaseException:  # interrupted (SIGINT, or SIGTERM made one): stop them now
-            stopped = True
-            pool.close(now=True)
-            ready.close()
-            raise
-        finally:
-            if not stopped:
-                pool.close()
-    report = BatchReport(results=results, wall_s=time.perf_counter() - start,
-                         parallelism=max(1, workers), compiler_invocations=len(misses))
-    return Built(report, ready.finish())
+    try:
+        for res, spec in zip(results, specs, strict=True):
+            if res.outcome is Outcome.LOADED:
+                ready.submit(spec)
+        if misses:
+            put_blobs(store, capture, [s for _, s in misses])
+            jobs = [(ProgramJob(spec=spec, blobs={d: capture.blob(d) for d in spec.digests()},
+                                ready=settings.pocl_ready), res, spec) for res, spec in misses]
+            pool = ProcessPoolCompiler(device, max(1, workers), settings.native_binaries,
+                                       crash_limit=settings.crash_limit)
+            with _closed(pool):
+                futures: dict[Future[FinalizeResult], tuple[KernelResult, ProgramSpec]] = {
+                    pool.submit_job(pool_compile, job.model_dump_json()): (res, spec)
+                    for job, res, spec in jobs}
+                for fut in as_completed(futures):
+                    res, spec = futures[fut]
+                    _finish(store, device, res, spec, fut.result(), recorder)
+                    notify(res)
+                    if res.outcome is Outcome.COMPILED:
+                        ready.submit(spec)
+        report = BatchReport(results=results, wall_s=time.perf_counter() - start,
+                             parallelism=max(1, workers), compiler_invocations=len(misses))
+        return Built(report, ready.finish())
+    except BaseException:  # interrupted (SIGINT, or SIGTERM made one): stop the makers now
+        ready.close(now=True)
+        raise
+
+
+@contextlib.contextmanager
+def _closed(pool: ProcessPoolCompiler) -> Iterator[None]:
+    """``pool`` closed on the way out: at once when interrupted (SIGINT, or SIGTERM made
+    one), its processes stopped mid-compile."""
+    try:
+        yield
+    except BaseException:
+        pool.close(now=True)
+        raise
+    pool.close()
 
 
 class _Ready:
@@ -159,6 +167,7 @@ class _Ready:
         self._want = wanted(capture, device.fingerprint) if (
             device.compiles_at_launch and settings.pocl_ready) else {}
         self._device, self._store, self._status = device, store, status
+        self._start = time.perf_counter()
         self._futures: list[Future[Readiness]] = []
         self._pool: ThreadPoolExecutor | None = None
         self._makers: Makers | None = None
@@ -178,16 +187,18 @@ class _Ready:
         if not self._want:
             return None
         out = Readiness()
-        try:
-            for i, fut in enumerate(as_completed(self._futures)):
-                if self._status is not None:
-                    self._status(f"work-group functions: {i}/{len(self._futures)} programs")
-                out.add(fut.result())
-        finally:
-            self.close()
+        for i, fut in enumerate(as_completed(self._futures)):
+            if self._status is not None:
+                self._status(f"work-group functions: {i}/{len(self._futures)} programs")
+            out.add(fut.result())
+        out.wall_s = time.perf_counter() - self._start
+        self.close()
         return out
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
+        """End the threads and children (``now``: the children first, mid-request)."""
+        if self._makers is not None and now:
+            self._makers.kill()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         if self._makers is not None:

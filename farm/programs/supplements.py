@@ -55,7 +55,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, ValidationError
+from pydantic import Field, StrictBool, StringConstraints, ValidationError
 
 from farm.compilation.elfstub import MAX_FUNCTION_BYTES, exports
 from farm.compilation.poclbin import (
@@ -97,9 +97,10 @@ _UNAVAILABLE = (FarmError, OSError, sqlite3.Error)
 
 #: (kernel, specialisation folder name, e.g. ``16-1-1-goffs0-smallgrid``)
 Pair = tuple[str, str]
-Local = tuple[Annotated[int, Field(ge=1, le=MAX_LOCAL)],
-              Annotated[int, Field(ge=1, le=MAX_LOCAL)],
-              Annotated[int, Field(ge=1, le=MAX_LOCAL)]]
+#: strict: ``"16"`` or ``16.0`` is not a local size (records and captures are input)
+Local = tuple[Annotated[int, Field(ge=1, le=MAX_LOCAL, strict=True)],
+              Annotated[int, Field(ge=1, le=MAX_LOCAL, strict=True)],
+              Annotated[int, Field(ge=1, le=MAX_LOCAL, strict=True)]]
 
 
 def spec_name(local: tuple[int, int, int], zero_offset: bool, small_grid: bool) -> str:
@@ -128,8 +129,8 @@ class Launched(Frozen):
 
     kernel: Annotated[str, StringConstraints(pattern=KERNEL.pattern)]
     local_size: Local
-    zero_offset: bool
-    small_grid: bool
+    zero_offset: StrictBool
+    small_grid: StrictBool
 
     @property
     def spec(self) -> str:
