@@ -9,6 +9,7 @@
 #   bench/h200_round.sh control-plane                         # about 4 minutes
 #   bench/h200_round.sh ready-speed-pocl gpu-cluster-bench    # not run yet (next session)
 #   bench/h200_round.sh proofs-nvidia proofs-pocl trust-pocl  # about 9 minutes (issue 29)
+#   bench/h200_round.sh capture-pocl                          # about 4 minutes (issue 30)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
@@ -51,6 +52,9 @@ for name in "$@"; do
             bench/bench_proofs.py --device pocl --rounds 2 --manifest tiny ;;
         trust-pocl) step trust-pocl 200 env FARM_DEVICE=pocl $host python3 -m pytest -x -q \
             -p no:cacheprovider tests/test_program_trust.py tests/test_program_records.py ;;
+        capture-pocl) step capture-pocl 230 env FARM_DEVICE=pocl $host sh -c \
+            'python3 -m pytest -x -q -p no:cacheprovider tests/test_capture_ready.py -k "not cluster" &&
+             python3 bench/bench_pyopencl_app.py --device pocl --rounds 2 --capture-row' ;;
         *) echo "h200_round.sh: no step named $name"; exit 2 ;;
     esac
 done

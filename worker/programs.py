@@ -27,6 +27,7 @@ program's outcome stands: its first launches on a node then compile, as before.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import socket
 import time
@@ -39,6 +40,7 @@ from farm.core.errors import (
     InfrastructureError,
     KernelError,
     LoadError,
+    printable,
 )
 from farm.core.keys import PROGRAM_FAMILY
 from farm.core.model import KernelFailure, Key, Lowered, Outcome
@@ -88,11 +90,14 @@ def _make_ready(req: ProgramRequest, state: WorkerState) -> None:
     if not (state.device.compiles_at_launch and state.settings.pocl_ready):
         return
     fp = state.device.fingerprint
-    makers = _MAKERS.get(fp) or _MAKERS.setdefault(fp, Makers(state.device))
+    makers = _MAKERS.get(fp)
+    if makers is None:
+        makers = _MAKERS[fp] = Makers(state.device)
+        atexit.register(makers.close)  # its children's private caches go with them
     done = make_ready(state.store, state.device, req.spec.key,
                       frozenset(x.pair for x in req.launches), makers)
-    for key, why in done.failed:
-        log.warning("program %s: %s", key[:16], why)
+    for key, why in done.failed:  # the driver's words: escaped, as every echoed text
+        log.warning("program %s: %s", key[:16], printable(why))
     if done.made:
         log.info("program %s: %d work-group function(s) made and stored",
                  req.spec.key.id_hash[:16], done.made)

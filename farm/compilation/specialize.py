@@ -59,7 +59,7 @@ MAX_SPECS = 256
 #: (a function takes 0.05 to 0.4 s to make on a CPU; a machine shared with a build is
 #: slower)
 BASE_TIMEOUT_S = 60.0
-PER_FUNCTION_S = 20.0
+PER_FUNCTION_S = 10.0
 
 #: (kernel, specialisation folder name)
 Pair = tuple[str, str]

@@ -73,7 +73,7 @@ MAX_PROGRAMS = 100_000
 MAX_BLOBS = 1_000_000
 #: launches one capture may list in all, and one program on one device
 MAX_LAUNCHES = 1_000_000
-MAX_PROGRAM_LAUNCHES = 16 * MAX_FUNCTIONS
+MAX_PROGRAM_LAUNCHES = MAX_FUNCTIONS
 
 Fingerprint = Annotated[str, StringConstraints(min_length=1, max_length=100)]
 
