@@ -16,8 +16,9 @@ farm home and a PoCL cache folder of its own):
   values right; a rebuild makes nothing again;
 * the same check fails where it should: an old capture (no launch fields) still builds,
   and that node's first launches compile;
-* ``farm build CAPTURE --cluster``: a real worker makes them into MinIO, and a fresh node
-  of the cluster is ready at its first run;
+* ``farm build CAPTURE --cluster``: a real worker makes them into MinIO (for programs
+  an old capture's build stored without them), a fresh node of the cluster is ready at
+  its first run, and a rebuild sends nothing;
 * a function made without a launch is byte for byte the one a launch makes, and only the
   functions asked for are made;
 * hostile launch fields are refused in one line naming the file and the field.
@@ -214,11 +215,21 @@ def cluster(redis_server: Any, minio_server: Any,
 @pytest.mark.integration
 def test_a_cluster_build_of_a_capture_makes_a_fresh_node_ready(
         captured: dict[str, Any], cluster: LocalCluster, tmp_path: Path) -> None:
+    """The programs first built from the old capture (no launches: no functions), then
+    the capture: the worker finds them stored and makes their functions."""
     client = cluster.env(tmp_path / "client")
+    old = json.loads(json.dumps(captured["data"]))
+    for p in old["programs"]:
+        del p["launches"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    build = _farm(client, "build", str(tmp_path / "old.json"), "--cluster", "--json")
+    assert build.returncode == 0, build.stdout + build.stderr[-3000:]
+    out = json.loads(build.stdout)["builds"][0]
+    assert out["summary"]["compiled"] == 2 and "work_group_functions" not in out, out
     build = _farm(client, "build", str(captured["path"]), "--cluster", "--json")
     assert build.returncode == 0, build.stdout + build.stderr[-3000:]
     out = json.loads(build.stdout)["builds"][0]
-    assert out["summary"]["compiled"] == 2, out
+    assert out["summary"]["loaded"] == 2 and out["summary"]["tasks_sent"] >= 1, out
     assert out["work_group_functions"]["made"] == len(LAUNCHED) + 1, out
     assert out["work_group_functions"]["failed"] == [], out
     node = {k: v for k, v in cluster.env(tmp_path / "fresh").items()
