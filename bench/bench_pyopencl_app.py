@@ -27,13 +27,20 @@ every round:
 * ``farm, cold``: ``farm run`` with an empty store and the drivers' caches off: the
   farm's own compile of every program, against ``cold`` (its goal: no dearer).
 
-Ratios: farm fresh node / second run (goal <= 1.1) and cold / farm fresh node (goal
->= 4). MinIO is started here (``farm.devservices.MinioServer``: ``FARM_MINIO_BIN`` or a
-``go install``-ed binary); with ``--no-minio`` the programs are put in the fresh node's
-store by a bundle import instead (for hosts without a MinIO binary), which the output
-says.
+With ``--capture-row``, one more peer (:func:`capture_row`, issue 30 item 2):
 
-    .venv/bin/python bench/bench_pyopencl_app.py [--rounds 3] [--device pocl]
+* ``farm, node prepared from a capture``: as ``farm, fresh node``, but its programs and
+  work-group functions come only from a capture: ``farm capture`` on a node whose store
+  nothing else reads, then ``farm build CAPTURE`` on a build node into a bucket of its
+  own (untimed, once; its wall is reported), the drivers' caches off for both.
+
+Ratios: farm fresh node / second run (goal <= 1.1) and cold / farm fresh node (goal
+>= 4), and the same for the capture-prepared node. MinIO is started here
+(``farm.devservices.MinioServer``: ``FARM_MINIO_BIN`` or a ``go install``-ed binary);
+with ``--no-minio`` the programs are put in the fresh node's store by a bundle import
+instead (for hosts without a MinIO binary), which the output says.
+
+    .venv/bin/python bench/bench_pyopencl_app.py [--rounds 3] [--device pocl] [--capture-row]
     bench/nvidia_host.sh python3 bench/bench_pyopencl_app.py --device nvidia --rounds 4
 
 Prints a table and one JSON line (``BENCH_PYOPENCL_APP {...}``).
@@ -150,6 +157,9 @@ def main() -> None:
     parser.add_argument("--device", default="", help="device name or platform substring")
     parser.add_argument("--no-minio", action="store_true",
                         help="no MinIO binary here: seed each fresh node by a bundle")
+    parser.add_argument("--capture-row", action="store_true",
+                        help="add a node prepared only from a capture (farm capture, then "
+                             "farm build CAPTURE)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-pyopencl-app-"))
     info = machine(args.device)
@@ -160,7 +170,9 @@ def main() -> None:
             seed: Path | None = work / "programs.tar"
             subprocess.run([*farm_cmd(), "bundle", "export", str(seed), "--all"], check=True,
                            env=base_env(FARM_HOME=str(work / "filler")), capture_output=True)
-            rounds = [one_round(work, i, args.device, {}, seed) for i in range(args.rounds)]
+            prepared = capture_prepare(work, args.device, {}) if args.capture_row else None
+            rounds = [capture_row(one_round(work, i, args.device, {}, seed), work, i,
+                                  args.device, prepared) for i in range(args.rounds)]
         else:
             from farm.devservices import MinioServer
 
@@ -170,11 +182,86 @@ def main() -> None:
                              "FARM_MINIO_SECRET_KEY": minio.secret_key,
                              "FARM_MINIO_BUCKET": "bench-pyopencl-app"}
                 filled = fill(work, args.device, store_env)
-                rounds = [one_round(work, i, args.device, store_env, None)
-                          for i in range(args.rounds)]
+                prepared = capture_prepare(work, args.device, {
+                    **store_env, "FARM_MINIO_BUCKET": "bench-capture"}) if args.capture_row \
+                    else None
+                rounds = [capture_row(one_round(work, i, args.device, store_env, None), work,
+                                      i, args.device, prepared) for i in range(args.rounds)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(info, args, filled, rounds)
+    if prepared is not None:
+        report_capture(rounds, prepared)
+
+
+# -- the node prepared from a capture (--capture-row) ---------------------------------------
+CAPTURED = "farm, node prepared from a capture"
+
+
+def capture_prepare(work: Path, device: str, store_env: dict[str, str]) -> dict[str, Any]:
+    """Once, before the rounds: ``farm capture`` on a node of its own (a local store that
+    no other node reads), then ``farm build CAPTURE`` (this machine's compile pool) on a
+    build node whose store is ``store_env``'s (a bucket of its own; without MinIO, its
+    local tier, exported as a bundle for each prepared node); drivers' caches off."""
+    capture = work / "app.capture.json"
+    env = base_env(**OFF, FARM_HOME=str(work / "capturer"),
+                   POCL_CACHE_DIR=str(work / "capturer" / "pocl"))
+    proc = subprocess.run([*farm_cmd(), "capture", str(capture), "--", sys.executable,
+                           str(APP), device], env=env, capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"farm capture failed:\n{proc.stderr[-4000:]}")
+    env = base_env(**OFF, **store_env, FARM_HOME=str(work / "builder"))
+    start = time.perf_counter()
+    proc = subprocess.run([*farm_cmd(), "build", str(capture), "--json"], env=env,
+                          capture_output=True, text=True, check=False)
+    build_s = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"farm build CAPTURE failed:\n{proc.stdout[-2000:]}"
+                         f"{proc.stderr[-4000:]}")
+    out = json.loads(proc.stdout)["builds"]
+    seed = None
+    if not store_env:
+        seed = work / "capture-programs.tar"
+        subprocess.run([*farm_cmd(), "bundle", "export", str(seed), "--all"], check=True,
+                       env=env, capture_output=True)
+    return {"store_env": store_env, "seed": seed, "build_s": round(build_s, 3),
+            "builds": [{k: b.get(k) for k in ("fingerprint", "summary",
+                                                "work_group_functions")} for b in out]}
+
+
+def capture_row(peers: dict[str, dict[str, Any]], work: Path, i: int, device: str,
+                prepared: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """``peers`` (one round) with a run on a fresh node prepared from the capture: a new
+    ``FARM_HOME``, the defaults in new empty folders, the build node's store."""
+    if prepared is None:
+        return peers
+    node = work / f"node-captured-{i}"
+    if prepared["seed"] is not None:
+        subprocess.run([*farm_cmd(), "bundle", "import", str(prepared["seed"])], check=True,
+                       env=base_env(FARM_HOME=str(node)), capture_output=True)
+    env = base_env(**prepared["store_env"], **node_caches(node / "caches"),
+                   FARM_HOME=str(node))
+    return {**peers, CAPTURED: run_app(env, device, farm=work / f"captured-{i}.json")}
+
+
+def report_capture(rounds: list[dict[str, dict[str, Any]]], prepared: dict[str, Any]
+                   ) -> None:
+    walls = [r[CAPTURED]["wall_s"] for r in rounds]
+    p, s, c = (statistics.median(r[k]["wall_s"] for r in rounds)
+               for k in (CAPTURED, "second run", "cold"))
+    in_app = statistics.median(r[CAPTURED]["main_s"] for r in rounds)
+    counts = [r[CAPTURED]["counts"] for r in rounds]
+    print(f"{CAPTURED:<30} {p:>7.2f}s {in_app:>7.2f}s   "
+          f"{', '.join(f'{w:.2f}' for w in walls)}")
+    print(f"capture-prepared node / second run: {p / s:.2f} (goal <= 1.1); cold / "
+          f"capture-prepared node: {c / p:.2f} (goal >= 4); farm build CAPTURE "
+          f"{prepared['build_s']:.2f} s: {prepared['builds']}; runs: {counts}")
+    print("BENCH_PYOPENCL_APP_CAPTURE " + json.dumps({
+        "median_wall_s": p, "median_main_s": in_app, "prepared_over_second": round(p / s, 3),
+        "cold_over_prepared": round(c / p, 3),
+        "prepare": {k: prepared[k] for k in ("build_s", "builds")},
+        "counts": counts, "walls": walls}))
 
 
 def report(info: dict[str, str], args: argparse.Namespace, filled: dict[str, Any],

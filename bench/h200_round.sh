@@ -14,6 +14,7 @@
 #   bench/h200_round.sh control-plane-31                      # about 4 minutes (issue 31:
 #       this tree beside 624c62d and a bare Celery round trip; carry .base too)
 #   bench/h200_round.sh control-plane-31-128                  # a machine of 32+ cores
+#   bench/h200_round.sh capture-pocl                          # about 4 minutes (issue 30)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
@@ -75,6 +76,9 @@ for name in "$@"; do
             'python3 -m compileall -q -j 0 .base > /dev/null;
              python3 bench/bench_control_plane.py --workers 128 --chunks 4 --rtt-ms 0.5 \
                  --kernels 3000 --clients 2 --latency-rounds 24 --baseline .base/624c62d --bare' ;;
+        capture-pocl) step capture-pocl 230 env FARM_DEVICE=pocl $host sh -c \
+            'python3 -m pytest -x -q -p no:cacheprovider tests/test_capture_ready.py -k "not cluster" &&
+             python3 bench/bench_pyopencl_app.py --device pocl --rounds 2 --capture-row' ;;
         *) echo "h200_round.sh: no step named $name"; exit 2 ;;
     esac
 done

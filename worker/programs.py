@@ -17,10 +17,18 @@ hash of source and options only) would hand it a binary made with other headers.
 A source the compiler refuses fails as ``compile`` with its build log; a blob missing
 from the store as ``store``; a spec whose headers do not resolve as it says as
 ``validation``. Nothing of a failure is stored.
+
+Then, on PoCL's CPU drivers, the work-group functions of the launches a capture recorded
+for the program (``ProgramRequest.launches``) that its records lack are made, in an
+isolated child of this worker process, and stored beside it
+(:func:`farm.programs.making.make_ready`). What could not be made is logged, and the
+program's outcome stands: its first launches on a node then compile, as before.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import socket
 import time
 
@@ -32,16 +40,20 @@ from farm.core.errors import (
     InfrastructureError,
     KernelError,
     LoadError,
+    printable,
 )
 from farm.core.keys import PROGRAM_FAMILY
 from farm.core.model import KernelFailure, Key, Lowered, Outcome
 from farm.programs.compile import compile_laid_out
+from farm.programs.making import Makers, make_ready
 from farm.programs.proving import Proving, compiled_here
 from farm.programs.spec import ProgramSpec
 from farm.records.model import RequestedBy, Trip
 from farm.store.base import set_aside
 from worker.execute import LEASE_WAIT_S, send_records
 from worker.state import WorkerState
+
+log = logging.getLogger(__name__)
 
 
 def obtain_program(req: ProgramRequest, state: WorkerState,
@@ -58,6 +70,8 @@ def obtain_program(req: ProgramRequest, state: WorkerState,
         raise
     except FarmError as exc:
         return _failed(key, "error", str(exc), "", start)
+    if req.launches:
+        _make_ready(req, state)
     work = time.perf_counter() - start
     if outcome is Outcome.LOADED:
         state.recorder.compilation(Trip(family=PROGRAM_FAMILY, key=key, outcome=outcome,
@@ -65,6 +79,28 @@ def obtain_program(req: ProgramRequest, state: WorkerState,
                                         host=socket.gethostname(), requested_by=requested_by))
     return KernelReply(id_hash=key.id_hash, key=str(key), outcome=outcome, work_s=work,
                        worker=state.name, host=socket.gethostname())
+
+
+#: this worker process's work-group function makers, per device fingerprint
+_MAKERS: dict[str, Makers] = {}
+
+
+def _make_ready(req: ProgramRequest, state: WorkerState) -> None:
+    """Make the functions of ``req``'s launches its program's records lack (PoCL)."""
+    if not (state.device.compiles_at_launch and state.settings.pocl_ready):
+        return
+    fp = state.device.fingerprint
+    makers = _MAKERS.get(fp)
+    if makers is None:
+        makers = _MAKERS[fp] = Makers(state.device)
+        atexit.register(makers.close)  # its children's private caches go with them
+    done = make_ready(state.store, state.device, req.spec.key,
+                      frozenset(x.pair for x in req.launches), makers)
+    for key, why in done.failed:  # the driver's words: escaped, as every echoed text
+        log.warning("program %s: %s", key[:16], printable(why))
+    if done.made:
+        log.info("program %s: %d work-group function(s) made and stored",
+                 req.spec.key.id_hash[:16], done.made)
 
 
 def _loads(key: Key, state: WorkerState) -> bool:

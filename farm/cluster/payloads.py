@@ -15,7 +15,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from farm.core.errors import InputError, first_error
 from farm.core.keys import Namespace
 from farm.core.model import ArtifactId, Frozen, KernelFailure, Outcome, ShortText
+from farm.programs.capture import MAX_PROGRAM_LAUNCHES
 from farm.programs.spec import ProgramSpec
+from farm.programs.supplements import Launched
 from farm.records.model import RequestedBy
 
 
@@ -26,6 +28,9 @@ class KernelRequest(Frozen):
 
 class ProgramRequest(Frozen):
     spec: ProgramSpec
+    #: the work-group functions a capture's launches needed on the chunk's device (PoCL):
+    #: the worker makes those the program's records lack (``farm.programs.making``)
+    launches: tuple[Launched, ...] = Field(default=(), max_length=MAX_PROGRAM_LAUNCHES)
 
 
 class CompileRequest(Frozen):

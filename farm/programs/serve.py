@@ -62,7 +62,7 @@ from farm.programs.counts import RunCounts
 from farm.programs.harvest import Harvester
 from farm.programs.proving import UNSTORED, Got, Proving, compiled_here
 from farm.programs.spec import Described, Unserved, describe
-from farm.programs.supplements import READ_AHEAD, Prepared, SlotReader, fill_front
+from farm.programs.supplements import READ_AHEAD, Pair, Prepared, SlotReader, fill_front
 from farm.records.model import Trip
 from farm.store.base import ArtifactStore, PutResult
 from farm.store.tiers import tiers_of
@@ -127,6 +127,8 @@ class ProgramServer:
         self._warned: set[str] = set()
         self._blobs_put: set[str] = set()
         self._remote: Remote | None = None
+        if capture is not None:  # the launches it records: what the harvest saw (PoCL)
+            capture.follow(self._launched)
 
     # -- the hook's entry point -------------------------------------------------------------
     def build(self, program: Any, options: Any,
@@ -284,6 +286,12 @@ class ProgramServer:
                 self._harvester = Harvester(self._harvest_store, self._warn)
             harvester = self._harvester
         harvester.watch(ns, key, prep, art.meta.source_hash, handle)
+
+    def _launched(self) -> dict[tuple[str, str], set[Pair]]:
+        """Each watched program's work-group functions (:meth:`Harvester.launched`)."""
+        with self._lock:
+            harvester = self._harvester
+        return harvester.launched() if harvester is not None else {}
 
     def _harvest_store(self) -> ArtifactStore:
         if self._broken:
