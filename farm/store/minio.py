@@ -15,8 +15,13 @@ means the key is taken: the existing object is read; the same digest is SAME, a 
 different value is REFUSED (counted, logged at info), a corrupt one is overwritten with
 ``If-Match: <its etag>`` so that a concurrent repair or write is never clobbered. The
 Python SDK (7.2) turns every extra header of ``put_object`` into user metadata, so the
-conditional writes go through ``Minio._put_object``, the SDK's own single-part upload,
-which sends headers as given (checked when the store is made).
+conditional writes are sent with their headers as given: by
+:class:`~farm.store.s3_put.S3Writer` (a signed PUT on a kept socket, a third of the
+SDK's CPU; the region signed for is ``FARM_MINIO_REGION``, so no process asks the server
+for it), or, in a store given a connection pool of its own (tests count and fail
+requests through it) or no credentials, by ``Minio._put_object``, the SDK's own
+single-part upload (checked when the store is made). Both answer alike: the writer
+raises the SDK's error of an answer.
 
 Rekey re-encodes rather than copies server-side: the frame embeds the key, so a byte
 copy would name the wrong key, and MinIO ignores ``If-None-Match`` on CopyObject (tried
@@ -110,6 +115,7 @@ from farm.store.s3_failures import (
     make_http_client,
     store_error,
 )
+from farm.store.s3_put import DEFAULT_REGION, S3Writer
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState
@@ -141,14 +147,17 @@ class MinioStore(SourceIndex, BlobObjects):
     def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None,
                  bucket: str, secure: bool = False, *, retry: Retry | None = None,
                  http_client: urllib3.PoolManager | None = None,
-                 ensure_bucket: bool = True) -> None:
+                 ensure_bucket: bool = True, region: str = DEFAULT_REGION) -> None:
         """Connect and create ``bucket`` if it is missing.
 
         ``retry`` says how transient failures are retried (:class:`Retry`).
         ``http_client`` replaces the connection pool (tests count requests through it);
-        give it no retries of its own. ``ensure_bucket=False`` sends nothing now (a
-        worker's pool process: its main process checked the bucket, and a process start
-        must not wait on MinIO).
+        give it no retries of its own: every request then goes through it, the writes
+        too (else they go through :class:`~farm.store.s3_put.S3Writer`: see the module
+        docstring). ``ensure_bucket=False`` sends nothing now (a worker's
+        pool process: its main process checked the bucket, and a process start must
+        not wait on MinIO). ``region`` is the one requests are signed for
+        (``FARM_MINIO_REGION``); "" asks the server, once a process.
         """
         retry = retry or Retry()
         super().__init__()
@@ -168,9 +177,14 @@ class MinioStore(SourceIndex, BlobObjects):
         try:
             self._client = Minio(endpoint, access_key=access_key or None,
                                  secret_key=secret_key or None, secure=secure,
-                                 http_client=self._http)
+                                 region=region or None, http_client=self._http)
         except ValueError as exc:
             raise StoreError(f"store {self.location}: {exc}") from None
+        #: the writes, without the SDK, where nobody counts requests through a pool of
+        #: their own and the region is known (signed requests need both keys)
+        self._writer = S3Writer(endpoint, secure, access_key, secret_key, bucket,
+                                region=region, timeout_s=retry.timeout_s) \
+            if http_client is None and access_key and secret_key and region else None
         self._closed = threading.Event()
         self._init_index()
         if ensure_bucket:
@@ -203,6 +217,7 @@ class MinioStore(SourceIndex, BlobObjects):
                                 "must be set with FARM_MINIO_ENDPOINT")
         return cls(endpoint, access.get_secret_value(), secret.get_secret_value(),
                    settings.minio_bucket, secure, ensure_bucket=ensure_bucket,
+                   region=settings.minio_region,
                    retry=Retry(attempts=1, timeout_s=settings.socket_timeout) if probe
                    else Retry(timeout_s=settings.socket_timeout,
                               outage_limit_s=settings.outage_limit))
@@ -283,12 +298,15 @@ class MinioStore(SourceIndex, BlobObjects):
                   condition: dict[str, str]) -> bool:
         """Conditional PUT; ``False`` when the condition failed (412), or an ``If-Match``
         found no object (404): either way someone else changed the key first."""
-        all_headers: dict[str, str | list[str] | tuple[str]] = {
-            "Content-Type": "application/octet-stream", **headers, **condition}
+        all_headers = {"Content-Type": "application/octet-stream", **headers, **condition}
+        writer = self._writer
 
         def once() -> bool:
             try:
-                self._client._put_object(self.bucket, name, body, all_headers)
+                if writer is not None:
+                    writer.put(name, body, all_headers)
+                else:
+                    self._client._put_object(self.bucket, name, body, dict(all_headers))
             except S3Error as exc:
                 if exc.code == "PreconditionFailed" or (
                         "If-Match" in condition and exc.code == "NoSuchKey"):
@@ -469,3 +487,5 @@ class MinioStore(SourceIndex, BlobObjects):
         if not self._closed.is_set():
             self._closed.set()
             self._http.clear()
+            if self._writer is not None:
+                self._writer.close()
