@@ -109,13 +109,14 @@ from farm.store.minio_blobs import BlobObjects
 from farm.store.minio_index import SourceIndex
 from farm.store.s3_failures import (
     FAILURES,
+    Opening,
     Retry,
     describe,
     is_transient,
     make_http_client,
     store_error,
 )
-from farm.store.s3_put import DEFAULT_REGION, S3Writer
+from farm.store.s3_put import S3Writer
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState
@@ -147,23 +148,22 @@ class MinioStore(SourceIndex, BlobObjects):
     def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None,
                  bucket: str, secure: bool = False, *, retry: Retry | None = None,
                  http_client: urllib3.PoolManager | None = None,
-                 ensure_bucket: bool = True, region: str = DEFAULT_REGION) -> None:
+                 opening: Opening = Opening()) -> None:
         """Connect and create ``bucket`` if it is missing.
 
         ``retry`` says how transient failures are retried (:class:`Retry`).
         ``http_client`` replaces the connection pool (tests count requests through it);
         give it no retries of its own: every request then goes through it, the writes
-        too (else they go through :class:`~farm.store.s3_put.S3Writer`: see the module
-        docstring). ``ensure_bucket=False`` sends nothing now (a worker's
-        pool process: its main process checked the bucket, and a process start must
-        not wait on MinIO). ``region`` is the one requests are signed for
-        (``FARM_MINIO_REGION``); "" asks the server, once a process.
+        too (else through :class:`~farm.store.s3_put.S3Writer`: the module docstring).
+        ``opening``: the region, and whether to check the bucket now (:class:`Opening`).
         """
         retry = retry or Retry()
         super().__init__()
-        if not hasattr(Minio, "_put_object"):  # pragma: no cover - guards an SDK upgrade
-            raise StoreError("the installed minio SDK has no Minio._put_object, which the "
-                             "conditional writes of first-writer-wins need; use minio 7.2")
+        # pragma: no cover - guards an SDK upgrade
+        if not hasattr(Minio, "_put_object") or not hasattr(Minio, "_execute"):
+            raise StoreError("the installed minio SDK has no Minio._put_object or "
+                             "Minio._execute, which the conditional writes of "
+                             "first-writer-wins and the bucket's check need; use minio 7.2")
         self.endpoint = endpoint
         self.bucket = bucket
         self.secure = secure
@@ -177,17 +177,17 @@ class MinioStore(SourceIndex, BlobObjects):
         try:
             self._client = Minio(endpoint, access_key=access_key or None,
                                  secret_key=secret_key or None, secure=secure,
-                                 region=region or None, http_client=self._http)
+                                 region=opening.region or None, http_client=self._http)
         except ValueError as exc:
             raise StoreError(f"store {self.location}: {exc}") from None
-        #: the writes, without the SDK, where nobody counts requests through a pool of
-        #: their own and the region is known (signed requests need both keys)
+        #: the writes without the SDK, unless a pool was given or a signature is not
         self._writer = S3Writer(endpoint, secure, access_key, secret_key, bucket,
-                                region=region, timeout_s=retry.timeout_s) \
-            if http_client is None and access_key and secret_key and region else None
+                                region=opening.region, timeout_s=retry.timeout_s) \
+            if http_client is None and access_key and secret_key and opening.region \
+            else None
         self._closed = threading.Event()
         self._init_index()
-        if ensure_bucket:
+        if opening.check_bucket:
             self._ensure_bucket()
 
     @classmethod
@@ -216,8 +216,8 @@ class MinioStore(SourceIndex, BlobObjects):
             raise SettingsError("settings FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY "
                                 "must be set with FARM_MINIO_ENDPOINT")
         return cls(endpoint, access.get_secret_value(), secret.get_secret_value(),
-                   settings.minio_bucket, secure, ensure_bucket=ensure_bucket,
-                   region=settings.minio_region,
+                   settings.minio_bucket, secure,
+                   opening=Opening(region=settings.minio_region, check_bucket=ensure_bucket),
                    retry=Retry(attempts=1, timeout_s=settings.socket_timeout) if probe
                    else Retry(timeout_s=settings.socket_timeout,
                               outage_limit_s=settings.outage_limit))
@@ -266,9 +266,17 @@ class MinioStore(SourceIndex, BlobObjects):
         return store_error(f"store {self.location}: {what}", exc)
 
     def _ensure_bucket(self) -> None:
+        """One request for a bucket that is there: its location asked (``GET
+        ?location``: its answer, unlike a ``HEAD``'s, says why it is refused, a wrong
+        secret as ``SignatureDoesNotMatch``; and it is the permission every client of
+        the bucket had to have when the SDK asked it for the region); made when missing."""
         def ensure() -> None:
-            if self._client.bucket_exists(self.bucket):
+            try:
+                self._client._execute("GET", self.bucket, query_params={"location": ""})
                 return
+            except S3Error as exc:
+                if exc.code != "NoSuchBucket":
+                    raise
             try:
                 self._client.make_bucket(self.bucket)
             except S3Error as exc:

@@ -120,3 +120,15 @@ def answer_error(status: int, headers: Mapping[str, str], body: bytes) -> Except
             pass
     return InvalidResponseError(status, headers.get("content-type"),
                                 body.decode("utf-8", "replace")[:500] or None)
+
+
+@dataclass(frozen=True)
+class Opening:
+    """How a :class:`~farm.store.minio.MinioStore` is opened: the region its requests
+    are signed for (``FARM_MINIO_REGION``; "" asks the server, a request once a
+    process), and whether the bucket is checked, and made if missing, now (not in a
+    worker's pool process: its main process checked it, and a process start must not
+    wait on MinIO)."""
+
+    region: str = "us-east-1"
+    check_bucket: bool = True

@@ -40,10 +40,8 @@ from urllib.parse import quote
 
 import certifi
 
-from farm.store.s3_failures import answer_error
+from farm.store.s3_failures import Opening, answer_error
 
-#: the region MinIO signs for unless configured otherwise (``FARM_MINIO_REGION``)
-DEFAULT_REGION = "us-east-1"
 #: the longest answer read back (an error's XML is a few hundred bytes)
 _MAX_ANSWER_BYTES = 1 << 20
 #: the most header lines an answer may have
@@ -135,7 +133,7 @@ class S3Writer:
     threads (a connection each)."""
 
     def __init__(self, endpoint: str, secure: bool, access_key: str, secret_key: str,
-                 bucket: str, *, region: str = DEFAULT_REGION, timeout_s: float = 60.0
+                 bucket: str, *, region: str = Opening.region, timeout_s: float = 60.0
                  ) -> None:
         """``endpoint`` is ``host:port``; ``timeout_s`` bounds each connect, each send
         and each read of an answer."""
