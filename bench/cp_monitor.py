@@ -79,11 +79,15 @@ class Monitor:
                 self.lines.append(raw[1:].rstrip(b"\r\n").decode(errors="replace"))
 
     def stop(self) -> collections.Counter[tuple[str, str]]:
+        return classify(self.close())
+
+    def close(self) -> list[str]:
+        """Stop; the lines seen (each ``time [db connection] "command" "arg"...``)."""
         time.sleep(0.2)  # the last replies' commands
         self._sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=10)
         self._sock.close()
-        return classify(list(self.lines))
+        return list(self.lines)
 
 
 def classify(lines: list[str]) -> collections.Counter[tuple[str, str]]:
