@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import select
 import socket
 import ssl
@@ -46,6 +47,12 @@ from farm.store.s3_failures import Opening, answer_error
 _MAX_ANSWER_BYTES = 1 << 20
 #: the most header lines an answer may have
 _MAX_HEADERS = 100
+
+
+#: what a header's name and value may hold (one line of printable ASCII: no way to end
+#: the header early and start another)
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[ -~]*")
 
 
 class S3Unreachable(ConnectionError):
@@ -156,8 +163,9 @@ class S3Writer:
         path = "/" + quote(f"{self.bucket}/{name}", safe="/-_.~")
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         given = {k.lower(): str(v) for k, v in headers.items()}
-        if any("\r" in v or "\n" in v for v in given.values()):
-            raise ValueError(f"a header of {name} holds a line break")
+        if not all(_HEADER_NAME.fullmatch(k) and _HEADER_VALUE.fullmatch(v)
+                   for k, v in given.items()):
+            raise ValueError(f"a header of {name} is not one line of printable ASCII")
         signed = sign("PUT", path, {**given, "host": self.endpoint,
                                     "content-length": str(len(body))},
                       hashlib.sha256(body).hexdigest(), access_key=self._access,
@@ -215,8 +223,11 @@ class S3Writer:
                 break
             if not line:
                 raise ValueError("the answer ended in its headers")
-            field, _, value = line.decode("latin-1").partition(":")
-            headers[field.strip().lower()] = value.strip()
+            # a write's answer: only its framing is read (Content-Length, Connection,
+            # Transfer-Encoding); an error's: every header, for the SDK's error
+            if status != 200 or line[:1] in b"CcTt":
+                field, _, value = line.decode("latin-1").partition(":")
+                headers[field.strip().lower()] = value.strip()
         else:
             raise ValueError(f"an answer of more than {_MAX_HEADERS} headers")
         body = self._body(conn, headers)
