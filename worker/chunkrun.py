@@ -259,8 +259,9 @@ class ChunkRun:
         found the source unindexed, else Loaded, Rekeyed or Compiled. ``ahead``: compile
         while the claim is still out (its round trip hidden behind the compile); a claim
         then refused discards the compile when the kernel is Loaded or Rekeyed, as if it
-        had waited, and marks the build's later chunks on this process to wait for
-        their claims (a rekey's build: its sources are all indexed)."""
+        had waited, and one that found the source indexed makes the build's later
+        chunks on this process wait for their claims (a rekey's build: its sources are
+        all indexed)."""
         rules = self.state.rules
         family = k.req.artifact.kernel.family
         early: Artifact | None = None
@@ -274,7 +275,8 @@ class ChunkRun:
                 failed = exc
         k.claim = claim.result()
         if not k.claim[1]:  # the index held something (or the store only looked)
-            self.state.builds.refused(self.build)
+            if k.claim[0] is not None:  # the source is indexed: a rekey's build
+                self.state.builds.refused(self.build)
             if rules.stored(k.key, k.lowered.kernel_names) is not None:
                 k.outcome = Outcome.LOADED
                 return
