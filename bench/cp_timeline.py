@@ -29,8 +29,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
-_LINE = re.compile(r'^([0-9.]+) \[\d+ ([^\]]+)\] (.*)$')
-_ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+import cp_monitor
+
 _TASK_ID = re.compile(r'"id": "([0-9a-f-]{36})"')
 
 #: the segments, in order: (name, from event, to event)
@@ -41,20 +41,6 @@ FARM = [("client publish", "sent", "lpush"), ("broker to consumer", "lpush", "ho
 BARE = [("client publish", "sent", "lpush"),
         ("broker, pool, task, less its sleep", "lpush", "result"),
         ("result to client", "result", "arrived")]
-
-
-def parse(lines: list[str]) -> list[tuple[float, str, str, list[str]]]:
-    """(time, connection, command, args) of MONITOR's lines."""
-    out = []
-    for line in lines:
-        m = _LINE.match(line)
-        if not m:
-            continue
-        args = [a.encode().decode("unicode_escape", errors="replace")
-                for a in _ARG.findall(m.group(3))]
-        if args:
-            out.append((float(m.group(1)), m.group(2), args[0].lower(), args[1:]))
-    return out
 
 
 def events(commands: list[tuple[float, str, str, list[str]]]) -> dict[str, dict[str, float]]:
@@ -122,7 +108,7 @@ def split(lines: list[str], chunks: list[dict[str, Any]], compiles_s: float, *,
     MONITOR ``lines``. A client's first chunks are kept apart (``first chunk...``): their
     publish pays the client's one-time costs (its broker connection, kombu's
     declarations, imports), which is what a p99 over few chunks otherwise shows."""
-    found = events(parse(lines))
+    found = events(cp_monitor.parse(lines))
     steps = BARE if bare else FARM
     values: dict[str, list[float]] = defaultdict(list)
     for chunk in chunks:
