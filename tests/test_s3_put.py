@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 from minio import Minio
 from minio.error import InvalidResponseError, S3Error
+from test_connection_errors import self_signed
 from test_store_minio import NS, CountingPool, art, key, lowered, make_store, new_bucket
 
 from farm.core.errors import StoreError
 from farm.core.keys import artifact_object, source_object
+from farm.core.outage import refusal
 from farm.core.settings import Settings
 from farm.devservices import MinioServer
 from farm.devservices.ports import LOOPBACK
@@ -259,6 +261,42 @@ def test_a_kept_connection_closed_after_its_answer_is_replaced_unseen(
     for _ in range(3):
         w.put("x", b"x", {})
     assert server.accepted == 3
+
+
+def test_tls_is_verified_against_the_configured_cas(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose certificate this machine trusts (``SSL_CERT_FILE``) is written to;
+    one it does not is refused at once as TLS, never waited out as an outage."""
+    import ssl
+
+    cert, private = self_signed(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, private)
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    answer = _answering(ok, ok)
+
+    def serve(conn: socket.socket) -> None:
+        try:
+            with context.wrap_socket(conn, server_side=True) as tls:
+                answer(tls)
+        except (ssl.SSLError, OSError):
+            pass  # a client that refused the certificate hung up
+    server = _Fake(serve)
+    try:
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        trusting = S3Writer(server.endpoint, True, "key", "secret", "bucket", timeout_s=5)
+        trusting.put("x", b"x", {})
+        trusting.put("y", b"y", {})  # the same TLS connection, kept
+        assert server.accepted == 1
+        trusting.close()
+        monkeypatch.delenv("SSL_CERT_FILE")
+        wary = S3Writer(server.endpoint, True, "key", "secret", "bucket", timeout_s=5)
+        with pytest.raises(S3Unreachable) as refused:
+            wary.put("x", b"x", {})
+        assert refusal(refused.value) == "tls" and not is_transient(refused.value)
+        assert "TLS failed" in describe(refused.value)
+    finally:
+        server.close()
 
 
 # -- the store through it ---------------------------------------------------------------------

@@ -93,15 +93,15 @@ def sign(method: str, path: str, headers: Mapping[str, str], payload_sha256: str
 class _Connection:
     """One kept-alive connection: its socket and a buffered reader of it."""
 
-    def __init__(self, endpoint: str, secure: bool, timeout_s: float) -> None:
+    def __init__(self, endpoint: str, tls: ssl.SSLContext | None, timeout_s: float) -> None:
         host, _, port = endpoint.rpartition(":")
         host = host.strip("[]") or endpoint
         sock = socket.create_connection((host, int(port) if port.isdigit() else
-                                         (443 if secure else 80)), timeout=timeout_s)
+                                         (443 if tls else 80)), timeout=timeout_s)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if secure:
-                sock = _tls_context().wrap_socket(sock, server_hostname=host)
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=host)
         except BaseException:
             sock.close()
             raise
@@ -123,18 +123,6 @@ class _Connection:
             self.sock.close()
 
 
-_TLS: list[ssl.SSLContext] = []
-
-
-def _tls_context() -> ssl.SSLContext:
-    """The TLS context the store's connections verify with (``SSL_CERT_FILE``, else
-    certifi's CAs, as the SDK's pool does); made once."""
-    if not _TLS:
-        _TLS.append(ssl.create_default_context(
-            cafile=os.environ.get("SSL_CERT_FILE") or certifi.where()))
-    return _TLS[0]
-
-
 class S3Writer:
     """Signed PUTs into one bucket (see the module docstring); safe to share between
     threads (a connection each)."""
@@ -152,6 +140,10 @@ class S3Writer:
         self._access = access_key
         self._secret = secret_key
         self._key: tuple[str, bytes] = ("", b"")
+        #: what TLS verifies with (``SSL_CERT_FILE``, else certifi's CAs, as the SDK's
+        #: pool does), read when the writer is made
+        self._tls = ssl.create_default_context(
+            cafile=os.environ.get("SSL_CERT_FILE") or certifi.where()) if secure else None
         self._local = threading.local()
         self._all: set[_Connection] = set()
         self._lock = threading.Lock()
@@ -272,7 +264,7 @@ class S3Writer:
             conn = None
         if conn is None:
             try:
-                conn = _Connection(self.endpoint, self.secure, self.timeout_s)
+                conn = _Connection(self.endpoint, self._tls, self.timeout_s)
             except OSError as exc:
                 raise S3Unreachable(f"{type(exc).__name__}: {exc}") from exc
             self._local.conn = conn
