@@ -141,13 +141,28 @@ _BUILDS_KEPT = 64
 class BuildWatch:
     """What a pool process read of the builds whose chunks it runs (see the module
     docstring): the value of each one's heartbeat key (``"1"``, or ``BUILD_AVOIDS``),
-    and whether it shut this worker out. A build found gone is not remembered: its
-    client, if alive after all (a Redis that lost the key), sends the chunk again."""
+    whether it shut this worker out, and whether a claim of its was refused. A build
+    found gone is not remembered: its client, if alive after all (a Redis that lost the
+    key), sends the chunk again."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._seen: OrderedDict[str, tuple[float, str]] = OrderedDict()
         self._avoided: set[tuple[str, str]] = set()
+        self._refused: OrderedDict[str | None, None] = OrderedDict()
+
+    def claims_refused(self, build: str | None) -> bool:
+        """Whether a claim of a chunk of ``build`` was refused on this process (its
+        source indexed already): its later chunks then wait for their claims before
+        compiling (``worker.chunkrun``), so a rekey compiles nothing it throws away."""
+        return build in self._refused
+
+    def refused(self, build: str | None) -> None:
+        """Note that a claim of a chunk of ``build`` was refused."""
+        self._refused[build] = None
+        self._refused.move_to_end(build)
+        while len(self._refused) > _BUILDS_KEPT:
+            self._refused.popitem(last=False)
 
     def fresh(self, build: str) -> str | None:
         """The heartbeat value read less than ``ALIVE_FRESH_S`` ago, else ``None``."""

@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     minio_secret_key: SecretStr | None = None
     minio_bucket: str = Field(default=DEFAULT_BUCKET, pattern=r"^[a-z0-9][a-z0-9.-]{2,62}$")
     minio_secure: bool = False
+    #: the region requests to MinIO are signed for (FARM_MINIO_REGION): MinIO's own
+    #: ``us-east-1`` unless its ``MINIO_SITE_REGION`` says otherwise; given, no process
+    #: asks the server for it (a request every process and bucket); "" asks
+    minio_region: str = Field(default="us-east-1", pattern=r"^([a-z0-9][a-z0-9-]{0,62})?$")
     #: seconds a compile may take before a soft / hard time limit stops it
     compile_soft_time_limit: float = Field(default=300.0, ge=1.0, le=_MAX_SECONDS)
     compile_hard_time_limit: float = Field(default=360.0, ge=1.0, le=_MAX_SECONDS)
