@@ -17,20 +17,23 @@ from typing import TYPE_CHECKING
 from farm.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from loader.base import LoaderStats, OnMiss
     from loader.errors import ArtifactMissing, UnknownKernelName
-    from loader.kernel_loader import KernelLoader, LoaderStats, OnMiss
+    from loader.items import Phase, WarmItem, WarmProgress
+    from loader.kernel_loader import KernelLoader, warm
     from loader.programs import LoadedProgram
     from loader.tiers import Tier
-    from loader.warm import Phase, WarmItem, WarmProgress, WarmReport, warm
+    from loader.warm import WarmReport
 
 # Names are imported on first use (PEP 562), like the farm's own packages.
 _WHERE = {
     **dict.fromkeys(("ArtifactMissing", "UnknownKernelName"), "loader.errors"),
-    **dict.fromkeys(("KernelLoader", "LoaderStats", "OnMiss"), "loader.kernel_loader"),
+    **dict.fromkeys(("LoaderStats", "OnMiss"), "loader.base"),
+    **dict.fromkeys(("Phase", "WarmItem", "WarmProgress"), "loader.items"),
+    **dict.fromkeys(("KernelLoader", "warm"), "loader.kernel_loader"),
     "LoadedProgram": "loader.programs",
     "Tier": "loader.tiers",
-    **dict.fromkeys(("Phase", "WarmItem", "WarmProgress", "WarmReport", "warm"),
-                    "loader.warm"),
+    "WarmReport": "loader.warm",
 }
 
 

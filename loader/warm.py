@@ -24,28 +24,26 @@ is already fetching.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.compilation.batch import BatchReport, KernelResult
 from farm.core.errors import FarmError
 from farm.core.model import Artifact, ArtifactId, KernelFailure, Key
-from farm.core.settings import Settings
 from farm.manifest import Manifest, expand, load_manifest, resolve_manifest
 from farm.records.model import BatchCounts
 from loader.errors import failure_error
+from loader.items import Phase, WarmItem, WarmProgress
 from loader.programs import SOURCES, InFlight, LoadedProgram, Source, source_of
 from loader.readiness import launch_all
 from loader.readiness import summary as readiness_summary
 
 if TYPE_CHECKING:
-    from farm.core.device import DeviceInfo
-    from loader.kernel_loader import KernelLoader, OnMiss
+    from loader.base import LoaderBase
 
 PHASES = ("lookup", "fetch", "load", "compile", "launch")
 #: an artifact read ahead of its load (``None``: the tier did not hold it), and the read's time
@@ -58,56 +56,6 @@ MAX_PREFETCH = 4096
 #: threads when every fetch is local: the SQLite file is read under one lock, so more
 #: threads only queue on it; a few overlap reads with device loads
 LOCAL_THREADS = 4
-
-
-@dataclass
-class WarmItem:
-    """One kernel of a warm: where it came from, or why it failed, and its times."""
-
-    artifact: ArtifactId
-    key: Key | None = None
-    source: Source | None = None
-    failure: KernelFailure | None = None
-    fetch_s: float = 0.0
-    load_s: float = 0.0
-    work_s: float = 0.0
-    #: why the artifact's machine code was refused and its portable binary loaded
-    native_fallback: str = ""
-    #: its declared launch, once, after the warm (``launch=True``; loader/readiness.py)
-    first_launch_s: float | None = None
-
-    @property
-    def label(self) -> str:
-        return self.artifact.kernel.label()
-
-
-WarmProgress = Callable[[WarmItem], None]
-
-
-@dataclass
-class Phase:
-    """A phase's wall-clock span (first start to last end; phases overlap when they run
-    at once) and the summed time of its kernels (larger than the span on threads)."""
-
-    wall_s: float = 0.0
-    work_s: float = 0.0
-    kernels: int = 0
-    _first: float | None = field(default=None, repr=False)
-    _last: float | None = field(default=None, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, start: float, end: float, work_s: float | None = None,
-            kernels: int = 1) -> None:
-        with self._lock:
-            self._first = start if self._first is None else min(self._first, start)
-            self._last = end if self._last is None else max(self._last, end)
-            self.wall_s = self._last - self._first
-            self.work_s += (end - start) if work_s is None else work_s
-            self.kernels += kernels
-
-    def summary(self) -> dict[str, float | int]:
-        return {"wall_s": round(self.wall_s, 4), "work_s": round(self.work_s, 4),
-                "kernels": self.kernels}
 
 
 @dataclass
@@ -170,7 +118,7 @@ class WarmReport:
 
 
 def artifacts_of(manifest: Manifest | str | Path | Iterable[ArtifactId],
-                 loader: KernelLoader) -> tuple[list[ArtifactId], str]:
+                 loader: LoaderBase) -> tuple[list[ArtifactId], str]:
     """(artifact ids, label) of a manifest object, file or built-in name, or of ids."""
     if isinstance(manifest, str | Path):
         manifest = load_manifest(resolve_manifest(str(manifest)))
@@ -179,28 +127,7 @@ def artifacts_of(manifest: Manifest | str | Path | Iterable[ArtifactId],
     return list(manifest), "artifacts"
 
 
-def warm(manifest: Manifest | str | Path | Iterable[ArtifactId], *,
-         loader: KernelLoader | None = None, settings: Settings | None = None,
-         device: str | DeviceInfo | None = None, on_miss: OnMiss = "compile",
-         progress: WarmProgress | None = None, threads: int | None = None,
-         label: str | None = None) -> WarmReport:
-    """Obtain every kernel of ``manifest`` on the device (see the module doc).
-
-    With ``loader`` the programs stay in that loader's memory. Without one, a loader is
-    opened for the call and closed after it: what remains is the local tier, filled with
-    everything that was fetched or compiled, so the application's own loader later
-    loads without network or compiler. The readiness figure (each kernel launched once,
-    loader/readiness.py) is :meth:`KernelLoader.warm`'s ``launch``.
-    """
-    if loader is not None:
-        return warm_loader(loader, manifest, progress=progress, threads=threads, label=label)
-    from loader.kernel_loader import KernelLoader
-
-    with KernelLoader(settings, device=device, on_miss=on_miss, label="warm") as own:
-        return warm_loader(own, manifest, progress=progress, threads=threads, label=label)
-
-
-def warm_loader(loader: KernelLoader, manifest: Manifest | str | Path | Iterable[ArtifactId],
+def warm_loader(loader: LoaderBase, manifest: Manifest | str | Path | Iterable[ArtifactId],
                 *, progress: WarmProgress | None = None, threads: int | None = None,
                 label: str | None = None, launch: bool = False) -> WarmReport:
     """The engine behind :func:`warm` and :meth:`KernelLoader.warm`; ``label`` names the
@@ -215,7 +142,7 @@ def warm_loader(loader: KernelLoader, manifest: Manifest | str | Path | Iterable
 class _Warm:
     """One warm: its items, their grouping by key, and the claimed in-flight futures."""
 
-    def __init__(self, loader: KernelLoader, label: str, progress: WarmProgress | None,
+    def __init__(self, loader: LoaderBase, label: str, progress: WarmProgress | None,
                  threads: int | None) -> None:
         self.loader = loader
         self.label = label

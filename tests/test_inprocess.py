@@ -40,7 +40,8 @@ from farm.records import Recorder
 from farm.records.model import CompilationRecord, Record, Session
 from farm.store import MemoryStore, PutResult
 from farm.store.base import WrappedStore
-from worker.execute import execute_job, obtain_kernel
+from worker.execute import execute_job
+from worker.kernel import obtain_kernel
 from worker.state import WorkerState
 
 pytestmark = pytest.mark.integration  # Redis, started by conftest as its own process

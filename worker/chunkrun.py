@@ -62,6 +62,7 @@ from farm.core.keys import (
 from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
 from farm.records.model import Trip
 from worker.chunks import Avoided, Delivery
+from worker.kernel import obtain_kernel
 
 if TYPE_CHECKING:
     from worker.crashes import TaskLedger
@@ -289,9 +290,7 @@ class ChunkRun:
                      requested_by=requested_by, kernel=k.req.artifact.kernel.label()),
                 None if k.outcome is Outcome.LOADED else k.lowered)
         if any(k.outcome is not Outcome.LOADED for k in done):
-            from worker.execute import send_records
-
-            send_records(state)
+            state.send_records()
 
     def _keep(self, k: _Kernel) -> None:
         rules, family = self.state.rules, k.req.artifact.kernel.family
@@ -322,10 +321,8 @@ class ChunkRun:
 
     # -- what does not fit ------------------------------------------------------------------
     def _later(self, kernels: list[_Kernel]) -> None:
-        """The old way, kernel by kernel (``worker.execute.obtain_kernel``): each takes
+        """The old way, kernel by kernel (``worker.kernel.obtain_kernel``): each takes
         its lease (waiting for another worker's), then looks."""
-        from worker.execute import obtain_kernel
-
         for k in kernels:
             self._in_hand(k.key.id_hash)
             self.replies[k.index] = obtain_kernel(k.req, self.state,

@@ -21,10 +21,12 @@ from the store as ``store``; a spec whose headers do not resolve as it says as
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
+from typing import TYPE_CHECKING
 
-from farm.cluster.payloads import KernelReply, ProgramRequest
+from farm.cluster.payloads import CompileRequest, KernelReply, ProgramRequest
 from farm.compilation.obtain import Obtainer
 from farm.core.errors import (
     CompileError,
@@ -40,8 +42,32 @@ from farm.programs.proving import Proving, compiled_here
 from farm.programs.spec import ProgramSpec
 from farm.records.model import RequestedBy, Trip
 from farm.store.base import set_aside
-from worker.execute import LEASE_WAIT_S, send_records
-from worker.state import WorkerState
+from worker.state import LEASE_WAIT_S, WorkerState
+
+if TYPE_CHECKING:
+    from worker.crashes import TaskLedger
+
+log = logging.getLogger(__name__)
+
+
+def obtain_programs(request: CompileRequest, state: WorkerState,
+                    ledger: TaskLedger | None) -> list[KernelReply]:
+    """The chunk's programs, one after the other; a program that killed its compiling
+    process ``crash_limit`` times fails as ``crashed`` untouched (``worker.crashes``)."""
+    results = []
+    for p in request.programs:
+        id_hash = p.spec.key.id_hash
+        crashed = ledger.crashed(id_hash, len(request.kernels) + len(request.programs)) \
+            if ledger else None
+        if crashed is not None:
+            log.error("program %s: %s", id_hash[:16], crashed)
+            results.append(KernelReply(id_hash=id_hash, failure=KernelFailure(
+                kind="crashed", message=crashed), host=state.host))
+            continue
+        if state.in_hand is not None and ledger is not None:
+            state.in_hand.note(ledger.task_id, id_hash)
+        results.append(obtain_program(p, state, request.requested_by))
+    return results
 
 
 def obtain_program(req: ProgramRequest, state: WorkerState,
@@ -130,7 +156,7 @@ def _compile(spec: ProgramSpec, key: Key, state: WorkerState,
              host=socket.gethostname(), requested_by=requested_by),
         Lowered(source=blobs[spec.source].decode("utf-8", "replace"), options=spec.options,
                 kernel_names=()))
-    send_records(state)
+    state.send_records()
     state.store.put_blob(spec.to_blob())  # the artifact names its spec (source_hash)
     Obtainer(state.store, state.ns).keep(key, PROGRAM_FAMILY, art, None)  # no rekey
 

@@ -8,6 +8,7 @@ connection, its lease client and its records session exactly once.
 
 from __future__ import annotations
 
+import logging
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,8 +39,12 @@ if TYPE_CHECKING:
 
     from worker.crashes import InHand, TaskLedger
 
+log = logging.getLogger(__name__)
+
 #: a chunk's store requests sent at once (a chunk of the default 4 kernels sends 4)
 IO_THREADS = 8
+#: how long to wait for another worker's compile (its lease) before taking over
+LEASE_WAIT_S = 600.0
 
 
 @dataclass
@@ -129,6 +134,22 @@ class WorkerState:
         def note(pipe: Any, name: str, token: str) -> None:
             ledger.note(pipe, id_hash, name, token)
         return note
+
+    def send_records(self) -> None:
+        """Send the records now, waiting out a Redis outage (``OutageError`` past the
+        limit): what a compile or rekey does *before* the store is written."""
+        if self.redis_waiter is None:
+            self.recorder.flush()
+            return
+        self.redis_waiter.call(self.recorder.flush)
+
+    def flush_records(self) -> None:
+        """Send the records now, best effort: on failure the recorder keeps them and
+        the next flush sends them (a chunk's end, where only Loaded records wait)."""
+        try:
+            self.recorder.flush()
+        except Exception as exc:  # Redis away: kept, sent with the next flush
+            log.warning("records not sent yet (%s); kept for the next try", exc)
 
     def close(self) -> None:
         if "io" in self.__dict__:

@@ -93,7 +93,7 @@ def recorded_line(recorder: Recorder | None) -> str:
     written once it changes something, so the many processes that merely load leave
     nothing behind. Said here because a person looking for it in `farm records` would
     otherwise think it was lost."""
-    from farm.records.model import RecordLevel
+    from farm.core.model import RecordLevel
 
     session = recorded_session(recorder)
     if session is not None:

@@ -62,7 +62,7 @@ def warm(
 
     context = DeviceContext(choose_device(settings, probe_devices())).start()
     from loader import KernelLoader, WarmItem
-    from loader.kernel_loader import OnMiss
+    from loader.base import OnMiss
 
     mode: OnMiss = on_miss  # type: ignore[assignment]
     with KernelLoader(settings, device=context, on_miss=mode,

@@ -258,6 +258,19 @@ class Outcome(StrEnum):
     COMPILED = "Compiled"
 
 
+class RecordLevel(StrEnum):
+    """How much a session records.
+
+    Basic is the default because the code of a kernel (its expanded source and build
+    options) is large and may be proprietary; everything else is small and is what a
+    person needs to see what a build cost and why.
+    """
+
+    OFF = "off"
+    BASIC = "basic"
+    FULL = "full"
+
+
 FailureKind = Literal["unsupported", "validation", "compile", "load", "version-skew", "crashed",
                       "store", "infrastructure", "error"]
 

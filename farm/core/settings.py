@@ -20,8 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farm.core.errors import SettingsError, first_error
 from farm.core.keys import DEFAULT_BUCKET, RECORDS_FILE, STORE_FILE
-from farm.core.model import INT64_MAX
-from farm.records.model import RecordLevel
+from farm.core.model import INT64_MAX, RecordLevel
 
 #: a dotted Python module name (FARM_FAMILY_MODULES entries)
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from farm.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from farm.core.model import RecordLevel
     from farm.records.model import (
         RECORD_KINDS,
         BatchCounts,
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
         CompilationRecord,
         Effect,
         Record,
-        RecordLevel,
         RecordsConfig,
         RequestedBy,
         Session,
@@ -40,9 +40,10 @@ if TYPE_CHECKING:
 # which a process that only loads kernels never needs.
 _WHERE = {
     **dict.fromkeys(("RECORD_KINDS", "BatchCounts", "Clock", "CompilationBatchRecord",
-                     "CompilationRecord", "Effect", "Record", "RecordLevel", "RecordsConfig",
+                     "CompilationRecord", "Effect", "Record", "RecordsConfig",
                      "RequestedBy", "Session", "Stamp", "SystemClock", "Trip", "parse_record"),
                     "farm.records.model"),
+    "RecordLevel": "farm.core.model",
     "Recorder": "farm.records.recorder",
     "RecordSink": "farm.records.sink",
     "StorageSink": "farm.records.sink",
