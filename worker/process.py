@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import redis
 
     from farm.cluster.metrics import Served
-    from farm.store.minio import MinioStore
+    from farm.store.base import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +121,14 @@ def held_tasks() -> list[str] | None:
 def store_probe(settings: Settings, fingerprint: str) -> Callable[[], None]:
     """The readiness check of the store: one signed read in the fingerprint's namespace,
     one attempt (the store object is made at the first check that reaches MinIO)."""
-    from farm.store.minio import MinioStore
+    from farm.store.open import open_store
 
-    made: list[MinioStore] = []
+    made: list[ArtifactStore] = []
     ns = Namespace.for_fingerprint(fingerprint)
 
     def probe() -> None:
         if not made:
-            made.append(MinioStore.from_settings(settings, probe=True))
+            made.append(open_store(settings, shared=True, probe=True, signed=False))
         made[0].probe(ns)
 
     return probe

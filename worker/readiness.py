@@ -7,7 +7,7 @@ once, whenever the answer changes:
 
 * **its pool processes opened their state** (device, connections): each reports through
   :class:`ProcessReports`; one that could not is never given a task;
-* **the store answers with its credentials**: :meth:`MinioStore.probe` (one signed read
+* **the store answers with its credentials**: :meth:`ArtifactStore.probe` (one signed read
   in the namespace, one attempt, ``FARM_SOCKET_TIMEOUT``), so an unreachable, frozen or
   refusing MinIO stops consumption within seconds;
 * **its chunks do not keep going back**: ``INFRA_STREAK`` chunks in a row given back

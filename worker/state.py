@@ -166,8 +166,7 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     """Open process ``index``'s device (round-robin over ``devices``) and connections."""
     from farm.cluster.metrics import InstrumentedStore, TimedLeases
     from farm.records.open import open_recorder
-    from farm.store.minio import MinioStore
-    from farm.store.signing import with_signatures
+    from farm.store.open import open_store
 
     device = devices[index % len(devices)]
     backend = open_backend(settings, device)
@@ -179,8 +178,8 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
         backend=backend,
         # no request at process start: the main process checks the store before it
         # consumes (worker.readiness), and a process start must not wait on MinIO
-        store=InstrumentedStore(with_signatures(
-            MinioStore.from_settings(settings, ensure_bucket=False), settings), tier="minio"),
+        store=InstrumentedStore(open_store(settings, shared=True, create=False),
+                                tier="minio"),
         leases=TimedLeases(client, ttl_s=settings.lease_ttl, waiter=waiter),
         recorder=open_recorder(settings, label=f"worker {worker_name()}"),
         name=worker_name(), redis=client, redis_waiter=waiter)

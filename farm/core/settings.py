@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     #: folder name under FARM_HOME/envs, so never ``.`` or ``..``
     environment: str = Field(default="default",
                              pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    #: the artifact store's URL, its scheme naming the backend (FARM_STORE_URL):
+    #: ``sqlite:///<file>``, ``memory://``, ``minio://host:port/bucket``,
+    #: ``tiered:<url>|<url>``; default the environment's SQLite file, in front of MinIO
+    #: with FARM_MINIO_ENDPOINT (farm/store/open.py)
+    store_url: str | None = Field(default=None, max_length=4000)
     #: records storage URL; default SQLite beside the store (FARM_RECORDS_URL)
     records_url: str | None = Field(default=None, max_length=2000)
     records_level: RecordLevel = RecordLevel.BASIC

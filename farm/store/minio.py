@@ -57,7 +57,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import urlsplit
 
 import urllib3
 from minio import Minio
@@ -78,7 +77,6 @@ from farm.core.keys import (
 )
 from farm.core.model import Artifact, Key, Lowered
 from farm.core.outage import OutageError, Waiter
-from farm.core.settings import Settings
 from farm.store.base import (
     PutResult,
     Quarantined,
@@ -114,6 +112,8 @@ from farm.store.s3_failures import (
 if TYPE_CHECKING:
     from tenacity import RetryCallState
 
+    from farm.store.url import Opening, StoreURL
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -121,8 +121,6 @@ T = TypeVar("T")
 _BUCKET_TAKEN = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 #: rounds of (conditional write, read what is there) before a put gives up
 _MAX_PUT_ROUNDS = 8
-#: the source hash :meth:`MinioStore.probe` reads: no source hashes to it
-PROBE_SOURCE_HASH = "0" * 64
 
 
 
@@ -177,35 +175,28 @@ class MinioStore(SourceIndex, BlobObjects):
             self._ensure_bucket()
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, probe: bool = False,
-                      ensure_bucket: bool = True) -> MinioStore:
-        """The store ``FARM_MINIO_*`` describe. The endpoint is ``host:port`` (TLS from
-        ``FARM_MINIO_SECURE``) or a URL whose scheme says it (``https://host:port``).
+    def from_url(cls, url: StoreURL, opening: Opening) -> MinioStore:
+        """``minio://host:port/bucket`` (``s3://`` alike; ``?secure=true``: TLS), with the
+        credentials of ``FARM_MINIO_ACCESS_KEY`` and ``FARM_MINIO_SECRET_KEY``.
 
         Requests time out after ``FARM_SOCKET_TIMEOUT`` (a frozen MinIO is noticed in
-        seconds) and an outage is waited out up to ``FARM_OUTAGE_LIMIT``; ``probe=True``
-        makes a store that tries each request once instead (a readiness check must
-        answer now, not after the outage)."""
-        raw = settings.minio_endpoint
-        if not raw:
-            raise SettingsError("setting FARM_MINIO_ENDPOINT: not set")
-        endpoint, secure = raw, settings.minio_secure
-        if "://" in raw:
-            url = urlsplit(raw)
-            if url.scheme not in ("http", "https") or not url.netloc \
-                    or url.path not in ("", "/") or url.query:
-                raise SettingsError(f"setting FARM_MINIO_ENDPOINT: not host:port or "
-                                    f"http(s)://host:port: {raw!r}")
-            endpoint, secure = url.netloc, url.scheme == "https"
+        seconds) and an outage is waited out up to ``FARM_OUTAGE_LIMIT``; a probing
+        opening tries each request once instead (a readiness check must answer now, not
+        after the outage). ``opening.create`` makes the bucket when it is missing."""
+        parts = url.parts
+        bucket = parts.path.strip("/")
+        if not parts.netloc or not bucket or "/" in bucket:
+            raise url.error("not minio://host:port/bucket")
+        settings = opening.settings
         access, secret = settings.minio_access_key, settings.minio_secret_key
         if access is None or secret is None:
             raise SettingsError("settings FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY "
                                 "must be set with FARM_MINIO_ENDPOINT")
-        return cls(endpoint, access.get_secret_value(), secret.get_secret_value(),
-                   settings.minio_bucket, secure, ensure_bucket=ensure_bucket,
-                   retry=Retry(attempts=1, timeout_s=settings.socket_timeout) if probe
-                   else Retry(timeout_s=settings.socket_timeout,
-                              outage_limit_s=settings.outage_limit))
+        retry = Retry(attempts=1, timeout_s=settings.socket_timeout) if opening.probe \
+            else Retry(timeout_s=settings.socket_timeout,
+                       outage_limit_s=settings.outage_limit)
+        return cls(parts.netloc, access.get_secret_value(), secret.get_secret_value(),
+                   bucket, url.flag("secure"), ensure_bucket=opening.create, retry=retry)
 
     @property
     def location(self) -> str:
@@ -333,12 +324,6 @@ class MinioStore(SourceIndex, BlobObjects):
         if not prefix.startswith(artifacts_prefix(ns)):  # pragma: no cover - by construction
             prefix = artifacts_prefix(ns)
         return {names[n] for n in self._list(prefix, recursive=True) if n in names}
-
-    def probe(self, ns: Namespace) -> None:
-        """One cheap signed read in ``ns`` (a source-index entry nobody writes): raises
-        :class:`StoreError` when MinIO is unreachable, refuses the credentials, or does not
-        let them read the namespace. A worker's readiness check."""
-        self.find_source(ns, PROBE_SOURCE_HASH)
 
     def keys(self, ns: Namespace) -> Iterator[Key]:
         found = (key_from_artifact_object(ns, n)
