@@ -10,12 +10,15 @@ An application needs :class:`KernelLoader` (and perhaps :func:`warm`)::
 ``docs/LOADER.md`` has the whole example and the rules (tiers, threads, records).
 """
 
+# ruff: noqa: F401 - the TYPE_CHECKING block is the list of public names (farm.core.lazy)
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from farm.core.lazy import lazy_exports
+from farm.core.lazy import public_names
 
+# The public names, imported on first use (PEP 562), like the farm's own packages: this
+# block is their one list (farm.core.lazy reads it).
 if TYPE_CHECKING:
     from loader.base import LoaderStats, OnMiss
     from loader.errors import ArtifactMissing, UnknownKernelName
@@ -25,32 +28,4 @@ if TYPE_CHECKING:
     from loader.tiers import Tier
     from loader.warm import WarmReport
 
-# Names are imported on first use (PEP 562), like the farm's own packages.
-_WHERE = {
-    **dict.fromkeys(("ArtifactMissing", "UnknownKernelName"), "loader.errors"),
-    **dict.fromkeys(("LoaderStats", "OnMiss"), "loader.base"),
-    **dict.fromkeys(("Phase", "WarmItem", "WarmProgress"), "loader.items"),
-    **dict.fromkeys(("KernelLoader", "warm"), "loader.kernel_loader"),
-    "LoadedProgram": "loader.programs",
-    "Tier": "loader.tiers",
-    "WarmReport": "loader.warm",
-}
-
-
-__getattr__ = lazy_exports(__name__, _WHERE)
-
-
-__all__ = [
-    "ArtifactMissing",
-    "KernelLoader",
-    "LoadedProgram",
-    "LoaderStats",
-    "OnMiss",
-    "Phase",
-    "Tier",
-    "UnknownKernelName",
-    "WarmItem",
-    "WarmProgress",
-    "WarmReport",
-    "warm",
-]
+__getattr__, __dir__ = public_names(__name__)

@@ -29,7 +29,8 @@ from farm.core.device_probe import choose_device
 from farm.core.errors import KernelError, SettingsError
 from farm.core.generation import bump_generation
 from farm.core.keys import Namespace
-from farm.core.model import Artifact, ArtifactId, Key, LaunchSettings, Outcome, Variant
+from farm.core.model import Artifact, ArtifactId, Key, LaunchSettings, Variant
+from farm.core.outcomes import Outcome
 from farm.core.settings import Settings, load_settings
 from farm.families import Registry
 from farm.records import Recorder
@@ -373,7 +374,7 @@ class LoaderBase:
             self.record_loaded(got[0], time.perf_counter() - start, artifact.kernel.label())
             return got[0]
         assert res.program is not None and res.outcome is not None
-        self.stats.bump(source_of(res.outcome))
+        self.stats.bump(source_of(res.outcome).value)
         return LoadedProgram.of(res.program, artifact.kernel.family, key)
 
     def record_loaded(self, entry: LoadedProgram, work_s: float, kernel: str = "") -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from farm.compilation.ready import launch
 from farm.core.errors import FarmError
 from farm.core.model import Key, ReadyLaunch
+from loader.programs import Source
 
 if TYPE_CHECKING:
     from loader.base import LoaderBase
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: where a warm item came from when its load is one of the kind the figure is about
-LOADED = ("local", "remote", "farm")
+LOADED = (Source.LOCAL, Source.REMOTE, Source.FARM)
 
 
 def launch_all(loader: LoaderBase, items: list[WarmItem], phase: Phase,

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from farm.compilation.batch import BatchReport, KernelResult
 from farm.core.errors import FarmError
 from farm.core.model import Artifact, ArtifactId, KernelFailure, Key
+from farm.core.outcomes import Fate
 from farm.manifest import Manifest, expand, load_manifest, resolve_manifest
 from farm.records.model import BatchCounts
 from loader.errors import failure_error
@@ -77,11 +78,11 @@ class WarmReport:
 
     @property
     def unsupported(self) -> list[WarmItem]:
-        return [i for i in self.items if i.failure and i.failure.kind == "unsupported"]
+        return [i for i in self.items if i.failure and i.failure.kind == Fate.UNSUPPORTED]
 
     @property
     def failed(self) -> list[WarmItem]:
-        return [i for i in self.items if i.failure and i.failure.kind != "unsupported"]
+        return [i for i in self.items if i.failure and i.failure.kind != Fate.UNSUPPORTED]
 
     @property
     def work_s(self) -> float:
@@ -92,8 +93,9 @@ class WarmReport:
         farm counts as loaded here."""
         return BatchCounts(
             kernels=len(self.items),
-            loaded=sum(self.count(s) for s in ("memory", "local", "remote", "farm")),
-            rekeyed=self.count("rekeyed"), compiled=self.count("compiled"),
+            loaded=sum(self.count(s) for s in (Source.MEMORY, Source.LOCAL, Source.REMOTE,
+                                               Source.FARM)),
+            rekeyed=self.count(Source.REKEYED), compiled=self.count(Source.COMPILED),
             unsupported=len(self.unsupported), failed=len(self.failed),
             parallelism=self.parallelism, wall_s=self.wall_s, work_s=self.work_s)
 
@@ -104,8 +106,8 @@ class WarmReport:
             "fingerprint": self.fingerprint,
             "kernels": n,
             **{s: self.count(s) for s in SOURCES},
-            "unsupported": len(self.unsupported),
-            "failed": len(self.failed),
+            Fate.UNSUPPORTED: len(self.unsupported),
+            Fate.FAILED: len(self.failed),
             "native_fallbacks": sum(1 for i in self.items if i.native_fallback),
             "compiler_invocations": self.compiler_invocations,
             "threads": self.threads,
@@ -197,7 +199,7 @@ class _Warm:
             ck = InFlight.key(key)
             if loader.inflight.get(ck) is not None:
                 loader.stats.bump("memory", len(group))
-                self._done(group, "memory")
+                self._done(group, Source.MEMORY)
             else:
                 wanted.append(ck)
         claimed, joined = loader.inflight.claim(wanted)
@@ -265,7 +267,7 @@ class _Warm:
                 item = group[0]
                 item.work_s = fetch_s + load_s
                 self._settle(key, entry)
-                self._done(group, tier.name)
+                self._done(group, Source(tier.name))
         order = {k: i for i, k in enumerate(self.groups)}
         return sorted(misses, key=order.__getitem__)
 
@@ -306,7 +308,7 @@ class _Warm:
             return
         assert res.program is not None
         source = source_of(res.outcome)
-        self.loader.stats.bump(source)
+        self.loader.stats.bump(source.value)
         group[0].work_s = res.work_s
         self._settle(key, LoadedProgram.of(res.program, res.artifact.kernel.family, key))
         self._done(group, source)
@@ -327,7 +329,7 @@ class _Warm:
         self.loader.record_loaded(got[0], timings.get("fetch_s", 0.0) + timings.get("load_s", 0.0),
                                   group[0].label)
         self._settle(key, got[0])
-        self._done(group, "farm")
+        self._done(group, Source.FARM)
 
     # -- 4. keys other threads were fetching ------------------------------------------------
     def _wait(self, joined: dict[tuple[int, Key], Future[LoadedProgram]]) -> None:
@@ -339,7 +341,7 @@ class _Warm:
                 self._fail(group, KernelFailure(kind="error", message=str(exc)))
                 continue
             self.loader.stats.bump("joined", len(group))
-            self._done(group, "memory")
+            self._done(group, Source.MEMORY)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _settle(self, key: Key, entry: LoadedProgram | None,

@@ -31,8 +31,9 @@ from farm.cluster.workers import WorkerInfo
 from farm.compilation.backend import OpenCLBackend
 from farm.core.device import DeviceInfo, open_device, probe_devices, select_device
 from farm.core.keys import Namespace, queue_name, task_holder_key, task_kernel_key, workers_key
-from farm.core.model import Artifact, Key, LaunchSettings, Lowered, Outcome
+from farm.core.model import Artifact, Key, LaunchSettings, Lowered
 from farm.core.outage import redis_waiter
+from farm.core.outcomes import Outcome
 from farm.core.settings import Settings
 from farm.families import Registry
 from farm.families.base import Example, KernelFamily, Params

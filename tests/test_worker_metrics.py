@@ -10,7 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from farm.cluster.metrics import TASK_STATUSES, WorkerMetrics
 from farm.cluster.payloads import CompileReply, KernelReply
-from farm.core.model import KernelFailure, Outcome
+from farm.core.model import KernelFailure
+from farm.core.outcomes import Outcome
 from worker.app import chunk_status
 
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
 
-from farm.cluster.metrics import outcome_label
 from farm.core.keys import TASK_NAME, TUNE_TASK_NAME
+from farm.core.outcomes import Fate, fate_of
 from worker.chunks import Delivery
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def chunk_status(reply: CompileReply) -> str:
     """``success`` when every kernel of the chunk was obtained (or is one the device
     cannot run), ``kernel_failed`` when one failed: a chunk with a failed kernel is not a
     success on the dashboard's task panel."""
-    failed = any(k.outcome is None and not (k.failure and k.failure.kind == "unsupported")
+    failed = any(k.outcome is None and not (k.failure and k.failure.kind == Fate.UNSUPPORTED)
                  for k in reply.results)
     return "kernel_failed" if failed else "success"
 
@@ -113,7 +113,7 @@ def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
             return _answer(self, delivery, reply)
         metrics.task(request.fingerprint, chunk_status(reply))
         metrics.reply(request.fingerprint, reply)
-        counts = Counter(outcome_label(k.outcome, k.failure.kind if k.failure else None)
+        counts = Counter(fate_of(k.outcome, k.failure.kind if k.failure else None)
                          for k in reply.results)
         log.info("chunk %s: %s", task_id,
                  ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))

@@ -59,7 +59,8 @@ from farm.core.keys import (
     task_holder_key,
     task_kernel_key,
 )
-from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
+from farm.core.model import Artifact, KernelFailure, Key, Lowered
+from farm.core.outcomes import Outcome
 from farm.records.model import Trip
 from worker.chunks import Avoided, Delivery
 from worker.kernel import obtain_kernel

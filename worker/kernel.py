@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from farm.cluster.payloads import KernelReply, KernelRequest
 from farm.compilation.obtain import compiled_artifact, obtain, store_key
 from farm.core.errors import CompileError, FarmError, InfrastructureError, KernelError, LoadError
-from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
+from farm.core.model import Artifact, KernelFailure, Key, Lowered
+from farm.core.outcomes import Outcome
 from farm.records.model import RequestedBy, Trip
 from worker.state import LEASE_WAIT_S, WorkerState
 

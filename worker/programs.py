@@ -36,7 +36,8 @@ from farm.core.errors import (
     LoadError,
 )
 from farm.core.keys import PROGRAM_FAMILY
-from farm.core.model import KernelFailure, Key, Lowered, Outcome
+from farm.core.model import KernelFailure, Key, Lowered
+from farm.core.outcomes import Outcome
 from farm.programs.compile import compile_laid_out
 from farm.programs.proving import Proving, compiled_here
 from farm.programs.spec import ProgramSpec

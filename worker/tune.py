@@ -115,7 +115,8 @@ def _program(state: WorkerState, artifact: ArtifactId, build_id: str,
     reply = obtain_kernel(KernelRequest(artifact=artifact, build_id=build_id), state,
                           request.requested_by)
     if reply.failure is not None:
-        kind = UnsupportedFeature if reply.failure.kind == "unsupported" else KernelError
+        kind = UnsupportedFeature if reply.failure.kind == UnsupportedFeature.kind \
+            else KernelError
         return kind(reply.failure.message)
     assert reply.key is not None
     from farm.core.model import Key

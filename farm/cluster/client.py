@@ -45,8 +45,9 @@ from farm.compilation.obtain import store_key
 from farm.core.device import DeviceInfo
 from farm.core.errors import ClusterError, FarmError, SettingsError, UnsupportedFeature
 from farm.core.keys import Namespace
-from farm.core.model import ArtifactId, KernelFailure, Outcome
+from farm.core.model import ArtifactId, KernelFailure
 from farm.core.outage import Say, redis_client, redis_waiter
+from farm.core.outcomes import Outcome
 from farm.core.settings import Settings
 from farm.families import Registry
 from farm.records.model import RequestedBy
@@ -303,7 +304,7 @@ class ClusterClient:
         try:
             self.registry.get(res.artifact.kernel.family).lower_id(res.artifact, device)
         except UnsupportedFeature as exc:
-            res.failure = KernelFailure(kind="unsupported", message=str(exc))
+            res.failure = KernelFailure(kind=UnsupportedFeature.kind, message=str(exc))
             return True
         except FarmError:
             return False  # the worker reports it, with its own device's view

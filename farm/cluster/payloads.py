@@ -14,7 +14,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from farm.core.errors import InputError, first_error
 from farm.core.keys import Namespace
-from farm.core.model import ArtifactId, Frozen, KernelFailure, Outcome, ShortText
+from farm.core.model import ArtifactId, Frozen, KernelFailure, ShortText
+from farm.core.outcomes import Outcome
 from farm.programs.spec import ProgramSpec
 from farm.records.model import RequestedBy
 

@@ -18,6 +18,7 @@ from farm.compilation.load import load
 from farm.core.device import DeviceInfo
 from farm.core.errors import ParameterError, UnsupportedFeature
 from farm.core.model import LaunchSettings
+from farm.core.outcomes import Fate
 from farm.families.base import KernelFamily
 from farm.families.run import check_example, run_example
 
@@ -45,7 +46,7 @@ class FamilyCheck:
 
     @property
     def failed(self) -> bool:
-        return self.status in ("differs", "failed")
+        return self.status in ("differs", Fate.FAILED)
 
 
 def check_family(family: KernelFamily[Any], queue: cl.CommandQueue,
@@ -62,7 +63,7 @@ def check_family(family: KernelFamily[Any], queue: cl.CommandQueue,
             params = family.validate(raw)
         except ParameterError as exc:
             if family.example_params:
-                return FamilyCheck(family.name, "failed", problems=[str(exc)])
+                return FamilyCheck(family.name, Fate.FAILED, problems=[str(exc)])
             return FamilyCheck(family.name, "no-example",
                                problems=["no example_params, and its parameters have no "
                                          "defaults to run the example with"])
@@ -75,17 +76,17 @@ def check_family(family: KernelFamily[Any], queue: cl.CommandQueue,
             lowered = family.lower_id(family.artifact_id(raw, launch), device)
             built = finalize(queue.context, queue.device, lowered)  # as farm build does
             if not built.ok:
-                return FamilyCheck(family.name, "failed", result.examples,
+                return FamilyCheck(family.name, Fate.FAILED, result.examples,
                                    [f"{label}: {built.error}"], build_log=built.build_log)
             program = load(queue.context, queue.device, built.binary)
             kernel = cl.Kernel(program, example.kernel_name)
             outputs = run_example(queue, kernel, example)
         except UnsupportedFeature as exc:
-            return FamilyCheck(family.name, "unsupported", result.examples,
+            return FamilyCheck(family.name, Fate.UNSUPPORTED, result.examples,
                                [f"{label}: {exc}"])
         except Exception as exc:  # a family's own code: report it, check the next one
             text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
-            return FamilyCheck(family.name, "failed", result.examples, [f"{label}: {text}"])
+            return FamilyCheck(family.name, Fate.FAILED, result.examples, [f"{label}: {text}"])
         result.examples += 1
         problems = check_example(outputs, example)
         if problems:

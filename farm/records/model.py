@@ -40,10 +40,10 @@ from farm.core.model import (
     LogText,
     Name,
     NonNegInt64,
-    Outcome,
     RecordLevel,
     ShortText,
 )
+from farm.core.outcomes import Outcome
 from farm.version import __version__
 
 #: the row of ``schema_version`` that marks a session storage as ours (read without

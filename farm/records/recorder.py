@@ -39,7 +39,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from types import TracebackType
 
-from farm.core.model import Lowered, Outcome, RecordLevel
+from farm.core.model import Lowered, RecordLevel
+from farm.core.outcomes import Outcome
 from farm.records.model import (
     BatchCounts,
     Clock,

@@ -44,6 +44,7 @@ from farm.core.errors import FarmError, StoreError
 from farm.core.hashing import sha256_hex
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, Key, Lowered
+from farm.core.outcomes import Fate
 
 if TYPE_CHECKING:
     from farm.store.url import Opening, StoreURL
@@ -79,7 +80,7 @@ class StoreStats:
 #: how sure a store can be that a binary loads on the namespace's device, weakest first:
 #: bytes from a bundle, bytes a child process loaded on this fingerprint, bytes a writer
 #: compiled and loaded on this fingerprint
-_ORIGIN_RANK = {"imported": 0, "validated": 1, "compiled": 2}
+_ORIGIN_RANK = {"imported": 0, "validated": 1, Fate.COMPILED: 2}
 
 #: the longest reason a quarantine keeps (the evidence is the bytes, not the text)
 MAX_REASON = 2000
