@@ -12,7 +12,7 @@ from farm.cluster.metrics import TASK_STATUSES, WorkerMetrics
 from farm.cluster.payloads import CompileReply, KernelReply
 from farm.core.model import KernelFailure
 from farm.core.outcomes import Outcome
-from worker.app import chunk_status
+from worker.hooks.metrics import chunk_status
 
 
 def reply(*results: tuple[Outcome | None, str | None]) -> CompileReply:

@@ -47,6 +47,8 @@ from farm.core.model import KernelFailure
 if TYPE_CHECKING:
     import redis
 
+    from worker.crashes import TaskLedger
+
 log = logging.getLogger(__name__)
 
 #: returns of one chunk (by any worker) before its kernels fail as ``infrastructure``
@@ -117,14 +119,16 @@ def given_up(raw: dict[Any, Any], task_id: str, request: CompileRequest) -> Comp
 class Delivery:
     """One delivery of a chunk to this pool process: its task, its build (the client's
     token: ``None`` from a client before builds had one), this worker's ``host:pid``
-    (the holder its main process noted), whether Celery delivered it before; and, once
-    run, whether its reply reached the build's reply stream."""
+    (the holder its main process noted), whether Celery delivered it before, its crash
+    ledger; and, once run, whether its reply reached the build's reply stream."""
 
     task_id: str
     build: str | None = None
     worker: str = ""
     redelivered: bool = True
     pushed: bool = False
+    #: its crash bookkeeping (the crash hook's, ``worker.hooks.crashes``; ``None``: none)
+    ledger: TaskLedger | None = None
 
 
 class Avoided(Exception):

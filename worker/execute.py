@@ -16,7 +16,8 @@ its looks at once, its records in one pack, its writes at once, one round trip t
 it): two MinIO requests a compiled kernel (its index entry claimed, its artifact
 written) and, for the whole chunk, four Redis round trips (docs/OPERATIONS.md,
 "Capacity"). What does not fit (a lease another worker holds, a second kernel of one
-source) goes kernel by kernel, through :func:`obtain_kernel` and :class:`WorkerSteps`.
+source) goes kernel by kernel (:mod:`worker.kernel`); a chunk's programs after its
+kernels (:mod:`worker.programs`).
 
 A failing kernel is reported with its build log and nothing of it is stored.
 
@@ -25,10 +26,11 @@ times fails as ``crashed`` untouched (``worker.crashes``); Redis and MinIO outag
 waited out up to ``outage_limit`` (``farm.core.outage``). Only a kernel's own failure
 (``KernelError``, bad input about it) fails it: an ``InfrastructureError`` (the store,
 Redis past the limit, this worker's own state) leaves ``execute_job``, and the task gives
-the whole chunk back to its queue for another worker (``worker.app``); that delivery
-does not count towards the crash limit. A compile's (or rekey's) record is sent to the
-records stream *before* the store is written, so a process killed at any moment never
-leaves an artifact whose record never came.
+the whole chunk back to its queue for another worker (``worker.app``); its hooks note the
+return, and that delivery does not count towards the crash limit (``worker.hooks``). A
+compile's (or rekey's) record is sent to the records stream *before* the store is
+written, so a process killed at any moment never leaves an artifact whose record never
+came.
 """
 
 from __future__ import annotations
@@ -36,36 +38,28 @@ from __future__ import annotations
 import logging
 
 from farm.cluster.payloads import CompileReply, CompileRequest
-from farm.core.errors import InfrastructureError, WorkerUnavailable
+from farm.core.errors import WorkerUnavailable
 from worker.chunkrun import ChunkRun
-from worker.chunks import Avoided, Delivery, given_up
-from worker.crashes import TaskLedger
+from worker.chunks import Delivery, given_up
 from worker.programs import obtain_programs
 from worker.state import WorkerState
 
 log = logging.getLogger(__name__)
 
-def execute_job(request: CompileRequest, state: WorkerState,
-                task_id: str | None = None, *,
+def execute_job(request: CompileRequest, state: WorkerState, *,
                 delivery: Delivery | None = None) -> CompileReply:
     """Obtain every kernel of ``request`` on this worker's device.
 
-    ``delivery`` (the Celery task's, or ``task_id`` alone) turns on crash-loop
-    bookkeeping (``TaskLedger``), the check that the chunk's client is alive, and the
-    reply onto the build's reply stream (``delivery.pushed`` says whether it got there).
+    ``delivery`` (the Celery task's) turns on the check that the chunk's client is
+    alive, the reply onto the build's reply stream (``delivery.pushed`` says whether it
+    got there) and, with its ``ledger`` (the crash hook's), the crash-loop bookkeeping.
     Raises :class:`InfrastructureError` when the chunk cannot be built here for reasons
     that are not its kernels' (see the module docstring), ``Avoided`` when its client
     sends this worker no more of its build."""
-    if request.fingerprint != state.device.fingerprint:
+    if request.fingerprint != state.fingerprint:
         raise WorkerUnavailable(f"task for fingerprint {request.fingerprint} reached a "
-                                f"worker of {state.device.fingerprint}")
-    if delivery is None and task_id is not None:
-        delivery = Delivery(task_id=task_id, build=request.build)
-    ledger = None
-    if delivery is not None and state.redis is not None and state.redis_waiter is not None:
-        ledger = TaskLedger(state.redis, delivery.task_id, state.redis_waiter,
-                            state.settings.crash_limit, delivery.redelivered)
-        ledger.start()
+                                f"worker of {state.fingerprint}")
+    ledger = delivery.ledger if delivery is not None else None
     state.ledger = ledger
     run = ChunkRun(request, state, ledger, delivery)
     reply: CompileReply | None = None
@@ -78,10 +72,6 @@ def execute_job(request: CompileRequest, state: WorkerState,
                 reply = CompileReply(results=[*reply.results,
                                               *obtain_programs(request, state, ledger)],
                                      dropped=reply.dropped)
-    except (InfrastructureError, Avoided):
-        if ledger is not None:
-            ledger.given_back()
-        raise
     finally:
         state.ledger = None
         state.flush_records()  # a Loaded record goes with the chunk's end

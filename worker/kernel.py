@@ -10,7 +10,6 @@ device, the compile lease in Redis, records sent *before* the store is written.
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import Iterator
 
@@ -36,13 +35,14 @@ def obtain_kernel(req: KernelRequest, state: WorkerState,
         outcome = obtain(key, req.artifact.kernel.family, state.rules, steps)
     except KernelError as exc:
         failure = KernelFailure(kind=exc.kind, message=str(exc), build_log=exc.build_log)
-        return _failed(req, key, failure, start)
+        return _failed(req, key, failure, start, state.host)
     except InfrastructureError:  # not the kernel's failure: the chunk goes back
         raise
     except FarmError as exc:
-        return _failed(req, key, KernelFailure(kind="validation", message=str(exc)), start)
+        return _failed(req, key, KernelFailure(kind="validation", message=str(exc)), start,
+                       state.host)
     return KernelReply(id_hash=req.artifact.id_hash, key=str(key), outcome=outcome,
-                       work_s=steps.work_s, worker=state.name, host=socket.gethostname())
+                       work_s=steps.work_s, worker=state.name, host=state.host)
 
 
 class WorkerSteps:
@@ -92,7 +92,7 @@ class WorkerSteps:
         self.work_s = time.perf_counter() - self.start
         state.recorder.compilation(
             Trip(family=self.req.artifact.kernel.family, key=self.key, outcome=outcome,
-                 work_s=self.work_s, worker=state.name, host=socket.gethostname(),
+                 work_s=self.work_s, worker=state.name, host=state.host,
                  requested_by=self.requested_by, kernel=self.req.artifact.kernel.label()),
             lowered)
         if outcome is not Outcome.LOADED:
@@ -100,7 +100,7 @@ class WorkerSteps:
 
 
 def _failed(req: KernelRequest, key: Key | None, failure: KernelFailure,
-            start: float) -> KernelReply:
+            start: float, host: str) -> KernelReply:
     return KernelReply(id_hash=req.artifact.id_hash, key=str(key) if key else None,
                        failure=failure, work_s=time.perf_counter() - start,
-                       host=socket.gethostname())
+                       host=host)

@@ -22,11 +22,10 @@ from the store as ``store``; a spec whose headers do not resolve as it says as
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from typing import TYPE_CHECKING
 
-from farm.cluster.payloads import CompileRequest, KernelReply, ProgramRequest
+from farm.cluster.payloads import CompileRequest, KernelReply
 from farm.compilation.obtain import Obtainer
 from farm.core.errors import (
     CompileError,
@@ -57,7 +56,8 @@ def obtain_programs(request: CompileRequest, state: WorkerState,
     process ``crash_limit`` times fails as ``crashed`` untouched (``worker.crashes``)."""
     results = []
     for p in request.programs:
-        id_hash = p.spec.key.id_hash
+        key = p.spec.key  # a hash of the spec: computed once
+        id_hash = key.id_hash
         crashed = ledger.crashed(id_hash, len(request.kernels) + len(request.programs)) \
             if ledger else None
         if crashed is not None:
@@ -67,31 +67,30 @@ def obtain_programs(request: CompileRequest, state: WorkerState,
             continue
         if state.in_hand is not None and ledger is not None:
             state.in_hand.note(ledger.task_id, id_hash)
-        results.append(obtain_program(p, state, request.requested_by))
+        results.append(obtain_program(p.spec, key, state, request.requested_by))
     return results
 
 
-def obtain_program(req: ProgramRequest, state: WorkerState,
+def obtain_program(spec: ProgramSpec, key: Key, state: WorkerState,
                    requested_by: RequestedBy | None) -> KernelReply:
-    """One program of a chunk, as a reply (failures are values)."""
+    """One program of a chunk (``key``: its spec's), as a reply (failures are values)."""
     start = time.perf_counter()
-    spec = req.spec
-    key = spec.key
     try:
         outcome = _resolve(spec, key, state, requested_by, start)
     except KernelError as exc:
-        return _failed(key, exc.kind, str(exc), exc.build_log, start)
+        return _failed(key, KernelFailure(kind=exc.kind, message=str(exc),
+                                          build_log=exc.build_log), start, state.host)
     except InfrastructureError:  # not the program's failure: the chunk goes back
         raise
     except FarmError as exc:
-        return _failed(key, "error", str(exc), "", start)
+        return _failed(key, KernelFailure(kind="error", message=str(exc)), start, state.host)
     work = time.perf_counter() - start
     if outcome is Outcome.LOADED:
         state.recorder.compilation(Trip(family=PROGRAM_FAMILY, key=key, outcome=outcome,
                                         work_s=work, worker=state.name,
-                                        host=socket.gethostname(), requested_by=requested_by))
+                                        host=state.host, requested_by=requested_by))
     return KernelReply(id_hash=key.id_hash, key=str(key), outcome=outcome, work_s=work,
-                       worker=state.name, host=socket.gethostname())
+                       worker=state.name, host=state.host)
 
 
 def _loads(key: Key, state: WorkerState) -> bool:
@@ -154,7 +153,7 @@ def _compile(spec: ProgramSpec, key: Key, state: WorkerState,
     state.recorder.compilation(
         Trip(family=PROGRAM_FAMILY, key=key, outcome=Outcome.COMPILED,
              work_s=time.perf_counter() - start, worker=state.name,
-             host=socket.gethostname(), requested_by=requested_by),
+             host=state.host, requested_by=requested_by),
         Lowered(source=blobs[spec.source].decode("utf-8", "replace"), options=spec.options,
                 kernel_names=()))
     state.send_records()
@@ -170,8 +169,6 @@ class _Refused(KernelError):
         self.kind = kind
 
 
-def _failed(key: Key, kind: str, message: str, build_log: str, start: float) -> KernelReply:
-    return KernelReply(id_hash=key.id_hash, key=str(key),
-                       failure=KernelFailure(kind=kind, message=message,
-                                             build_log=build_log),
-                       work_s=time.perf_counter() - start, host=socket.gethostname())
+def _failed(key: Key, failure: KernelFailure, start: float, host: str) -> KernelReply:
+    return KernelReply(id_hash=key.id_hash, key=str(key), failure=failure,
+                       work_s=time.perf_counter() - start, host=host)

@@ -28,7 +28,6 @@ before it stopped consuming are given back by the task (``worker.app``).
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -64,14 +63,7 @@ class ProcessReports:
     over its predecessor's)."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def reset(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-        self.folder.mkdir(parents=True, exist_ok=True)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder = folder  # the worker's own (``worker.startup`` makes and removes it)
 
     def report(self, index: int, problem: str | None) -> None:
         """In a pool process: ``None`` when its state is open, else why not."""

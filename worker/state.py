@@ -71,8 +71,13 @@ class WorkerState:
     builds: BuildWatch = field(default_factory=BuildWatch)
 
     @cached_property
+    def fingerprint(self) -> str:
+        """The device's (a hash of its identity: computed once, not per chunk)."""
+        return self.device.fingerprint
+
+    @cached_property
     def ns(self) -> Namespace:
-        return Namespace.for_fingerprint(self.device.fingerprint)
+        return Namespace.for_fingerprint(self.fingerprint)
 
     @cached_property
     def host(self) -> str:
