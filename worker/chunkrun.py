@@ -43,13 +43,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from farm.cluster.lease import LeaseSet
 from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
-from farm.compilation.obtain import Found, compiled_artifact, store_key
+from farm.compilation.obtain import Found, store_key
 from farm.core.errors import (
-    CompileError,
     FarmError,
     InfrastructureError,
     KernelError,
-    LoadError,
 )
 from farm.core.keys import (
     BUILD_AVOIDS,
@@ -260,20 +258,8 @@ class ChunkRun:
             if k.found is not None:
                 k.outcome = Outcome.REKEYED
                 return
-        k.artifact = self._compile(k)
+        k.artifact = self.state.compile(k.key, family, k.lowered, k.source)
         k.outcome = Outcome.COMPILED
-
-    def _compile(self, k: _Kernel) -> Artifact:
-        """Finalize and validate by a load on this device: a refused binary is never
-        stored (``KernelError``)."""
-        state = self.state
-        built = state.backend.finalize(k.lowered, state.settings.native_binaries,
-                                       state.settings.pocl_ready)
-        if not built.ok:
-            error = LoadError if built.error_kind == "load" else CompileError
-            raise error(built.error, build_log=built.build_log)
-        return compiled_artifact(k.key, k.req.artifact.kernel.family, built,
-                                 k.source, worker=state.name)
 
     def _record(self, done: list[_Kernel]) -> None:
         """Every kernel's record; the chunk's changing ones sent now, in one pack, before

@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator
 
 from farm.cluster.payloads import KernelReply, KernelRequest
-from farm.compilation.obtain import compiled_artifact, obtain, store_key
-from farm.core.errors import CompileError, FarmError, InfrastructureError, KernelError, LoadError
+from farm.compilation.obtain import obtain, store_key
+from farm.core.errors import FarmError, InfrastructureError, KernelError
 from farm.core.model import Artifact, KernelFailure, Key, Lowered
 from farm.core.outcomes import Outcome
 from farm.records.model import RequestedBy, Trip
@@ -64,15 +64,8 @@ class WorkerSteps:
         return family.lower_id(self.req.artifact, self.state.device)
 
     def compile(self, lowered: Lowered) -> Artifact:
-        # Validated on this device before storing: a refused binary is never stored.
-        state = self.state
-        built = state.backend.finalize(lowered, state.settings.native_binaries,
-                                       state.settings.pocl_ready)
-        if not built.ok:
-            error = LoadError if built.error_kind == "load" else CompileError
-            raise error(built.error, build_log=built.build_log)
-        return compiled_artifact(self.key, self.req.artifact.kernel.family, built,
-                                 lowered.source_hash, worker=state.name)
+        return self.state.compile(self.key, self.req.artifact.kernel.family, lowered,
+                                  lowered.source_hash)
 
     @contextlib.contextmanager
     def lease(self, source_hash: str) -> Iterator[bool]:

@@ -19,12 +19,12 @@ from farm.cluster.lease import Also, Leases
 from farm.compilation.backend import DeviceBackend, OpenCLBackend, open_backend
 from farm.compilation.finalize import worker_name
 from farm.compilation.load import LoadedBinary
-from farm.compilation.obtain import Obtainer
+from farm.compilation.obtain import Obtainer, compiled_artifact
 from farm.compilation.proofs import ProofBook, Prover, prove_family
 from farm.core.device import DeviceInfo
-from farm.core.errors import FarmError
+from farm.core.errors import CompileError, FarmError, LoadError
 from farm.core.keys import Namespace
-from farm.core.model import Artifact
+from farm.core.model import Artifact, Key, Lowered
 from farm.core.outage import Waiter, redis_client, redis_waiter
 from farm.core.settings import Settings
 from farm.families import Registry
@@ -139,6 +139,16 @@ class WorkerState:
         def note(pipe: Any, name: str, token: str) -> None:
             ledger.note(pipe, id_hash, name, token)
         return note
+
+    def compile(self, key: Key, family: str, lowered: Lowered, source_hash: str) -> Artifact:
+        """Finalize on this device and validate by a load: a refused binary is never
+        stored (a ``KernelError``: ``CompileError`` or ``LoadError``, with its log)."""
+        built = self.backend.finalize(lowered, self.settings.native_binaries,
+                                      self.settings.pocl_ready)
+        if not built.ok:
+            error = LoadError if built.error_kind == "load" else CompileError
+            raise error(built.error, build_log=built.build_log)
+        return compiled_artifact(key, family, built, source_hash, worker=self.name)
 
     def send_records(self) -> None:
         """Send the records now, waiting out a Redis outage (``OutageError`` past the
