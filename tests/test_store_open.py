@@ -127,9 +127,12 @@ def test_a_bad_store_url_is_one_line_naming_it(tmp_path: Path, url: str, why: st
     assert url in text or why == "no scheme"
 
 
-def test_credentials_in_a_store_url_are_refused_and_never_echoed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("url", ["minio://admin:s3cret@host:9000/b",
+                                 "tiered:memory://||minio://admin:s3cret@host:9000/b"])
+def test_credentials_in_a_store_url_are_refused_and_never_echoed(tmp_path: Path,
+                                                                 url: str) -> None:
     with pytest.raises(SettingsError) as info:
-        open_store(Settings(home=tmp_path, store_url="minio://admin:s3cret@host:9000/b"))
+        open_store(Settings(home=tmp_path, store_url=url))
     assert "must not carry credentials" in str(info.value)
     assert "s3cret" not in str(info.value) and "admin" not in str(info.value)
 

@@ -10,6 +10,7 @@ refused without being echoed (it would be in logs and error lines).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
@@ -18,6 +19,8 @@ from farm.core.settings import Settings
 
 #: what separates the tiers of a ``tiered:`` URL (a path holding one is percent-encoded)
 TIER_SEPARATOR = "|"
+#: a user part (``user:password@``) after a scheme, in any tier
+_USER_PART = re.compile(r"://[^/|?#]*@")
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class StoreURL:
     @classmethod
     def parse(cls, text: str) -> StoreURL:
         parts = urlsplit(text.strip())
-        if "@" in parts.netloc:
+        if _USER_PART.search(text):  # in any tier of a tiered URL too
             raise SettingsError("store URL: must not carry credentials (user:password@); "
                                 "set FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY")
         if not parts.scheme:
