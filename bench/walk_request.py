@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import redis
 
     from farm.cluster.lease import Leases
-    from farm.cluster.payloads import CompileRequest, KernelRequest, ProgramRequest
+    from farm.cluster.payloads import KernelRequest
     from farm.compilation.backend import OpenCLBackend
     from farm.core.device import open_device, probe_devices, select_device
     from farm.core.hashing import sha256_hex
@@ -119,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from farm.core.settings import Settings
     from farm.devservices import RedisServer
     from farm.families import Registry
+    from farm.programs.request import ChunkRequest, ProgramRequest
     from farm.programs.spec import ProgramSpec
     from farm.records import Recorder
     from farm.store import MemoryStore
@@ -160,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def chunk(kernels: list[KernelRequest], programs: list[ProgramRequest] = ()
                   ) -> Callable[[], object]:
-            request = CompileRequest(fingerprint=device.fingerprint, kernels=kernels,
+            request = ChunkRequest(fingerprint=device.fingerprint, kernels=kernels,
                                      programs=list(programs))
             task = f"walk-{salt}-{len(results)}"
             delivery = Delivery(task_id=task, redelivered=False)

@@ -809,10 +809,11 @@ def test_env_file_values_are_quoted_so_sourcing_runs_nothing(tmp_path: Path) -> 
 
 def test_a_bad_task_payload_is_one_line_that_survives_celerys_json() -> None:
     from farm.cluster.payloads import PayloadError, parse_request
+    from farm.programs.request import ChunkRequest
 
     with pytest.raises(PayloadError) as caught:
         parse_request({"fingerprint": "pocl-x", "kernels": [{"artifact": {"kernel": {
-            "family": "f", "params": {}}}, "build_id": "not hex"}]})
+            "family": "f", "params": {}}}, "build_id": "not hex"}]}, ChunkRequest)
     exc = caught.value
     # Celery's JSON sends type, module and args: the args carry the whole message
     rebuilt = type(exc)(*json.loads(json.dumps(list(exc.args))))

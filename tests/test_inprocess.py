@@ -26,7 +26,7 @@ import pytest
 import redis
 
 from farm.cluster.lease import Leases, kernel_note
-from farm.cluster.payloads import CompileRequest, KernelRequest
+from farm.cluster.payloads import KernelRequest
 from farm.cluster.workers import WorkerInfo
 from farm.compilation.backend import OpenCLBackend
 from farm.core.device import DeviceInfo, open_device, probe_devices, select_device
@@ -37,6 +37,7 @@ from farm.core.outcomes import Outcome
 from farm.core.settings import Settings
 from farm.families import Registry
 from farm.families.base import Example, KernelFamily, Params
+from farm.programs.request import ChunkRequest
 from farm.records import Recorder
 from farm.records.model import CompilationRecord, Record, Session
 from farm.store import MemoryStore, PutResult
@@ -235,7 +236,7 @@ def test_a_kernel_another_worker_is_compiling_is_waited_for_and_loaded(
 
     thread = threading.Thread(target=finish_elsewhere)
     thread.start()
-    reply = execute_job(CompileRequest(fingerprint=device.fingerprint, kernels=[request()]),
+    reply = execute_job(ChunkRequest(fingerprint=device.fingerprint, kernels=[request()]),
                         state).results[0]
     thread.join()
     assert reply.outcome is Outcome.LOADED, reply.failure  # compiled once, elsewhere

@@ -40,6 +40,7 @@ from farm.core.model import Artifact, Key, Lowered
 from farm.core.settings import load_settings
 from farm.families import Registry
 from farm.manifest import expand, load_manifest
+from farm.programs.request import ChunkRequest
 from farm.records import SessionStorage
 from farm.records.model import Session
 from farm.records.stream import (
@@ -204,7 +205,8 @@ def test_task_payloads_are_validated_or_refused_in_one_line(seed: int,
                                                             replacement: Any) -> None:
     payload = mutate_json(GOOD_PAYLOAD, random.Random(seed), replacement)
     try:
-        request = parse_request(json.loads(json.dumps(payload)))  # as Celery's JSON gives
+        # as Celery's JSON gives it
+        request = parse_request(json.loads(json.dumps(payload)), ChunkRequest)
     except PayloadError as exc:
         one_line(exc)
         return

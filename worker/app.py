@@ -50,6 +50,7 @@ def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
 
     from farm.cluster.payloads import parse_request
     from farm.core.errors import InfrastructureError, one_line
+    from farm.programs.request import ChunkRequest
     from worker.chunks import Avoided
     from worker.execute import execute_job
 
@@ -63,7 +64,8 @@ def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
     @app.task(name=TASK_NAME, bind=True, acks_late=True, store_errors_even_if_ignored=True,
               **options)
     def compile_task(self: Task, payload: dict[str, Any]) -> dict[str, Any] | None:
-        request = parse_request(payload)  # a bad payload: one line back to the client
+        # a bad payload: one line back to the client
+        request = parse_request(payload, ChunkRequest)
         task_id = self.request.id
         chunk = Chunk(request, Delivery(
             task_id=task_id, build=request.build, worker=worker_field,

@@ -42,7 +42,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from farm.cluster.lease import LeaseSet
-from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
+from farm.cluster.payloads import CompileReply, KernelReply, KernelRequest
 from farm.compilation.obtain import Found, store_key
 from farm.core.errors import (
     FarmError,
@@ -64,6 +64,7 @@ from worker.chunks import Avoided, Delivery
 from worker.kernel import obtain_kernel
 
 if TYPE_CHECKING:
+    from farm.programs.request import ChunkRequest
     from worker.crashes import TaskLedger
     from worker.state import WorkerState
 
@@ -93,7 +94,7 @@ class _Kernel:
 class ChunkRun:
     """One delivery of one chunk on this pool process (see the module docstring)."""
 
-    def __init__(self, request: CompileRequest, state: WorkerState,
+    def __init__(self, request: ChunkRequest, state: WorkerState,
                  ledger: TaskLedger | None, delivery: Delivery | None) -> None:
         self.request = request
         self.state = state

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import logging
 
-from farm.cluster.payloads import CompileReply, CompileRequest
+from farm.cluster.payloads import CompileReply
 from farm.core.errors import WorkerUnavailable
+from farm.programs.request import ChunkRequest
 from worker.chunkrun import ChunkRun
 from worker.chunks import Delivery, given_up
 from worker.programs import obtain_programs
@@ -46,7 +47,7 @@ from worker.state import WorkerState
 
 log = logging.getLogger(__name__)
 
-def execute_job(request: CompileRequest, state: WorkerState, *,
+def execute_job(request: ChunkRequest, state: WorkerState, *,
                 delivery: Delivery | None = None) -> CompileReply:
     """Obtain every kernel of ``request`` on this worker's device.
 

@@ -25,7 +25,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from farm.cluster.payloads import CompileRequest, KernelReply
+from farm.cluster.payloads import KernelReply
 from farm.compilation.obtain import Obtainer
 from farm.core.errors import (
     CompileError,
@@ -39,6 +39,7 @@ from farm.core.model import KernelFailure, Key, Lowered
 from farm.core.outcomes import Outcome
 from farm.programs.compile import compile_laid_out
 from farm.programs.proving import Proving, compiled_here
+from farm.programs.request import ChunkRequest
 from farm.programs.spec import ProgramSpec
 from farm.records.model import RequestedBy, Trip
 from farm.store.base import set_aside
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def obtain_programs(request: CompileRequest, state: WorkerState,
+def obtain_programs(request: ChunkRequest, state: WorkerState,
                     ledger: TaskLedger | None) -> list[KernelReply]:
     """The chunk's programs, one after the other; a program that killed its compiling
     process ``crash_limit`` times fails as ``crashed`` untouched (``worker.crashes``)."""

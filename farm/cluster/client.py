@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -212,7 +213,8 @@ class ClusterClient:
             report.batch_seq = rec.stamp.seq if rec is not None else None
         return report
 
-    def send(self, fingerprint: str, chunks: list[tuple[CompileRequest, list[KernelResult]]],
+    def send(self, fingerprint: str,
+             chunks: Sequence[tuple[CompileRequest, list[KernelResult]]],
              *, progress: Progress | None = None, status: Say | None = None,
              timeout_s: float = 3600.0) -> int:
         """Send ready-made chunks to ``fingerprint``'s workers and apply their replies to

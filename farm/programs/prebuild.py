@@ -148,7 +148,7 @@ def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: s
                      status: Callable[[str], None] | None = None) -> BatchReport:
     """Send the programs ``client.store`` lacks for ``fingerprint`` to its workers (whose
     liveness the caller checked: ``client.served``)."""
-    from farm.cluster.payloads import CompileRequest, ProgramRequest
+    from farm.programs.request import ChunkRequest, ProgramRequest
 
     start = time.perf_counter()
     notify = progress or (lambda r: None)
@@ -158,7 +158,7 @@ def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: s
     if misses:
         put_blobs(client.store, capture, [s for _, s in misses])
     size = client.settings.chunk_size
-    chunks = [(CompileRequest(fingerprint=fingerprint,
+    chunks = [(ChunkRequest(fingerprint=fingerprint,
                               programs=[ProgramRequest(spec=s) for _, s in misses[i:i + size]]),
                [r for r, _ in misses[i:i + size]]) for i in range(0, len(misses), size)]
     sent = client.send(fingerprint, chunks, progress=notify, status=status)

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from celery.worker.consumer import Consumer
     from celery.worker.request import Request
 
-    from farm.cluster.payloads import CompileReply, CompileRequest
+    from farm.cluster.payloads import CompileReply
+    from farm.programs.request import ChunkRequest
     from worker.state import WorkerState
 
 
@@ -65,7 +66,7 @@ class Boot:
 class Chunk:
     """One delivery of one chunk, as the pool process's hooks see it."""
 
-    request: CompileRequest
+    request: ChunkRequest
     delivery: Delivery
 
 
