@@ -30,7 +30,7 @@ def test_all_is_pinned() -> None:
 
 
 #: every package whose public names are its TYPE_CHECKING block (farm.core.lazy)
-PACKAGES = ("farm", "farm.records", "farm.tuning", "loader")
+PACKAGES = ("farm", "farm.programs", "farm.records", "farm.tuning", "loader")
 
 
 @pytest.mark.parametrize("name", PACKAGES)

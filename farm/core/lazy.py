@@ -64,19 +64,3 @@ def public_names(package: str) -> tuple[Callable[[str], object], Callable[[], li
         return sorted({*namespace, *table()})
 
     return __getattr__, __dir__
-
-
-def lazy_exports(package: str, where: dict[str, str]) -> Callable[[str], object]:
-    """The module ``__getattr__`` of ``package`` from a table (name -> module): the way
-    before :func:`public_names`, kept until ``farm.programs`` moves to it."""
-    namespace = sys.modules[package].__dict__
-
-    def __getattr__(name: str) -> object:
-        module = where.get(name)
-        if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        namespace[name] = value
-        return value
-
-    return __getattr__

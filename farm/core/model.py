@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from farm.core.hashing import canonical_json, sha256_hex, stable_hash
-from farm.core.outcomes import Fate, Outcome  # noqa: F401 - Outcome: farm.programs imports it here
+from farm.core.outcomes import Fate
 
 #: the largest integer every storage takes (SQLite and PostgreSQL BIGINT): an integer
 #: from outside beyond it is refused where it enters, not by a database later

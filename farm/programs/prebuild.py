@@ -21,7 +21,8 @@ from farm.compilation.compiler import ProcessPoolCompiler
 from farm.compilation.finalize import FinalizeResult
 from farm.core.device import DeviceInfo
 from farm.core.keys import PROGRAM_FAMILY, Namespace
-from farm.core.model import ArtifactId, KernelFailure, KernelId, Outcome
+from farm.core.model import ArtifactId, KernelFailure, KernelId
+from farm.core.outcomes import Fate, Outcome
 from farm.core.settings import Settings
 from farm.programs.capture import CaptureFile
 from farm.programs.compile import ProgramJob, pool_compile
@@ -78,7 +79,7 @@ def _results(store: ArtifactStore, ns: Namespace, specs: list[ProgramSpec],
             res.outcome = Outcome.LOADED
             notify(res)
         elif not spec.portable:
-            res.failure = KernelFailure(kind="unsupported", message=(
+            res.failure = KernelFailure(kind=Fate.UNSUPPORTED, message=(
                 "its headers lie outside its folders: compiled only where the application "
                 "runs"))
             notify(res)
