@@ -76,11 +76,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import simfleet
 
     from farm.core.settings import load_settings
-    from farm.store.minio import MinioStore
+    from farm.store.open import open_store
     from worker.state import open_state
 
     settings = load_settings()
-    MinioStore.from_settings(settings).close()  # the bucket (a worker's main process's)
+    open_store(settings, shared=True).close()  # the bucket (a worker's main process's)
     state = open_state(settings, [simfleet.device_info()], 0)
     try:
         chunk_task(state, args, "warm", 20)

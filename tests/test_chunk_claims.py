@@ -19,17 +19,19 @@ from test_inprocess import ListSink
 from test_store_minio import make_store, new_bucket
 
 from farm.cluster.lease import Leases
-from farm.cluster.payloads import CompileRequest, KernelRequest
+from farm.cluster.payloads import KernelRequest
 from farm.compilation.finalize import FinalizeResult
 from farm.compilation.load import LoadedBinary
 from farm.core.device import DeviceInfo
 from farm.core.keys import Namespace, build_alive_key, build_replies_key, source_object
-from farm.core.model import Artifact, Key, LaunchSettings, Lowered, Outcome
+from farm.core.model import Artifact, Key, LaunchSettings, Lowered
 from farm.core.outage import redis_waiter
+from farm.core.outcomes import Outcome
 from farm.core.settings import Settings
 from farm.devservices import MinioServer
 from farm.families import Registry
 from farm.families.base import Example, KernelFamily, Params
+from farm.programs.request import ChunkRequest
 from farm.records import Recorder
 from farm.store.base import ArtifactStore, WrappedStore
 from worker.chunks import Delivery
@@ -124,7 +126,7 @@ def chunk(state: WorkerState, build: str, *kernels: tuple[int, str]) -> list[Any
     client = state.client
     client.set(build_alive_key(build), "1", ex=60)
     client.xadd(build_replies_key(build), {"start": "1"})
-    request = CompileRequest(fingerprint=DEVICE.fingerprint, build=build, kernels=[
+    request = ChunkRequest(fingerprint=DEVICE.fingerprint, build=build, kernels=[
         KernelRequest(artifact=FAMILY.artifact_id({"n": n, "tag": tag}),
                       build_id=FAMILY.build_id) for n, tag in kernels])
     delivery = Delivery(task_id=str(uuid.uuid4()), build=build, worker="claims:1",

@@ -30,7 +30,8 @@ from farm.devservices import MinioServer
 from farm.devservices.ports import LOOPBACK
 from farm.store import PutResult
 from farm.store.minio import MinioStore
-from farm.store.s3_failures import Opening, describe, is_transient
+from farm.store.open import open_store
+from farm.store.s3_failures import ClientOptions, describe, is_transient
 from farm.store.s3_put import S3Unreachable, S3Writer
 
 pytestmark = pytest.mark.integration
@@ -333,7 +334,7 @@ def test_a_given_region_is_never_asked_for_and_none_is_asked_once(
     assert not [url for _, url in given.requests if "location" in url]
     asked = CountingPool()
     other = make_store(minio_server, bucket, http_client=asked,
-                       opening=Opening(region="", check_bucket=False))
+                       client=ClientOptions(region="", check_bucket=False))
     assert other.get(NS, key(1)) is not None and other.get(NS, key(2)) is None
     assert len([url for _, url in asked.requests if "location" in url]) == 1
     store.close()
@@ -346,10 +347,11 @@ def test_a_server_of_another_region_says_which_setting_is_wrong(tmp_path: Path) 
                             minio_secret_key=server.secret_key, minio_bucket=new_bucket(),
                             outage_limit=1.0)
         with pytest.raises(StoreError, match="FARM_MINIO_REGION") as wrong:
-            MinioStore.from_settings(settings)
+            open_store(settings, shared=True)
         assert "eu-west-1" in str(wrong.value) and server.secret_key not in str(wrong.value)
-        store = MinioStore.from_settings(settings.model_copy(
-            update={"minio_region": "eu-west-1"}))
+        store = open_store(settings.model_copy(update={"minio_region": "eu-west-1"}),
+                           shared=True)
+        assert isinstance(store, MinioStore)
         assert store._writer is not None
         assert store.put(NS, art(key(1), b"x")) is PutResult.STORED
         assert store.get(NS, key(1)) is not None

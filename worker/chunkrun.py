@@ -48,14 +48,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from farm.cluster.lease import LeaseSet
-from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
-from farm.compilation.obtain import Found, compiled_artifact, store_key
+from farm.cluster.payloads import CompileReply, KernelReply, KernelRequest
+from farm.compilation.obtain import Found, store_key
 from farm.core.errors import (
-    CompileError,
     FarmError,
     InfrastructureError,
     KernelError,
-    LoadError,
 )
 from farm.core.keys import (
     BUILD_AVOIDS,
@@ -65,11 +63,14 @@ from farm.core.keys import (
     task_holder_key,
     task_kernel_key,
 )
-from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
+from farm.core.model import Artifact, KernelFailure, Key, Lowered
+from farm.core.outcomes import Outcome
 from farm.records.model import Trip
 from worker.chunks import Avoided, Delivery
+from worker.kernel import obtain_kernel
 
 if TYPE_CHECKING:
+    from farm.programs.request import ChunkRequest
     from worker.crashes import TaskLedger
     from worker.state import WorkerState
 
@@ -99,7 +100,7 @@ class _Kernel:
 class ChunkRun:
     """One delivery of one chunk on this pool process (see the module docstring)."""
 
-    def __init__(self, request: CompileRequest, state: WorkerState,
+    def __init__(self, request: ChunkRequest, state: WorkerState,
                  ledger: TaskLedger | None, delivery: Delivery | None) -> None:
         self.request = request
         self.state = state
@@ -290,16 +291,8 @@ class ChunkRun:
         k.outcome = Outcome.COMPILED
 
     def _compile(self, k: _Kernel) -> Artifact:
-        """Finalize and validate by a load on this device: a refused binary is never
-        stored (``KernelError``)."""
-        state = self.state
-        built = state.backend.finalize(k.lowered, state.settings.native_binaries,
-                                       state.settings.pocl_ready)
-        if not built.ok:
-            error = LoadError if built.error_kind == "load" else CompileError
-            raise error(built.error, build_log=built.build_log)
-        return compiled_artifact(k.key, k.req.artifact.kernel.family, built,
-                                 k.source, worker=state.name)
+        """Finalize and validate by a load on this device (``WorkerState.compile``)."""
+        return self.state.compile(k.key, k.req.artifact.kernel.family, k.lowered, k.source)
 
     def _record(self, done: list[_Kernel]) -> None:
         """Every kernel's record; the chunk's changing ones sent now, in one pack, before
@@ -317,9 +310,7 @@ class ChunkRun:
                      requested_by=requested_by, kernel=k.req.artifact.kernel.label()),
                 None if k.outcome is Outcome.LOADED else k.lowered)
         if any(k.outcome is not Outcome.LOADED for k in done):
-            from worker.execute import send_records
-
-            send_records(state)
+            state.send_records()
 
     def _keep(self, k: _Kernel) -> None:
         rules, family = self.state.rules, k.req.artifact.kernel.family
@@ -350,10 +341,8 @@ class ChunkRun:
 
     # -- what does not fit ------------------------------------------------------------------
     def _later(self, kernels: list[_Kernel]) -> None:
-        """The old way, kernel by kernel (``worker.execute.obtain_kernel``): each takes
+        """The old way, kernel by kernel (``worker.kernel.obtain_kernel``): each takes
         its lease (waiting for another worker's), then looks."""
-        from worker.execute import obtain_kernel
-
         for k in kernels:
             self._in_hand(k.key.id_hash)
             self.replies[k.index] = obtain_kernel(k.req, self.state,

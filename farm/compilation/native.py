@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from farm.core.device import device_arch, nv_attribute
 from farm.core.errors import LoadError
 
 if TYPE_CHECKING:
@@ -115,27 +116,6 @@ def unpack(binary: bytes) -> NativeParts | None:
     return NativeParts(arch=header.arch, native=binary[body:mid], portable=binary[mid:])
 
 
-def device_arch(cl_device: cl.Device) -> str:
-    """``sm_XY`` for an NVIDIA device (from ``cl_nv_device_attribute_query``), else ``""``."""
-    major, minor = _nv_attribute(cl_device, "COMPUTE_CAPABILITY_MAJOR_NV"), \
-        _nv_attribute(cl_device, "COMPUTE_CAPABILITY_MINOR_NV")
-    return f"sm_{major}{minor}" if major is not None and minor is not None else ""
-
-
-def _nv_attribute(cl_device: cl.Device, name: str) -> int | None:
-    import pyopencl as cl
-
-    if "cl_nv_device_attribute_query" not in str(getattr(cl_device, "extensions", "")):
-        return None
-    param = getattr(cl.device_info, name, None)
-    if param is None:
-        return None
-    try:
-        return int(cl_device.get_info(param))  # type: ignore[call-overload]
-    except (cl.Error, TypeError, ValueError):
-        return None
-
-
 def open_linker(cl_device: cl.Device) -> NativeLinker | None:
     """The seam: a linker for ``cl_device``, or ``None`` where no conversion is possible
     (not NVIDIA, no ``libcuda.so.1``, the driver refuses). Tests replace this."""
@@ -143,8 +123,8 @@ def open_linker(cl_device: cl.Device) -> NativeLinker | None:
         return None
     from farm.compilation.cuda import open_cuda_linker
 
-    linker = open_cuda_linker(_nv_attribute(cl_device, "PCI_BUS_ID_NV"),
-                              _nv_attribute(cl_device, "PCI_SLOT_ID_NV"),
+    linker = open_cuda_linker(nv_attribute(cl_device, "PCI_BUS_ID_NV"),
+                              nv_attribute(cl_device, "PCI_SLOT_ID_NV"),
                               ordinal=_nvidia_ordinal(cl_device))
     if linker is not None and linker.arch != device_arch(cl_device):
         log.warning("CUDA device is %s but the OpenCL device is %s; storing PTX",

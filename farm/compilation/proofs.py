@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from farm.compilation.validate import Verdict
+
 if TYPE_CHECKING:
     from farm.compilation.validate import IsolatedValidator, Request
     from farm.core.device import DeviceInfo
@@ -118,19 +120,6 @@ class ProofBook:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(" ".join(why.split())[:_MAX_REASON])
             os.replace(tmp, target)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A proof's answer: ``why`` "" when proven; ``definite`` False when nothing was
-    decided (no child could start, or it did not answer in time)."""
-
-    why: str = ""
-    definite: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return not self.why
 
 
 @dataclass

@@ -128,8 +128,6 @@ def _slug(text: str) -> str:
 
 def info_from_device(platform_index: int, device_index: int, dev: cl.Device) -> DeviceInfo:
     """Read a pyopencl device's identity and limits."""
-    from farm.compilation.native import device_arch
-
     platform = dev.platform
     return DeviceInfo(
         platform_index=platform_index,
@@ -149,6 +147,28 @@ def info_from_device(platform_index: int, device_index: int, dev: cl.Device) -> 
         extensions=tuple(sorted(dev.extensions.split())),
         native_arch=device_arch(dev),
     )
+
+
+def device_arch(cl_device: cl.Device) -> str:
+    """``sm_XY`` for an NVIDIA device (from ``cl_nv_device_attribute_query``), else ``""``:
+    the architecture native code is stored for (:mod:`farm.compilation.native`)."""
+    major, minor = nv_attribute(cl_device, "COMPUTE_CAPABILITY_MAJOR_NV"), \
+        nv_attribute(cl_device, "COMPUTE_CAPABILITY_MINOR_NV")
+    return f"sm_{major}{minor}" if major is not None and minor is not None else ""
+
+
+def nv_attribute(cl_device: cl.Device, name: str) -> int | None:
+    import pyopencl as cl
+
+    if "cl_nv_device_attribute_query" not in str(getattr(cl_device, "extensions", "")):
+        return None
+    param = getattr(cl.device_info, name, None)
+    if param is None:
+        return None
+    try:
+        return int(cl_device.get_info(param))  # type: ignore[call-overload]
+    except (cl.Error, TypeError, ValueError):
+        return None
 
 
 def probe_devices() -> list[DeviceInfo]:

@@ -20,8 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farm.core.errors import SettingsError, first_error
 from farm.core.keys import DEFAULT_BUCKET, RECORDS_FILE, STORE_FILE
-from farm.core.model import INT64_MAX
-from farm.records.model import RecordLevel
+from farm.core.model import INT64_MAX, RecordLevel
 
 #: a dotted Python module name (FARM_FAMILY_MODULES entries)
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -46,6 +45,11 @@ class Settings(BaseSettings):
     #: folder name under FARM_HOME/envs, so never ``.`` or ``..``
     environment: str = Field(default="default",
                              pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    #: the artifact store's URL, its scheme naming the backend (FARM_STORE_URL):
+    #: ``sqlite:///<file>``, ``memory://``, ``minio://host:port/bucket``,
+    #: ``tiered:<url>|<url>``; default the environment's SQLite file, in front of MinIO
+    #: with FARM_MINIO_ENDPOINT (farm/store/open.py)
+    store_url: str | None = Field(default=None, max_length=4000)
     #: records storage URL; default SQLite beside the store (FARM_RECORDS_URL)
     records_url: str | None = Field(default=None, max_length=2000)
     records_level: RecordLevel = RecordLevel.BASIC

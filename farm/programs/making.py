@@ -41,6 +41,7 @@ from farm.compilation.validate import ValidatorError
 from farm.core.errors import FarmError
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, Key
+from farm.core.outcomes import Fate
 from farm.programs.body import Body, BodyError, read_body
 from farm.programs.harvest import Made, store_functions
 from farm.programs.proving import structure
@@ -80,7 +81,7 @@ class Readiness:
     def summary(self) -> dict[str, Any]:
         return {"programs": self.programs, "made": self.made, "held": self.held,
                 "ignored": self.ignored, "wall_s": round(self.wall_s, 3),
-                "failed": [{"key": k, "message": why} for k, why in self.failed]}
+                Fate.FAILED: [{"key": k, "message": why} for k, why in self.failed]}
 
 
 def wanted(capture: CaptureFile, fingerprint: str) -> dict[str, frozenset[Pair]]:

@@ -29,7 +29,8 @@ from farm.compilation.compiler import ProcessPoolCompiler
 from farm.compilation.finalize import FinalizeResult
 from farm.core.device import DeviceInfo
 from farm.core.keys import PROGRAM_FAMILY, Namespace
-from farm.core.model import ArtifactId, KernelFailure, KernelId, Outcome
+from farm.core.model import ArtifactId, KernelFailure, KernelId
+from farm.core.outcomes import Fate, Outcome
 from farm.core.settings import Settings
 from farm.programs.capture import CaptureFile
 from farm.programs.compile import ProgramJob, pool_compile
@@ -98,7 +99,7 @@ def _results(store: ArtifactStore, ns: Namespace, specs: list[ProgramSpec],
             res.outcome = Outcome.LOADED
             notify(res)
         elif not spec.portable:
-            res.failure = KernelFailure(kind="unsupported", message=(
+            res.failure = KernelFailure(kind=Fate.UNSUPPORTED, message=(
                 "its headers lie outside its folders: compiled only where the application "
                 "runs"))
             notify(res)
@@ -233,7 +234,7 @@ def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: s
     liveness the caller checked: ``client.served``), with their recorded launches; and
     the programs it holds whose records lack some of their launches' functions, which
     the workers then make."""
-    from farm.cluster.payloads import CompileRequest, ProgramRequest
+    from farm.programs.request import ChunkRequest, ProgramRequest
 
     start = time.perf_counter()
     notify = progress or (lambda r: None)
@@ -252,7 +253,7 @@ def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: s
     counted = {id(r) for r, _ in misses}
     todo = misses + unready
     size = client.settings.chunk_size
-    chunks = [(CompileRequest(fingerprint=fingerprint, programs=[
+    chunks = [(ChunkRequest(fingerprint=fingerprint, programs=[
         ProgramRequest(spec=s, launches=_launches(want.get(s.key.id_hash)))
         for _, s in todo[i:i + size]]), [r for r, _ in todo[i:i + size]])
         for i in range(0, len(todo), size)]

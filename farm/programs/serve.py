@@ -55,7 +55,8 @@ from farm.core.errors import FarmError, LoadError, StoreError, printable
 from farm.core.gcpause import cyclic_gc_paused
 from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
-from farm.core.model import Artifact, Key, Lowered, Outcome
+from farm.core.model import Artifact, Key, Lowered
+from farm.core.outcomes import Fate, Outcome
 from farm.core.settings import Settings, load_settings
 from farm.programs.assemble import Assembled, assemble, kernel_names
 from farm.programs.counts import RunCounts
@@ -148,7 +149,8 @@ class ProgramServer:
             else:
                 served = self._serve(ctx, devs, described)
                 _install(program, served, options_bytes)
-                self.counts.bump("loaded" if served.outcome is Outcome.LOADED else "compiled")
+                self.counts.bump(Fate.LOADED if served.outcome is Outcome.LOADED
+                                 else Fate.COMPILED)
                 result = program
         except _CompileRefused:
             return self._refused(plain)
@@ -207,7 +209,7 @@ class ProgramServer:
             with farm_compiling():
                 result = plain()
         except BaseException:
-            self.counts.bump("failed")
+            self.counts.bump(Fate.FAILED)
             raise
         if after:
             self._warn(after)

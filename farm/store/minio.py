@@ -62,7 +62,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import urlsplit
 
 import urllib3
 from minio import Minio
@@ -83,7 +82,6 @@ from farm.core.keys import (
 )
 from farm.core.model import Artifact, Key, Lowered
 from farm.core.outage import OutageError, Waiter
-from farm.core.settings import Settings
 from farm.store.base import (
     PutResult,
     Quarantined,
@@ -109,7 +107,7 @@ from farm.store.minio_blobs import BlobObjects
 from farm.store.minio_index import SourceIndex
 from farm.store.s3_failures import (
     FAILURES,
-    Opening,
+    ClientOptions,
     Retry,
     describe,
     is_transient,
@@ -121,6 +119,8 @@ from farm.store.s3_put import S3Writer
 if TYPE_CHECKING:
     from tenacity import RetryCallState
 
+    from farm.store.url import Opening, StoreURL
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -128,8 +128,6 @@ T = TypeVar("T")
 _BUCKET_TAKEN = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 #: rounds of (conditional write, read what is there) before a put gives up
 _MAX_PUT_ROUNDS = 8
-#: the source hash :meth:`MinioStore.probe` reads: no source hashes to it
-PROBE_SOURCE_HASH = "0" * 64
 
 
 
@@ -148,14 +146,14 @@ class MinioStore(SourceIndex, BlobObjects):
     def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None,
                  bucket: str, secure: bool = False, *, retry: Retry | None = None,
                  http_client: urllib3.PoolManager | None = None,
-                 opening: Opening = Opening()) -> None:
+                 client: ClientOptions = ClientOptions()) -> None:
         """Connect and create ``bucket`` if it is missing.
 
         ``retry`` says how transient failures are retried (:class:`Retry`).
         ``http_client`` replaces the connection pool (tests count requests through it);
         give it no retries of its own: every request then goes through it, the writes
         too (else through :class:`~farm.store.s3_put.S3Writer`: the module docstring).
-        ``opening``: the region, and whether to check the bucket now (:class:`Opening`).
+        ``client``: the region, and whether to check the bucket now (:class:`ClientOptions`).
         """
         retry = retry or Retry()
         super().__init__()
@@ -177,50 +175,44 @@ class MinioStore(SourceIndex, BlobObjects):
         try:
             self._client = Minio(endpoint, access_key=access_key or None,
                                  secret_key=secret_key or None, secure=secure,
-                                 region=opening.region or None, http_client=self._http)
+                                 region=client.region or None, http_client=self._http)
         except ValueError as exc:
             raise StoreError(f"store {self.location}: {exc}") from None
         #: the writes without the SDK, unless a pool was given or a signature is not
         self._writer = S3Writer(endpoint, secure, access_key, secret_key, bucket,
-                                region=opening.region, timeout_s=retry.timeout_s) \
-            if http_client is None and access_key and secret_key and opening.region \
+                                region=client.region, timeout_s=retry.timeout_s) \
+            if http_client is None and access_key and secret_key and client.region \
             else None
         self._closed = threading.Event()
         self._init_index()
-        if opening.check_bucket:
+        if client.check_bucket:
             self._ensure_bucket()
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, probe: bool = False,
-                      ensure_bucket: bool = True) -> MinioStore:
-        """The store ``FARM_MINIO_*`` describe. The endpoint is ``host:port`` (TLS from
-        ``FARM_MINIO_SECURE``) or a URL whose scheme says it (``https://host:port``).
+    def from_url(cls, url: StoreURL, opening: Opening) -> MinioStore:
+        """``minio://host:port/bucket`` (``s3://`` alike; ``?secure=true``: TLS), with the
+        credentials of ``FARM_MINIO_ACCESS_KEY`` and ``FARM_MINIO_SECRET_KEY``.
 
         Requests time out after ``FARM_SOCKET_TIMEOUT`` (a frozen MinIO is noticed in
-        seconds) and an outage is waited out up to ``FARM_OUTAGE_LIMIT``; ``probe=True``
-        makes a store that tries each request once instead (a readiness check must
-        answer now, not after the outage)."""
-        raw = settings.minio_endpoint
-        if not raw:
-            raise SettingsError("setting FARM_MINIO_ENDPOINT: not set")
-        endpoint, secure = raw, settings.minio_secure
-        if "://" in raw:
-            url = urlsplit(raw)
-            if url.scheme not in ("http", "https") or not url.netloc \
-                    or url.path not in ("", "/") or url.query:
-                raise SettingsError(f"setting FARM_MINIO_ENDPOINT: not host:port or "
-                                    f"http(s)://host:port: {raw!r}")
-            endpoint, secure = url.netloc, url.scheme == "https"
+        seconds) and an outage is waited out up to ``FARM_OUTAGE_LIMIT``; a probing
+        opening tries each request once instead (a readiness check must answer now, not
+        after the outage). ``opening.create`` makes the bucket when it is missing."""
+        parts = url.parts
+        bucket = parts.path.strip("/")
+        if not parts.netloc or not bucket or "/" in bucket:
+            raise url.error("not minio://host:port/bucket")
+        settings = opening.settings
         access, secret = settings.minio_access_key, settings.minio_secret_key
         if access is None or secret is None:
             raise SettingsError("settings FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY "
                                 "must be set with FARM_MINIO_ENDPOINT")
-        return cls(endpoint, access.get_secret_value(), secret.get_secret_value(),
-                   settings.minio_bucket, secure,
-                   opening=Opening(region=settings.minio_region, check_bucket=ensure_bucket),
-                   retry=Retry(attempts=1, timeout_s=settings.socket_timeout) if probe
-                   else Retry(timeout_s=settings.socket_timeout,
-                              outage_limit_s=settings.outage_limit))
+        retry = Retry(attempts=1, timeout_s=settings.socket_timeout) if opening.probe \
+            else Retry(timeout_s=settings.socket_timeout,
+                       outage_limit_s=settings.outage_limit)
+        return cls(parts.netloc, access.get_secret_value(), secret.get_secret_value(),
+                   bucket, url.flag("secure"), retry=retry,
+                   client=ClientOptions(region=settings.minio_region,
+                                        check_bucket=opening.create))
 
     @property
     def location(self) -> str:
@@ -359,12 +351,6 @@ class MinioStore(SourceIndex, BlobObjects):
         if not prefix.startswith(artifacts_prefix(ns)):  # pragma: no cover - by construction
             prefix = artifacts_prefix(ns)
         return {names[n] for n in self._list(prefix, recursive=True) if n in names}
-
-    def probe(self, ns: Namespace) -> None:
-        """One cheap signed read in ``ns`` (a source-index entry nobody writes): raises
-        :class:`StoreError` when MinIO is unreachable, refuses the credentials, or does not
-        let them read the namespace. A worker's readiness check."""
-        self.find_source(ns, PROBE_SOURCE_HASH)
 
     def keys(self, ns: Namespace) -> Iterator[Key]:
         found = (key_from_artifact_object(ns, n)

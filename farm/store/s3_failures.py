@@ -123,7 +123,7 @@ def answer_error(status: int, headers: Mapping[str, str], body: bytes) -> Except
 
 
 @dataclass(frozen=True)
-class Opening:
+class ClientOptions:
     """How a :class:`~farm.store.minio.MinioStore` is opened: the region its requests
     are signed for (``FARM_MINIO_REGION``; "" asks the server, a request once a
     process), and whether the bucket is checked, and made if missing, now (not in a

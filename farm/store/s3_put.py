@@ -41,7 +41,7 @@ from urllib.parse import quote
 
 import certifi
 
-from farm.store.s3_failures import Opening, answer_error
+from farm.store.s3_failures import ClientOptions, answer_error
 
 #: the longest answer read back (an error's XML is a few hundred bytes)
 _MAX_ANSWER_BYTES = 1 << 20
@@ -128,7 +128,7 @@ class S3Writer:
     threads (a connection each)."""
 
     def __init__(self, endpoint: str, secure: bool, access_key: str, secret_key: str,
-                 bucket: str, *, region: str = Opening.region, timeout_s: float = 60.0
+                 bucket: str, *, region: str = ClientOptions.region, timeout_s: float = 60.0
                  ) -> None:
         """``endpoint`` is ``host:port``; ``timeout_s`` bounds each connect, each send
         and each read of an answer."""
