@@ -26,6 +26,6 @@ if TYPE_CHECKING:
     from loader.kernel_loader import KernelLoader, warm
     from loader.programs import LoadedProgram
     from loader.tiers import Tier
-    from loader.warm import WarmReport
+    from loader.warming import WarmReport
 
 __getattr__, __dir__ = public_names(__name__)

@@ -1,7 +1,7 @@
 """What every way of asking a :class:`~loader.kernel_loader.KernelLoader` stands on: one
 device and its context, memory, the store tiers, one trip, a batch of misses.
 
-The warm of a whole manifest (:mod:`loader.warm`), the first launches
+The warm of a whole manifest (:mod:`loader.warming`), the first launches
 (:mod:`loader.readiness`) and the tuned winners (:mod:`loader.tuned`) are engines over a
 :class:`LoaderBase`; :class:`~loader.kernel_loader.KernelLoader` adds them as methods. So
 those engines import this module and nothing imports them back (no cycle).

@@ -1,5 +1,5 @@
 """What a warm reports of each kernel (:class:`WarmItem`) and of each phase
-(:class:`Phase`): shared by the warm (:mod:`loader.warm`) and the first launches after it
+(:class:`Phase`): shared by the warm (:mod:`loader.warming`) and the first launches after it
 (:mod:`loader.readiness`), which the warm calls.
 """
 

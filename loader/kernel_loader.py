@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from farm.core.settings import Settings
     from farm.manifest import Manifest
     from loader.tuned import Tuned, TuneOnMiss, Tunings
-    from loader.warm import WarmProgress, WarmReport
+    from loader.warming import WarmProgress, WarmReport
 
 
 class KernelLoader(LoaderBase):
@@ -82,7 +82,7 @@ class KernelLoader(LoaderBase):
              label: str | None = None, launch: bool = False) -> WarmReport:
         """Obtain every kernel of a manifest now (see :func:`loader.warm`); ``launch``:
         then launch each once (the readiness figure, loader/readiness.py)."""
-        from loader.warm import warm_loader
+        from loader.warming import warm_loader
 
         return warm_loader(self, manifest, progress=progress, threads=threads, label=label,
                            launch=launch)
@@ -93,7 +93,7 @@ def warm(manifest: Manifest | str | Path | Iterable[ArtifactId], *,
          device: str | DeviceInfo | None = None, on_miss: OnMiss = "compile",
          progress: WarmProgress | None = None, threads: int | None = None,
          label: str | None = None) -> WarmReport:
-    """Obtain every kernel of ``manifest`` on the device (see :mod:`loader.warm`).
+    """Obtain every kernel of ``manifest`` on the device (see :mod:`loader.warming`).
 
     With ``loader`` the programs stay in that loader's memory. Without one, a loader is
     opened for the call and closed after it: what remains is the local tier, filled with
@@ -101,7 +101,7 @@ def warm(manifest: Manifest | str | Path | Iterable[ArtifactId], *,
     loads without network or compiler. The readiness figure (each kernel launched once,
     loader/readiness.py) is :meth:`KernelLoader.warm`'s ``launch``.
     """
-    from loader.warm import warm_loader
+    from loader.warming import warm_loader
 
     if loader is not None:
         return warm_loader(loader, manifest, progress=progress, threads=threads, label=label)

@@ -35,7 +35,7 @@ from farm.tuning import store as results
 from farm.tuning.keys import TuningSpec, spec_for
 from farm.tuning.model import TuningResult
 from loader.errors import TuningMissing
-from loader.warm import warm_loader
+from loader.warming import warm_loader
 
 if TYPE_CHECKING:
     import pyopencl as cl

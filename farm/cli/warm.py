@@ -74,7 +74,7 @@ def warm(
             shown.advance(item.source or (item.failure.kind if item.failure else ""),
                           item.label)
 
-        from loader.warm import artifacts_of
+        from loader.warming import artifacts_of
 
         artifacts, label = artifacts_of(manifest, loader)
         shown.set_total(len(artifacts))
