@@ -101,7 +101,7 @@ def cluster(manifest: str, workers: int, work: Path) -> tuple[float, dict[str, A
     from farm.core.keys import Namespace
     from farm.core.settings import Settings
     from farm.devservices.cluster import local_cluster
-    from farm.store.minio import MinioStore
+    from farm.store.open import open_store
 
     bucket = f"bench-{uuid.uuid4().hex[:12]}"
     extra: dict[str, Any] = {"bucket": bucket}
@@ -116,9 +116,9 @@ def cluster(manifest: str, workers: int, work: Path) -> tuple[float, dict[str, A
         wall, report = run_json([sys.executable, "-m", "farm", "build", manifest, "--cluster",
                                  "--json"], c.env(work / "cluster-client"),
                                 "farm build --cluster")
-        store = MinioStore.from_settings(Settings(
+        store = open_store(Settings(
             minio_endpoint=c.minio_endpoint, minio_access_key=c.minio_access_key,
-            minio_secret_key=c.minio_secret_key, minio_bucket=bucket))
+            minio_secret_key=c.minio_secret_key, minio_bucket=bucket), shared=True, signed=False)
         stored = sum(1 for _ in store.keys(Namespace.for_fingerprint(report["fingerprint"])))
         store.close()
         c.stop_workers()

@@ -104,22 +104,27 @@ def client_main(args: argparse.Namespace) -> None:
     # when each chunk is sent: the gatherer's one way to send (today's code and the
     # code of this round alike), wrapped
     sends: list[float] = []
+    sent_at: list[tuple[float, Any]] = []  # (wall clock, task id): --timeline's
     send_chunk = gather.Gatherer._send
 
     def timed_send(self: Any, chunk: Any) -> Any:
         sends.append(time.perf_counter())
-        return send_chunk(self, chunk)
+        wall = time.time()
+        task_id = send_chunk(self, chunk)
+        sent_at.append((wall, task_id))
+        return task_id
 
     gather.Gatherer._send = timed_send  # type: ignore[method-assign]
 
     def build(arts: list[ArtifactId],
-              arrived: dict[str, tuple[float, float]]) -> tuple[float, int]:
+              arrived: dict[str, tuple[float, float, float]]) -> tuple[float, int]:
         recorder = open_recorder(settings, "bench control plane")
         t = time.perf_counter()
         report = client.build(arts, BuildOptions(fingerprint=args.fingerprint,
                                                  label="bench control plane", timeout_s=600),
                               recorder=recorder, progress=lambda r: arrived.setdefault(
-                                  r.artifact.id_hash, (time.perf_counter(), r.work_s)))
+                                  r.artifact.id_hash,
+                                  (time.perf_counter(), r.work_s, time.time())))
         wall = time.perf_counter() - t
         recorder.close()
         return wall, len(report.failed)
@@ -137,21 +142,27 @@ def client_main(args: argparse.Namespace) -> None:
         # send, minus the compiles of its chunk (no queueing in it, no per-build costs).
         added: list[float] = []
         on_worker: list[float] = []  # a kernel's time in the worker beyond its compile
+        chunks: list[dict[str, Any]] = []  # each chunk's send and last arrival, wall clock
         failed, done = 0, 0
         compile_s = args.compile_ms / 1000
         while done < args.latency_rounds:
             count = min(args.free, args.latency_rounds - done)
             arts = kernels(done * args.chunk, count * args.chunk)
-            arrived: dict[str, tuple[float, float]] = {}
+            arrived: dict[str, tuple[float, float, float]] = {}
             first = len(sends)
             _, bad = build(arts, arrived)
             failed += bad
             for i, art in enumerate(arts):
-                at, work = arrived[art.id_hash]
+                at, work, wall = arrived[art.id_hash]
                 added.append(at - sends[first + i // args.chunk] - args.chunk * compile_s)
                 on_worker.append(work - compile_s)
+                if i % args.chunk == 0:
+                    chunks.append({"task": sent_at[first + i // args.chunk][1],
+                                   "sent": sent_at[first + i // args.chunk][0],
+                                   "arrived": wall})
+                chunks[-1]["arrived"] = max(chunks[-1]["arrived"], wall)
             done += count
-        out.update(added_s=added, on_worker_s=on_worker, failed=failed)
+        out.update(added_s=added, on_worker_s=on_worker, failed=failed, chunks=chunks)
     out["cpu_s"] = cpu_now() - cpu0  # the builds only
     out["cpu_total_s"] = cpu_now()  # with the start-up (imports, settings, store)
     client.close()
@@ -253,6 +264,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{c['clients']:>6.2f}/{c['workers']:>6.2f}/{c['redis']:>5.2f}/{c['minio']:>5.2f}"
               f" {r['added_ms']['p50']:>7.1f} {r['added_ms']['p99']:>7.1f} "
               f"{r['worker_ms']['p50']:>7.1f}")
+    for r in rows:
+        if "timeline" in r:
+            print(f"\n{r['code']}, N {r['workers']}: where a chunk's added latency goes "
+                  "(ms, p50 / p99)")
+            for name, v in r["timeline"].items():
+                print(f"  {name:42} {v['p50']:7.2f} / {v['p99']:7.2f}  ({v['n']} chunks)")
 
 
 def main() -> None:
@@ -280,6 +297,8 @@ def main() -> None:
                         "purpose (MONITOR over the throughput phase: bench/cp_monitor.py)")
     parser.add_argument("--profile", type=Path, help="py-spy the workers and clients of "
                         "the throughput phase into this folder (bench/cp_profile.py)")
+    parser.add_argument("--timeline", action="store_true", help="where the added latency "
+                        "goes (MONITOR over the latency phase: bench/cp_timeline.py)")
     parser.add_argument("--link", choices=("auto", "netem", "proxy", "applied"),
                         default="auto", help="how a round trip is made: tc netem in a "
                         "network namespace, or the delay proxy (auto: netem where it works)")
@@ -324,6 +343,7 @@ def main() -> None:
              *(["--baseline", args.baseline] if args.baseline else []),
              *(["--bare"] if args.bare else []), *(["--monitor"] if args.monitor else []),
              *(["--no-events"] if args.no_events else []),
+             *(["--timeline"] if args.timeline else []),
              *(["--profile", str(args.profile)] if args.profile else [])]
     rows = []
     for rtt in rtts:

@@ -76,7 +76,7 @@ def child_floor(manifest: str) -> dict[str, Any]:
     read beforehand, in a process that has loaded nothing yet: the bare load cost."""
     from farm.store import SQLiteStore
     from loader import KernelLoader
-    from loader.warm import artifacts_of
+    from loader.warming import artifacts_of
 
     with KernelLoader(label="bench floor") as loader:
         store = loader.tiers[0].store

@@ -13,8 +13,9 @@ binaries in MinIO (put there once, untimed, by another "node"):
 
 Peers for each: ``fresh node`` (a new ``FARM_HOME``, empty driver caches in folders of
 its own: its proofs are made, for the programs by the prover ahead while the application
-starts (farm/programs/ahead.py), for the families in a child), ``fresh node, book known`` (the same, but its
-``proofs`` folder is a copy of a node that proved the same binaries, nothing else: the
+starts (farm/programs/ahead.py), for the families in a child), ``fresh node, book
+known`` (the same, but its ``proofs`` folder is a copy of a node that proved the same
+binaries, nothing else: the
 difference between the two is what proving adds), and ``same node`` (the fresh node
 again: its book, its local tier and its driver caches). Drivers' caches are the
 defaults (on), as a user has them.

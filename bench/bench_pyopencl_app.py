@@ -38,6 +38,13 @@ and with ``--more``: ``farm, same node`` (``farm run`` again on that node),
 ``farm, fresh node, caches off`` (the drivers' caches off) and ``farm, cold`` (an empty
 store, the drivers' caches off: the farm's own compile of every program).
 
+With ``--capture-row``, one more peer for ``array`` (:func:`capture_row`, issue 30 item 2):
+
+* ``farm, node prepared from a capture``: as ``farm, fresh node``, but its programs and
+  work-group functions come only from a capture: ``farm capture`` on a node whose store
+  nothing else reads, then ``farm build CAPTURE`` on a build node into a bucket of its
+  own (untimed, once; its wall is reported), the drivers' caches off for both.
+
 Ratios per application: farm fresh node / second run (goal <= 1.1) and cold / farm
 fresh node (goal >= 4), both for applications whose cold run takes more than twice their
 second run. MinIO is started here (``farm.devservices.MinioServer``: ``FARM_MINIO_BIN``
@@ -184,6 +191,9 @@ def main() -> None:
                         help="no MinIO binary here: seed each fresh node by a bundle")
     parser.add_argument("--unsigned", action="store_true",
                         help="no signing keys (then no generated code is served)")
+    parser.add_argument("--capture-row", action="store_true",
+                        help="add, for array, a node prepared only from a capture (farm "
+                             "capture, then farm build CAPTURE)")
     args = parser.parse_args()
     names = [n for n in args.apps.split(",") if n]
     unknown = [n for n in names if n not in APPS]
@@ -203,6 +213,9 @@ def main() -> None:
         signer, verifier = {"FARM_SIGNING_KEY": private}, {"FARM_VERIFY_KEY": public}
     filled: dict[str, dict[str, Any]] = {}
     rounds: list[dict[str, dict[str, dict[str, Any]]]] = []
+    prepared: dict[str, Any] | None = None
+    if args.capture_row and "array" not in names:
+        raise SystemExit("--capture-row: runs with the array application (--apps array)")
     try:
         if args.no_minio:
             seeds = {}
@@ -212,8 +225,11 @@ def main() -> None:
                 subprocess.run([*farm_cmd(), "bundle", "export", str(seeds[name]), "--all"],
                                check=True, capture_output=True,
                                env=base_env(FARM_HOME=str(work / f"filler-{name}")))
+            if args.capture_row:
+                prepared = capture_prepare(work, args.device, signer)
             rounds = [{n: one_round(work, i, n, args.device, verifier, seeds[n], args.more)
                        for n in names} for i in range(args.rounds)]
+            capture_rows(rounds, work, args.device, prepared, verifier)
         else:
             from farm.devservices import MinioServer
 
@@ -224,12 +240,19 @@ def main() -> None:
                              "FARM_MINIO_BUCKET": "bench-pyopencl-app"}
                 for name in names:
                     filled[name] = fill(work, name, args.device, {**store_env, **signer})
+                if args.capture_row:
+                    prepared = capture_prepare(work, args.device, {
+                        **store_env, **signer, "FARM_MINIO_BUCKET": "bench-capture"})
                 rounds = [{n: one_round(work, i, n, args.device, {**store_env, **verifier},
                                         None, args.more)
                            for n in names} for i in range(args.rounds)]
+                capture_rows(rounds, work, args.device, prepared,
+                             {**store_env, **verifier, "FARM_MINIO_BUCKET": "bench-capture"})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(info, args, names, filled, rounds)
+    if prepared is not None:
+        report_capture([r["array"] for r in rounds], prepared)
 
 
 def report(info: dict[str, str], args: argparse.Namespace, names: list[str],
@@ -270,6 +293,82 @@ def report(info: dict[str, str], args: argparse.Namespace, names: list[str],
         **info, "rounds": len(rounds), "store": "bundle" if args.no_minio else "minio",
         "signed": not args.unsigned,
         "apps": apps}))
+
+
+# -- the node prepared from a capture (--capture-row) ---------------------------------------
+CAPTURED = "farm, node prepared from a capture"
+
+
+def capture_prepare(work: Path, device: str, store_env: dict[str, str]) -> dict[str, Any]:
+    """Once, before the rounds: ``farm capture`` on a node of its own (a local store that
+    no other node reads), then ``farm build CAPTURE`` (this machine's compile pool) on a
+    build node whose store is ``store_env``'s (a bucket of its own; without MinIO, its
+    local tier, exported as a bundle for each prepared node); drivers' caches off."""
+    capture = work / "app.capture.json"
+    env = base_env(**OFF, FARM_HOME=str(work / "capturer"),
+                   POCL_CACHE_DIR=str(work / "capturer" / "pocl"))
+    proc = subprocess.run([*farm_cmd(), "capture", str(capture), "--", sys.executable,
+                           str(APPS["array"]), device], env=env, capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"farm capture failed:\n{proc.stderr[-4000:]}")
+    env = base_env(**OFF, **store_env, FARM_HOME=str(work / "builder"))
+    start = time.perf_counter()
+    proc = subprocess.run([*farm_cmd(), "build", str(capture), "--json"], env=env,
+                          capture_output=True, text=True, check=False)
+    build_s = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"farm build CAPTURE failed:\n{proc.stdout[-2000:]}"
+                         f"{proc.stderr[-4000:]}")
+    out = json.loads(proc.stdout)["builds"]
+    seed = None
+    if "FARM_MINIO_ENDPOINT" not in store_env:
+        seed = work / "capture-programs.tar"
+        subprocess.run([*farm_cmd(), "bundle", "export", str(seed), "--all"], check=True,
+                       env=env, capture_output=True)
+    return {"store_env": store_env, "seed": seed, "build_s": round(build_s, 3),
+            "builds": [{k: b.get(k) for k in ("fingerprint", "summary",
+                                                "work_group_functions")} for b in out]}
+
+
+def capture_rows(rounds: list[dict[str, dict[str, dict[str, Any]]]], work: Path,
+                 device: str, prepared: dict[str, Any] | None, node_env: dict[str, str]
+                 ) -> None:
+    """Add to each round's ``array`` peers a run on a fresh node prepared from the
+    capture: a new ``FARM_HOME``, the defaults in new empty folders, the build node's
+    store (``node_env``: its MinIO bucket, the verifying key; without MinIO, a bundle of
+    it imported). After the rounds, so the other peers' rounds stay back to back."""
+    if prepared is None:
+        return
+    for i, peers in enumerate(rounds):
+        node = work / f"node-captured-{i}"
+        env = dict(node_env)
+        if prepared["seed"] is not None:
+            subprocess.run([*farm_cmd(), "bundle", "import", str(prepared["seed"])],
+                           check=True, env=base_env(FARM_HOME=str(node)), capture_output=True)
+            env = {k: v for k, v in env.items() if not k.startswith("FARM_MINIO_")}
+        env = base_env(**env, **node_caches(node / "caches"), FARM_HOME=str(node))
+        peers["array"][CAPTURED] = run_app(APPS["array"], env, device,
+                                           farm=work / f"captured-{i}.json")
+
+
+def report_capture(rounds: list[dict[str, dict[str, Any]]], prepared: dict[str, Any]
+                   ) -> None:
+    walls = [r[CAPTURED]["wall_s"] for r in rounds]
+    p, s, c = (statistics.median(r[k]["wall_s"] for r in rounds)
+               for k in (CAPTURED, "second run", "cold"))
+    in_app = statistics.median(r[CAPTURED]["main_s"] for r in rounds)
+    counts = [r[CAPTURED]["counts"] for r in rounds]
+    print(f"{CAPTURED:<30} {p:>7.2f}s {in_app:>7.2f}s   "
+          f"{', '.join(f'{w:.2f}' for w in walls)}")
+    print(f"capture-prepared node / second run: {p / s:.2f} (goal <= 1.1); cold / "
+          f"capture-prepared node: {c / p:.2f} (goal >= 4); farm build CAPTURE "
+          f"{prepared['build_s']:.2f} s: {prepared['builds']}; runs: {counts}")
+    print("BENCH_PYOPENCL_APP_CAPTURE " + json.dumps({
+        "median_wall_s": p, "median_main_s": in_app, "prepared_over_second": round(p / s, 3),
+        "cold_over_prepared": round(c / p, 3),
+        "prepare": {k: prepared[k] for k in ("build_s", "builds")},
+        "counts": counts, "walls": walls}))
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ END = "<!-- bench_records:end -->"
 def produce(redis_url: str | None, storage_url: str | None, count: int) -> tuple[int, float]:
     """Record ``count`` kernels of one session to the streams (or straight to a storage);
     returns the session id and the seconds it took, close included."""
-    from farm.core.model import Outcome
+    from farm.core.outcomes import Outcome
     from farm.records import Recorder, RecordsConfig, RequestedBy, StorageSink, Trip
     from farm.records.stream import RedisStreamSink
 

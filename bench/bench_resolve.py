@@ -129,7 +129,7 @@ def cluster_resolve(manifest: str, repeat: int, work: Path) -> dict[str, Any]:
     from farm.core.keys import Namespace
     from farm.core.settings import Settings
     from farm.devservices.cluster import local_cluster
-    from farm.store.minio import MinioStore
+    from farm.store.open import open_store
 
     t = time.perf_counter()
     fingerprint, items = plan(manifest)
@@ -146,9 +146,9 @@ def cluster_resolve(manifest: str, repeat: int, work: Path) -> dict[str, Any]:
     with local_cluster(work / "cluster", bucket=bucket) as c:
         c.start_worker(concurrency=1)
         c.wait_ready()
-        store = MinioStore.from_settings(Settings(
+        store = open_store(Settings(
             minio_endpoint=c.minio_endpoint, minio_access_key=c.minio_access_key,
-            minio_secret_key=c.minio_secret_key, minio_bucket=bucket))
+            minio_secret_key=c.minio_secret_key, minio_bucket=bucket), shared=True, signed=False)
         try:
             out["fill_supported_s"] = round(fill(store, ns, supported), 3)
             print(f"      {len(supported)} placeholders put in {out['fill_supported_s']:.1f} s",

@@ -63,17 +63,20 @@ def client_main(args: argparse.Namespace) -> None:
     out: dict[str, Any] = {"tag": tag}
     sent: dict[str, float] = {}
     arrived: dict[str, float] = {}
+    walls: dict[str, list[float]] = {}  # task id -> [sent, arrived], wall clock
 
     def run(count: int, first: int) -> None:
         results = []
         for i in range(count):
             task_id = str(uuid.uuid4())
             sent[task_id] = time.perf_counter()
+            walls[task_id] = [time.time()]
             results.append(app.send_task(TASK, args=[_payload(args.chunk, tag, first + i)],
                                          queue=QUEUE, task_id=task_id))
         rs = ResultSet(results, app=app)
         for task_id, _meta in app.backend.iter_native(rs, timeout=600, interval=0):
             arrived[task_id] = time.perf_counter()
+            walls[task_id].append(time.time())
         app.backend.client.delete(*[app.backend.get_key_for_task(r.id) for r in results])
 
     if args.mode == "throughput":
@@ -88,6 +91,7 @@ def client_main(args: argparse.Namespace) -> None:
             done += count
         chunk_s = args.chunk * args.compile_ms / 1000
         out["added_s"] = [arrived[t] - sent[t] - chunk_s for t in sent]
+        out["chunks"] = [{"task": t, "sent": w[0], "arrived": w[1]} for t, w in walls.items()]
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out["cpu_s"] = (usage.ru_utime + usage.ru_stime) - (usage0.ru_utime + usage0.ru_stime)
     print(json.dumps(out), flush=True)

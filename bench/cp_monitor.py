@@ -36,7 +36,7 @@ RULES: list[tuple[str, set[str] | None, re.Pattern[str] | None]] = [
     ("connection (hello, ping, client)", {"hello", "ping", "client", "select", "auth"}, None),
     ("kombu fanout, bindings", None, re.compile(r"^_kombu")),
 ]
-_LINE = re.compile(r'^[0-9.]+ \[\d+ ([^\]]+)\] (.*)$')
+_LINE = re.compile(r'^([0-9.]+) \[\d+ ([^\]]+)\] (.*)$')
 _ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
@@ -79,25 +79,34 @@ class Monitor:
                 self.lines.append(raw[1:].rstrip(b"\r\n").decode(errors="replace"))
 
     def stop(self) -> collections.Counter[tuple[str, str]]:
+        return classify(self.close())
+
+    def close(self) -> list[str]:
+        """Stop; the lines seen (each ``time [db connection] "command" "arg"...``)."""
         time.sleep(0.2)  # the last replies' commands
         self._sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=10)
         self._sock.close()
-        return classify(list(self.lines))
+        return list(self.lines)
 
 
-def classify(lines: list[str]) -> collections.Counter[tuple[str, str]]:
-    counts: collections.Counter[tuple[str, str]] = collections.Counter()
-    parsed: list[tuple[str, str, list[str]]] = []
+def parse(lines: list[str]) -> list[tuple[float, str, str, list[str]]]:
+    """(time, connection, command in lower case, args) of MONITOR's lines."""
+    out = []
     for line in lines:
         m = _LINE.match(line)
         if not m:
             continue
         args = [a.encode().decode("unicode_escape", errors="replace")
-                for a in _ARG.findall(m.group(2))]
-        if not args:
-            continue
-        parsed.append((m.group(1), args[0].lower(), args[1:]))
+                for a in _ARG.findall(m.group(3))]
+        if args:
+            out.append((float(m.group(1)), m.group(2), args[0].lower(), args[1:]))
+    return out
+
+
+def classify(lines: list[str]) -> collections.Counter[tuple[str, str]]:
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    parsed = [(conn, cmd, args) for _, conn, cmd, args in parse(lines)]
     pending: dict[str, int] = {}  # connection -> MULTIs waiting for their command
     last: dict[str, str] = {}
     for conn, cmd, args in parsed:

@@ -142,9 +142,11 @@ def one_point(args: argparse.Namespace, code: Code, n: int, chunk: int, link: Li
         # latency, on the idle fleet: a free process and a free core for each chunk (on
         # one host the simulated workers share its cores; a real fleet's do not)
         free = max(1, min(n, os.cpu_count() or 1) // (2 * args.latency_clients))
+        watch = cp_monitor.Monitor(link.redis.url) if args.timeline else None
         lat = run_clients([*client, "latency", *common, "--latency-rounds",
                            str(args.latency_rounds), "--free", str(free)],
                           env, args.latency_clients)
+        timeline = _timeline(watch, lat, chunk * args.compile_ms / 1000, bare=False)
         added = [a for r in lat for a in r["added_s"]]
         on_worker = [a for r in lat for a in r["on_worker_s"]]
         failed += sum(r["failed"] for r in lat)
@@ -164,7 +166,20 @@ def one_point(args: argparse.Namespace, code: Code, n: int, chunk: int, link: Li
         "worker_ms": {"p50": round(1000 * percentile(on_worker, 0.5), 2),
                       "p99": round(1000 * percentile(on_worker, 0.99), 2)},
         "cores": os.cpu_count(), "loadavg": round(os.getloadavg()[0], 2),
-        **({"redis_by_purpose": by_purpose} if by_purpose else {})}
+        **({"redis_by_purpose": by_purpose} if by_purpose else {}),
+        **({"timeline": timeline} if timeline else {})}
+
+
+def _timeline(watch: Any, lat: list[dict[str, Any]], compiles_s: float, *,
+              bare: bool) -> dict[str, Any] | None:
+    """Where the latency phase's chunks spent their time (``--timeline``), or ``None``."""
+    if watch is None:
+        return None
+    import cp_timeline
+
+    return cp_timeline.split(watch.close(), [dict(c, first=i == 0) for r in lat
+                                             for i, c in enumerate(r["chunks"])],
+                             compiles_s, bare=bare)
 
 
 def bare_point(args: argparse.Namespace, n: int, chunk: int, link: Link,
@@ -208,9 +223,13 @@ def bare_point(args: argparse.Namespace, n: int, chunk: int, link: Link,
                                   env, args.clients)
             counts = phase.end(tasks * args.clients * chunk)
             free = max(1, min(n, os.cpu_count() or 1) // (2 * args.latency_clients))
+            import cp_monitor
+
+            watch = cp_monitor.Monitor(link.redis.url) if args.timeline else None
             lat = run_clients([*client, "--mode", "latency", "--tasks",
                                str(args.latency_rounds), "--free", str(free)],
                               env, args.latency_clients)
+            timeline = _timeline(watch, lat, chunk * args.compile_ms / 1000, bare=True)
         finally:
             for proc, _ in procs:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -231,6 +250,7 @@ def bare_point(args: argparse.Namespace, n: int, chunk: int, link: Link,
             "added_ms": {"p50": round(1000 * percentile(added, 0.5), 2),
                          "p99": round(1000 * percentile(added, 0.99), 2), "n": len(added)},
             "worker_ms": {"p50": 0.0, "p99": 0.0},
-            "cores": os.cpu_count(), "loadavg": round(os.getloadavg()[0], 2)}
+            "cores": os.cpu_count(), "loadavg": round(os.getloadavg()[0], 2),
+            **({"timeline": timeline} if timeline else {})}
 
 

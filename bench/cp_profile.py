@@ -59,12 +59,14 @@ def pyspy() -> str:
 #: samples of threads holding the GIL only (Python's own CPU; a thread waiting for a
 #: reply, or in a system call that released the GIL, is not counted): set by the bench
 GIL = ["--gil"]
+#: samples a second (py-spy's default is 100: too few for the shares of a short phase)
+RATE = ["--rate", "400"]
 
 
 def spy(pid: int, out: Path, *, subprocesses: bool = True) -> subprocess.Popen[bytes]:
     """Start sampling ``pid`` (and its children) into ``out`` until :func:`stop`."""
-    argv = [pyspy(), "record", "--format", "raw", "--nonblocking", *GIL, "-o", str(out),
-            "--pid", str(pid)]
+    argv = [pyspy(), "record", "--format", "raw", "--nonblocking", *GIL, *RATE, "-o",
+            str(out), "--pid", str(pid)]
     if subprocesses:
         argv.append("--subprocesses")
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -72,8 +74,8 @@ def spy(pid: int, out: Path, *, subprocesses: bool = True) -> subprocess.Popen[b
 
 def wrap(argv: list[str], out: Path) -> list[str]:
     """``argv`` run under py-spy, its samples into ``out``."""
-    return [pyspy(), "record", "--format", "raw", "--nonblocking", *GIL, "-o", str(out),
-            "--", *argv]
+    return [pyspy(), "record", "--format", "raw", "--nonblocking", *GIL, *RATE, "-o",
+            str(out), "--", *argv]
 
 
 def stop(spies: list[subprocess.Popen[bytes]]) -> None:

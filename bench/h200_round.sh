@@ -15,9 +15,10 @@
 #   bench/h200_round.sh proofs-nvidia proofs-pocl trust-pocl  # about 9 minutes (issue 29)
 #   bench/h200_round.sh tune-nvidia                           # about 5 minutes (issue 28)
 #   bench/h200_round.sh tune-pocl-noise                       # about 2 minutes (optional)
-#   bench/h200_round.sh control-plane-31                      # about 4 minutes (issue 31:
+#   bench/h200_round.sh control-plane-31                      # about 3 minutes (issue 31:
 #       this tree beside 624c62d and a bare Celery round trip; carry .base too)
 #   bench/h200_round.sh control-plane-31-128                  # a machine of 32+ cores
+#   bench/h200_round.sh capture-pocl                          # about 4 minutes (issue 30)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
@@ -78,15 +79,24 @@ for name in "$@"; do
             --noise-keys 4 --compilers 8 --noise-rounds 3 ;;
         # issue 31: the control plane at 8 and 32 workers, this tree beside the commit
         # before the round (.base/624c62d, made by bench/host_kit.sh) and a bare Celery
-        # round trip, in one call, on one Redis and MinIO
+        # round trip, in one call, on one Redis and MinIO; where the added latency goes
+        # (--timeline); a pool process's side of a chunk alone (cp_chunk.py); what a
+        # request costs MinIO (bench_minio_put.py)
         control-plane-31) step control-plane-31 420 $host sh -c \
             'python3 -m compileall -q -j 0 .base > /dev/null;
              python3 bench/bench_control_plane.py --workers 8,32 --chunks 4 --rtt-ms 0.5 \
-                 --kernels 2000 --clients 2 --latency-rounds 24 --baseline .base/624c62d --bare' ;;
+                 --kernels 2000 --clients 2 --latency-rounds 24 --baseline .base/624c62d \
+                 --bare --timeline;
+             python3 bench/cp_chunk.py --chunks 300 --rtt-ms 0.5;
+             python3 bench/bench_minio_put.py --count 300' ;;
         control-plane-31-128) step control-plane-31-128 560 $host sh -c \
             'python3 -m compileall -q -j 0 .base > /dev/null;
              python3 bench/bench_control_plane.py --workers 128 --chunks 4 --rtt-ms 0.5 \
-                 --kernels 3000 --clients 2 --latency-rounds 24 --baseline .base/624c62d --bare' ;;
+                 --kernels 3000 --clients 2 --latency-rounds 24 --baseline .base/624c62d \
+                 --bare --timeline' ;;
+        capture-pocl) step capture-pocl 230 env FARM_DEVICE=pocl $host sh -c \
+            'python3 -m pytest -x -q -p no:cacheprovider tests/test_capture_ready.py -k "not cluster" &&
+             python3 bench/bench_pyopencl_app.py --device pocl --rounds 2 --capture-row' ;;
         *) echo "h200_round.sh: no step named $name"; exit 2 ;;
     esac
 done

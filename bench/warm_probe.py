@@ -37,7 +37,7 @@ def main() -> None:
     from farm.core.errors import UnsupportedFeature
     from farm.families.run import check_example, run_example
     from loader import KernelLoader
-    from loader.warm import artifacts_of
+    from loader.warming import artifacts_of
 
     t0 = time.perf_counter()
     with KernelLoader(on_miss="fail", label="warm probe") as loader:

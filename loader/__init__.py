@@ -10,44 +10,22 @@ An application needs :class:`KernelLoader` (and perhaps :func:`warm`)::
 ``docs/LOADER.md`` has the whole example and the rules (tiers, threads, records).
 """
 
+# ruff: noqa: F401 - the TYPE_CHECKING block is the list of public names (farm.core.lazy)
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from farm.core.lazy import lazy_exports
+from farm.core.lazy import public_names
 
+# The public names, imported on first use (PEP 562), like the farm's own packages: this
+# block is their one list (farm.core.lazy reads it).
 if TYPE_CHECKING:
+    from loader.base import LoaderStats, OnMiss
     from loader.errors import ArtifactMissing, UnknownKernelName
-    from loader.kernel_loader import KernelLoader, LoaderStats, OnMiss
+    from loader.items import Phase, WarmItem, WarmProgress
+    from loader.kernel_loader import KernelLoader, warm
     from loader.programs import LoadedProgram
     from loader.tiers import Tier
-    from loader.warm import Phase, WarmItem, WarmProgress, WarmReport, warm
+    from loader.warming import WarmReport
 
-# Names are imported on first use (PEP 562), like the farm's own packages.
-_WHERE = {
-    **dict.fromkeys(("ArtifactMissing", "UnknownKernelName"), "loader.errors"),
-    **dict.fromkeys(("KernelLoader", "LoaderStats", "OnMiss"), "loader.kernel_loader"),
-    "LoadedProgram": "loader.programs",
-    "Tier": "loader.tiers",
-    **dict.fromkeys(("Phase", "WarmItem", "WarmProgress", "WarmReport", "warm"),
-                    "loader.warm"),
-}
-
-
-__getattr__ = lazy_exports(__name__, _WHERE)
-
-
-__all__ = [
-    "ArtifactMissing",
-    "KernelLoader",
-    "LoadedProgram",
-    "LoaderStats",
-    "OnMiss",
-    "Phase",
-    "Tier",
-    "UnknownKernelName",
-    "WarmItem",
-    "WarmProgress",
-    "WarmReport",
-    "warm",
-]
+__getattr__, __dir__ = public_names(__name__)

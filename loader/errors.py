@@ -30,7 +30,7 @@ class UnknownKernelName(InputError):
 
 
 _FAILURE_ERRORS: dict[str, type[KernelError]] = {
-    "unsupported": UnsupportedFeature,
+    UnsupportedFeature.kind: UnsupportedFeature,
     "compile": CompileError,
     "load": LoadError,
     "version-skew": VersionSkewError,

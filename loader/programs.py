@@ -13,11 +13,13 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from farm.core.errors import KernelError
 from farm.core.generation import GenerationCache, generation
-from farm.core.model import Key, Outcome
+from farm.core.model import Key
+from farm.core.outcomes import Fate, Outcome
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -25,19 +27,29 @@ if TYPE_CHECKING:
 #: a key under the generation it was loaded in
 CacheKey = tuple[int, Key]
 
-#: where a loader got a kernel: memory, a store tier, compiled or rekeyed here, the farm
-Source = Literal["memory", "local", "remote", "compiled", "rekeyed", "farm"]
-SOURCES: tuple[Source, ...] = ("memory", "local", "remote", "compiled", "rekeyed", "farm")
+class Source(StrEnum):
+    """Where a loader got a kernel: memory, a store tier, compiled or rekeyed here, the
+    farm (each also the name of a :class:`~loader.base.LoaderStats` counter)."""
+
+    MEMORY = "memory"
+    LOCAL = "local"
+    REMOTE = "remote"
+    COMPILED = Fate.COMPILED.value
+    REKEYED = Fate.REKEYED.value
+    FARM = "farm"
+
+
+SOURCES = tuple(Source)
 
 
 def source_of(outcome: Outcome | None) -> Source:
     """The loader's counter for a kernel its batch obtained (the one mapping of an
     outcome to where the kernel came from: a batch's Loaded is the local store's)."""
     if outcome is Outcome.COMPILED:
-        return "compiled"
+        return Source.COMPILED
     if outcome is Outcome.REKEYED:
-        return "rekeyed"
-    return "local"
+        return Source.REKEYED
+    return Source.LOCAL
 
 
 @dataclass(frozen=True)

@@ -24,18 +24,19 @@ from typing import TYPE_CHECKING
 from farm.compilation.ready import launch
 from farm.core.errors import FarmError
 from farm.core.model import Key, ReadyLaunch
+from loader.programs import Source
 
 if TYPE_CHECKING:
-    from loader.kernel_loader import KernelLoader
-    from loader.warm import Phase, WarmItem
+    from loader.base import LoaderBase
+    from loader.items import Phase, WarmItem
 
 log = logging.getLogger(__name__)
 
 #: where a warm item came from when its load is one of the kind the figure is about
-LOADED = ("local", "remote", "farm")
+LOADED = (Source.LOCAL, Source.REMOTE, Source.FARM)
 
 
-def launch_all(loader: KernelLoader, items: list[WarmItem], phase: Phase,
+def launch_all(loader: LoaderBase, items: list[WarmItem], phase: Phase,
                notify: Callable[[WarmItem], None] | None = None) -> None:
     """Launch each obtained kernel of ``items`` once, one after the other (a launch uses
     every core of a CPU device), and set its ``first_launch_s``; items of one key share
@@ -54,7 +55,7 @@ def launch_all(loader: KernelLoader, items: list[WarmItem], phase: Phase,
             notify(item)
 
 
-def _first_launch(loader: KernelLoader, item: WarmItem) -> float | None:
+def _first_launch(loader: LoaderBase, item: WarmItem) -> float | None:
     artifact = item.artifact
     try:
         family = loader.registry.get(artifact.kernel.family)

@@ -35,11 +35,12 @@ from farm.tuning import store as results
 from farm.tuning.keys import TuningSpec, spec_for
 from farm.tuning.model import TuningResult
 from loader.errors import TuningMissing
+from loader.warming import warm_loader
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
-    from loader.kernel_loader import KernelLoader
+    from loader.base import LoaderBase
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Tunings:
     """A loader's tuned problems in memory (per generation: an environment switch
     forgets them) and the way to a choice on a miss."""
 
-    def __init__(self, loader: KernelLoader) -> None:
+    def __init__(self, loader: LoaderBase) -> None:
         self.loader = loader
         self._memory: GenerationCache[tuple[str, ...], _Choice] = GenerationCache()
         self._lock = threading.Lock()
@@ -141,7 +142,7 @@ class Tunings:
 
         loader = self.loader
         if loader.on_miss != "fail":
-            loader.warm(spec.artifacts(), label=f"tune {spec.family}")
+            warm_loader(loader, spec.artifacts(), label=f"tune {spec.family}")
         tuner = Tuner(registry=loader.registry, device=loader.device, ctx=loader.context,
                       cl_device=loader.cl_device, store=loader.store,
                       program_of=loader.program_for, recorder=loader.recorder,

@@ -11,7 +11,8 @@ from typing import Any
 
 from farm.core.keys import Namespace
 from farm.core.settings import Settings
-from farm.store.minio import MinioStore
+from farm.store.base import ArtifactStore
+from farm.store.open import open_store
 
 _db = itertools.count(1)
 
@@ -42,12 +43,12 @@ def build_json(env: dict[str, str], *args: str, timeout: float = 300) -> dict[st
     return json.loads(proc.stdout)
 
 
-def minio_store(cluster: Any) -> MinioStore:
+def minio_store(cluster: Any) -> ArtifactStore:
     settings = Settings(minio_endpoint=cluster.minio_endpoint,
                         minio_access_key=cluster.minio_access_key,
                         minio_secret_key=cluster.minio_secret_key,
                         minio_bucket=cluster.bucket)
-    return MinioStore.from_settings(settings)
+    return open_store(settings, shared=True, signed=False)
 
 
 def namespace(fingerprint: str) -> Namespace:

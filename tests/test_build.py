@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from farm.core.model import Outcome
+from farm.core.outcomes import Outcome
 from farm.core.settings import Settings
 from farm.records import CompilationBatchRecord, CompilationRecord, SessionStorage
 

@@ -111,12 +111,13 @@ def test_an_include_reaching_outside_the_captures_headers_is_never_read(
 def test_a_task_whose_spec_names_an_include_folder_is_refused(tmp_path: Path) -> None:
     """Item 7 on a worker: a task payload is validated by the same rules."""
     from farm.cluster.payloads import PayloadError, parse_request
+    from farm.programs.request import ChunkRequest
 
     spec = _spec(KERNEL, options=[f"-I{tmp_path}"])
     with pytest.raises(PayloadError, match="-I"):
-        parse_request({"fingerprint": "pocl-x", "programs": [{"spec": spec}]})
+        parse_request({"fingerprint": "pocl-x", "programs": [{"spec": spec}]}, ChunkRequest)
     parse_request({"fingerprint": "pocl-x", "programs": [{"spec": _spec(
-        KERNEL, options=["-DX=1", "-cl-mad-enable"])}]})
+        KERNEL, options=["-DX=1", "-cl-mad-enable"])}]}, ChunkRequest)
 
 
 def _refused(home: Path, path: Path, *words: str) -> None:

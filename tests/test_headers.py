@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from farm.core.model import Key, ReadyLaunch
-from farm.programs import body, headers, supplements
+from farm.programs import body, exactly, headers, supplements
 
 KEY = Key(id_hash="ab" * 32, build_id="cd" * 12)
 DEVICE = "pocl-test-0123456789ab"
@@ -121,10 +121,10 @@ def test_a_body_the_model_must_decide_is_decided_by_it() -> None:
     data = _framed(body.MAGIC, {**GOOD_BODY, "format": 1.0}, b"binary")
     with pytest.raises(headers.Undecided):
         headers.read_body(data, str(KEY), DEVICE)
-    assert headers.body_exactly(data, str(KEY), DEVICE).kernels == ("scale", "shift")
+    assert exactly.body_exactly(data, str(KEY), DEVICE).kernels == ("scale", "shift")
     refused = _framed(body.MAGIC, {**GOOD_BODY, "format": "1"}, b"binary")
     with pytest.raises(headers.BodyError):
-        headers.body_exactly(refused, str(KEY), DEVICE)
+        exactly.body_exactly(refused, str(KEY), DEVICE)
 
 
 # -- records ---------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_a_record_with_a_launch_is_the_models_to_read(function: bytes) -> None:
     data = supplements.encode(KEY, BASE, DEVICE, {pair: function}, {pair: launch})
     with pytest.raises(headers.Undecided):
         headers.read_record(data, str(KEY), BASE, DEVICE, KERNELS)
-    assert headers.record_exactly(data, str(KEY), BASE, DEVICE, KERNELS) == {pair: function}
+    assert exactly.record_exactly(data, str(KEY), BASE, DEVICE, KERNELS) == {pair: function}
 
 
 def test_the_formats_are_spelled_once() -> None:

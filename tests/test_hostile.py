@@ -248,7 +248,7 @@ def test_poison_entries_never_stop_farm_ingest(client: Any, redis_url: str,
     from test_records_stream import drain, pending_total, service_env
 
     from farm.core.keys import RECORDS_DEAD_STREAM, records_stream_for
-    from farm.core.model import Outcome
+    from farm.core.outcomes import Outcome
     from farm.records import CompilationRecord, SessionStorage, Stamp
     from farm.records.stream import encode_record
 
@@ -299,7 +299,7 @@ def test_an_entry_the_storage_cannot_hold_is_set_aside_not_retried_for_ever(
     """Defence in depth behind the models: a value that validates but that the storage
     refuses for its data sets that entry aside; the rest of the batch is written."""
     from farm.core.keys import RECORDS_DEAD_STREAM, records_stream_for
-    from farm.core.model import Outcome
+    from farm.core.outcomes import Outcome
     from farm.records import CompilationRecord, SessionStorage, Stamp
     from farm.records.ingest import Ingester, Pacing
     from farm.records.stream import encode_record
@@ -333,7 +333,7 @@ def test_a_record_of_a_pack_the_storage_cannot_hold_is_set_aside_alone(client: A
     """The same defence for packs: the pack is not set aside whole, only the record the
     storage refuses, as a one-record entry; the pack's other records are written."""
     from farm.core.keys import RECORDS_DEAD_STREAM
-    from farm.core.model import Outcome
+    from farm.core.outcomes import Outcome
     from farm.records import CompilationRecord, SessionStorage, Stamp
     from farm.records.ingest import Ingester, Pacing
     from farm.records.stream import RedisStreamSink, decode_record
@@ -807,10 +807,11 @@ def test_env_file_values_are_quoted_so_sourcing_runs_nothing(tmp_path: Path) -> 
 
 def test_a_bad_task_payload_is_one_line_that_survives_celerys_json() -> None:
     from farm.cluster.payloads import PayloadError, parse_request
+    from farm.programs.request import ChunkRequest
 
     with pytest.raises(PayloadError) as caught:
         parse_request({"fingerprint": "pocl-x", "kernels": [{"artifact": {"kernel": {
-            "family": "f", "params": {}}}, "build_id": "not hex"}]})
+            "family": "f", "params": {}}}, "build_id": "not hex"}]}, ChunkRequest)
     exc = caught.value
     # Celery's JSON sends type, module and args: the args carry the whole message
     rebuilt = type(exc)(*json.loads(json.dumps(list(exc.args))))

@@ -29,7 +29,7 @@ from test_records_stream import (
 )
 
 from farm.core.keys import RECORDS_DEAD_STREAM, RECORDS_GROUP, records_stream_for
-from farm.core.model import Outcome
+from farm.core.outcomes import Outcome
 from farm.records import (
     CompilationRecord,
     Recorder,
@@ -47,7 +47,7 @@ COMPILATION_STREAM = records_stream_for(CompilationRecord.KIND)
 
 PRODUCER = r"""
 import sys, time
-from farm.core.model import Outcome
+from farm.core.outcomes import Outcome
 from farm.records import Recorder, RecordsConfig
 from farm.records.model import Trip
 from farm.records.stream import RedisStreamSink

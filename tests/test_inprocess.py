@@ -26,21 +26,24 @@ import pytest
 import redis
 
 from farm.cluster.lease import Leases, kernel_note
-from farm.cluster.payloads import CompileRequest, KernelRequest
+from farm.cluster.payloads import KernelRequest
 from farm.cluster.workers import WorkerInfo
 from farm.compilation.backend import OpenCLBackend
 from farm.core.device import DeviceInfo, open_device, probe_devices, select_device
 from farm.core.keys import Namespace, queue_name, task_holder_key, task_kernel_key, workers_key
-from farm.core.model import Artifact, Key, LaunchSettings, Lowered, Outcome
+from farm.core.model import Artifact, Key, LaunchSettings, Lowered
 from farm.core.outage import redis_waiter
+from farm.core.outcomes import Outcome
 from farm.core.settings import Settings
 from farm.families import Registry
 from farm.families.base import Example, KernelFamily, Params
+from farm.programs.request import ChunkRequest
 from farm.records import Recorder
 from farm.records.model import CompilationRecord, Record, Session
 from farm.store import MemoryStore, PutResult
 from farm.store.base import WrappedStore
-from worker.execute import execute_job, obtain_kernel
+from worker.execute import execute_job
+from worker.kernel import obtain_kernel
 from worker.state import WorkerState
 
 pytestmark = pytest.mark.integration  # Redis, started by conftest as its own process
@@ -233,7 +236,7 @@ def test_a_kernel_another_worker_is_compiling_is_waited_for_and_loaded(
 
     thread = threading.Thread(target=finish_elsewhere)
     thread.start()
-    reply = execute_job(CompileRequest(fingerprint=device.fingerprint, kernels=[request()]),
+    reply = execute_job(ChunkRequest(fingerprint=device.fingerprint, kernels=[request()]),
                         state).results[0]
     thread.join()
     assert reply.outcome is Outcome.LOADED, reply.failure  # compiled once, elsewhere

@@ -25,7 +25,6 @@ from farm.core.settings import Settings
 from farm.families import Registry
 from farm.manifest import expand, load_manifest, resolve_manifest
 from farm.store import SQLiteStore, open_store
-from farm.store.minio import MinioStore
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +68,7 @@ def medium_in_minio(minio_server: Any, tmp_path_factory: pytest.TempPathFactory
     assert report.failed == [], [r.failure for r in report.failed][:3]
     ns = Namespace.for_fingerprint(device.fingerprint)
     keys = {r.key for r in report.results if r.outcome is not None}
-    remote = MinioStore.from_settings(settings)
+    remote = open_store(settings, shared=True, signed=False)
     assert set(remote.keys(ns)) >= keys
     remote.close()
     return {"ns": ns, "keys": keys, "kernels": len(entries),

@@ -35,7 +35,7 @@ WARM_AND_RUN = textwrap.dedent("""
     from farm.core.errors import UnsupportedFeature
     from farm.families.run import check_example, run_example
     from loader import KernelLoader
-    from loader.warm import artifacts_of
+    from loader.warming import artifacts_of
     t0 = time.perf_counter()
     with KernelLoader(on_miss="fail", label="gpu test") as loader:
         artifacts = []

@@ -198,15 +198,15 @@ def test_a_bad_record_in_minio_is_quarantined_there_and_replaced_for_every_node(
     import uuid
 
     from farm.core.settings import Settings
-    from farm.store.minio import MinioStore
+    from farm.store.open import open_store
 
     bucket = f"t29r-{uuid.uuid4().hex[:12]}"
     ns = genuine["ns"]
     bad = _record(genuine, {("twice", SMALL): _does_not_open(
         genuine["functions"][("twice", SMALL)])})
-    store = MinioStore.from_settings(Settings(
+    store = open_store(Settings(
         minio_endpoint=minio_server.endpoint, minio_access_key=minio_server.access_key,
-        minio_secret_key=minio_server.secret_key, minio_bucket=bucket))
+        minio_secret_key=minio_server.secret_key, minio_bucket=bucket), shared=True, signed=False)
     try:
         store.put(ns, genuine["art"])
         store.put(ns, bad)

@@ -121,14 +121,14 @@ def test_a_program_cut_short_in_minio_is_quarantined_there_and_repaired_for_ever
     """Item 1 from MinIO: the node that meets it survives and repairs the shared copy; a
     fresh node then loads the repair."""
     from farm.core.settings import Settings
-    from farm.store.minio import MinioStore
+    from farm.store.open import open_store
 
     bucket = f"t29-{uuid.uuid4().hex[:12]}"
     art = node_a["art"]
     bad = with_binary(art, HOSTILE["cut short"](device_binary(art.binary)))
-    store = MinioStore.from_settings(Settings(
+    store = open_store(Settings(
         minio_endpoint=minio_server.endpoint, minio_access_key=minio_server.access_key,
-        minio_secret_key=minio_server.secret_key, minio_bucket=bucket))
+        minio_secret_key=minio_server.secret_key, minio_bucket=bucket), shared=True, signed=False)
     try:
         store.put(node_a["ns"], bad)
         first = run(tmp_path, env(tmp_path / "b", tmp_path / "b-pocl", minio_server, bucket))

@@ -490,11 +490,11 @@ def _same(a: Path, b: Path) -> None:
 
 def _records(minio: Any, bucket: str) -> list[tuple[Namespace, Artifact]]:
     from farm.core.settings import Settings
-    from farm.store.minio import MinioStore
+    from farm.store.open import open_store
 
-    store = MinioStore.from_settings(Settings(
+    store = open_store(Settings(
         minio_endpoint=minio.endpoint, minio_access_key=minio.access_key,
-        minio_secret_key=minio.secret_key, minio_bucket=bucket))
+        minio_secret_key=minio.secret_key, minio_bucket=bucket), shared=True, signed=False)
     try:
         return [(ns, art) for ns in store.namespaces() for key in store.keys(ns)
                 if (art := store.get(ns, key)) is not None]

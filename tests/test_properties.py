@@ -40,6 +40,7 @@ from farm.core.model import Artifact, Key, Lowered
 from farm.core.settings import load_settings
 from farm.families import Registry
 from farm.manifest import expand, load_manifest
+from farm.programs.request import ChunkRequest
 from farm.records import SessionStorage
 from farm.records.model import Session
 from farm.records.stream import (
@@ -204,7 +205,8 @@ def test_task_payloads_are_validated_or_refused_in_one_line(seed: int,
                                                             replacement: Any) -> None:
     payload = mutate_json(GOOD_PAYLOAD, random.Random(seed), replacement)
     try:
-        request = parse_request(json.loads(json.dumps(payload)))  # as Celery's JSON gives
+        # as Celery's JSON gives it
+        request = parse_request(json.loads(json.dumps(payload)), ChunkRequest)
     except PayloadError as exc:
         one_line(exc)
         return
@@ -215,7 +217,7 @@ def test_task_payloads_are_validated_or_refused_in_one_line(seed: int,
 
 # -- records stream entries ----------------------------------------------------------------------
 def _good_record_fields() -> dict[str, str]:
-    from farm.core.model import Outcome
+    from farm.core.outcomes import Outcome
     from farm.records import CompilationRecord, RequestedBy, Stamp
 
     record = CompilationRecord(stamp=Stamp(session=7, seq=3, offset_s=0.5), family="axpy",
@@ -293,7 +295,7 @@ def test_stream_entries_decode_and_store_or_are_refused(
 
 
 def _good_pack_fields() -> dict[str, str]:
-    from farm.core.model import Outcome
+    from farm.core.outcomes import Outcome
     from farm.records import CompilationRecord, RequestedBy, Stamp
 
     records = [CompilationRecord(stamp=Stamp(session=7, seq=seq, offset_s=0.5), family="axpy",
@@ -709,7 +711,7 @@ def test_every_record_the_recorder_makes_packs_and_reads_back(
         source: str | None, options: list[str] | None, family: str) -> None:
     """Whatever code a family generates, its Full record fits the record's bounds (cut,
     never refused) and travels in packs that decode to the same records."""
-    from farm.core.model import Outcome
+    from farm.core.outcomes import Outcome
     from farm.records import CompilationRecord, Stamp
     from farm.records.model import MAX_SOURCE, fit_code
 

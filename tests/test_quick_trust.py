@@ -85,14 +85,15 @@ def test_a_binary_that_crashes_the_prover_ahead_is_refused_by_the_applications_o
     the crash: quarantined, one warning, built again; a fresh node then loads the repair,
     proven ahead."""
     from farm.core.settings import Settings
-    from farm.store.minio import MinioStore
+    from farm.store import open_store
 
     bucket = f"t30-{uuid.uuid4().hex[:12]}"
     filler = run(tmp_path, env(tmp_path / "filler", tmp_path / "f-pocl", minio_server, bucket))
     assert filler.ok and filler.counts["compiled"] == 1, filler
-    store = MinioStore.from_settings(Settings(
+    store = open_store(Settings(
         minio_endpoint=minio_server.endpoint, minio_access_key=minio_server.access_key,
-        minio_secret_key=minio_server.secret_key, minio_bucket=bucket))
+        minio_secret_key=minio_server.secret_key, minio_bucket=bucket), shared=True,
+        signed=False)
     ns, art = node_a["ns"], node_a["art"]
     try:
         plans = [k for k in store.keys(ns) if (a := store.get(ns, k)) is not None

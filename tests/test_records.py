@@ -21,7 +21,8 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 
 from farm.core.errors import ForeignStoreError, StoreError
-from farm.core.model import Key, Lowered, Outcome
+from farm.core.model import Key, Lowered
+from farm.core.outcomes import Outcome
 from farm.records import (
     SCHEMA_VERSION,
     CompilationBatchRecord,

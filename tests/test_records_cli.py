@@ -21,7 +21,7 @@ from test_records_stream import farm_argv, fresh_pg_database
 from typer.testing import CliRunner
 
 from farm.cli.records import app
-from farm.core.model import Outcome
+from farm.core.outcomes import Outcome
 from farm.records import (
     Recorder,
     RecordsConfig,

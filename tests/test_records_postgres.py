@@ -70,7 +70,7 @@ def test_record_rows_read_back_the_same_through_either_insert(fresh_database: st
     """Record rows go to psycopg as one array per column; another driver gets
     SQLAlchemy's executemany. Both store the same rows: every column, NULLs included
     (a batch record has no family; a compilation record may name no build)."""
-    from farm.core.model import Outcome
+    from farm.core.outcomes import Outcome
     from farm.records import CompilationBatchRecord, CompilationRecord, RequestedBy, Stamp
 
     def batch(session: int) -> list[Any]:

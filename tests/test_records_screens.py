@@ -24,7 +24,7 @@ from test_records_cli import _recorder
 from typer.testing import CliRunner
 
 from farm.cli.records import SHOW_LIMIT, app
-from farm.core.model import Outcome
+from farm.core.outcomes import Outcome
 from farm.records import RequestedBy, SessionStorage
 from farm.records.model import BatchCounts, Trip
 from farm.records.timeline import MIN_BAR, PALETTE

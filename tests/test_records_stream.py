@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from farm.core.errors import SettingsError
 from farm.core.keys import RECORDS_GROUP, RECORDS_SESSIONS_STREAM, records_stream_for
-from farm.core.model import Outcome
+from farm.core.outcomes import Outcome
 from farm.core.settings import Settings
 from farm.records import (
     CompilationBatchRecord,

@@ -185,10 +185,23 @@ def test_a_fresh_process_gets_the_winner_without_timing_anything(tuned: Tuned) -
         assert got["stats"]["compiled"] == 0 and got["stats"]["local"] == 1
 
 
+def _first_session(home: Path, label: str) -> str:
+    """The id of the oldest session labelled ``label``: the fixture's own tune, whatever
+    the tests that ran before this one tuned since (``latest`` would be theirs, or the
+    fixture's second tune, of ``twice``)."""
+    proc = farm(home, "records", "sessions", "--json")
+    assert proc.returncode == 0, proc.stderr
+    ids = [s["id"] for s in json.loads(proc.stdout) if s["label"] == label]
+    assert ids, proc.stdout
+    return str(min(ids))
+
+
 def test_the_records_show_each_tuning_as_a_changed_record(tuned: Tuned) -> None:
-    proc = farm(tuned.home, "records", "tuning", "--json")
+    session = _first_session(tuned.home, "tune three-tiles")
+    proc = farm(tuned.home, "records", "tuning", session, "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
+    assert str(doc["session"]) == session
     records = doc["records"]
     assert [r["kind"] for r in records] == ["records/v1/tune"] * 2
     assert {r["problem"] for r in records} == {
@@ -196,7 +209,7 @@ def test_the_records_show_each_tuning_as_a_changed_record(tuned: Tuned) -> None:
     for r in records:
         assert r["winner"] is not None and r["candidates"][r["winner"]]["status"] == "ok"
         assert r["isolated"] is True
-    table = farm(tuned.home, "records", "tuning", COLUMNS="80")
+    table = farm(tuned.home, "records", "tuning", session, COLUMNS="80")
     assert table.returncode == 0 and "speedup" in table.stdout
     assert all(len(line) <= 80 for line in table.stdout.splitlines())
     sessions = farm(tuned.home, "records", "sessions", "--json")

@@ -10,8 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from farm.cluster.metrics import TASK_STATUSES, WorkerMetrics
 from farm.cluster.payloads import CompileReply, KernelReply
-from farm.core.model import KernelFailure, Outcome
-from worker.app import chunk_status
+from farm.core.model import KernelFailure
+from farm.core.outcomes import Outcome
+from worker.hooks.metrics import chunk_status
 
 
 def reply(*results: tuple[Outcome | None, str | None]) -> CompileReply:

@@ -20,15 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
 
-from farm.cluster.metrics import outcome_label
 from farm.core.keys import TASK_NAME, TUNE_TASK_NAME
+from farm.core.outcomes import fate_of
 from worker.chunks import Delivery
+from worker.hooks.base import Chunk, Hook, Hooks, request_class
 
 if TYPE_CHECKING:
-    import redis
-    from celery.worker.request import Request
-
-    from farm.cluster.payloads import CompileReply, CompileRequest
+    from farm.cluster.payloads import CompileReply
     from worker.state import WorkerState
 
 log = logging.getLogger(__name__)
@@ -37,45 +35,28 @@ log = logging.getLogger(__name__)
 _TRANSIENT: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
 
 
-def chunk_status(reply: CompileReply) -> str:
-    """``success`` when every kernel of the chunk was obtained (or is one the device
-    cannot run), ``kernel_failed`` when one failed: a chunk with a failed kernel is not a
-    success on the dashboard's task panel."""
-    failed = any(k.outcome is None and not (k.failure and k.failure.kind == "unsupported")
-                 for k in reply.results)
-    return "kernel_failed" if failed else "success"
-
-
 def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
-                   request_cls: type[Request] | None = None,
-                   redis_of: Callable[[], redis.Redis] | None = None,
-                   worker_field: str = "") -> None:
+                   hooks: Hook | None = None, worker_field: str = "") -> None:
     """Register the compile task; ``get_state()`` gives the process's ``WorkerState``
-    (or raises ``WorkerUnavailable``); ``request_cls`` is the worker's Celery ``Request``
-    (crash bookkeeping, readiness); ``redis_of()`` the process's Redis client for the
-    chunk bookkeeping of :mod:`worker.chunks`; ``worker_field`` this worker's
+    (or raises ``WorkerUnavailable``); ``hooks`` hear what becomes of each chunk, here
+    and, through the worker's Celery ``Request``, in the main process (``worker.hooks``:
+    crash bookkeeping, returns, metrics, readiness); ``worker_field`` is this worker's
     ``host:pid``.
 
-    Each chunk is counted in the worker's metrics (``farm.cluster.metrics``) and logged as one
-    line of counts: Celery's own "succeeded" line, which carries the whole reply, is
-    kept at DEBUG (see ``worker.startup``).
+    Each chunk is logged as one line of counts: Celery's own "succeeded" line, which
+    carries the whole reply, is kept at DEBUG (see ``worker.process``).
     """
     from celery.exceptions import Reject, SoftTimeLimitExceeded
 
-    from farm.cluster.metrics import worker_metrics
     from farm.cluster.payloads import parse_request
     from farm.core.errors import InfrastructureError, one_line
-    from worker import chunks
+    from farm.programs.request import ChunkRequest
     from worker.chunks import Avoided
     from worker.execute import execute_job
 
-    options = {"Request": request_cls} if request_cls is not None else {}
+    hooks = hooks or Hooks()
+    options = {"Request": request_class(hooks)}
     farms: tuple[type[BaseException], ...] = (InfrastructureError, *_TRANSIENT)
-
-    def give_back(task_id: str, request: CompileRequest, reason: str | None) -> None:
-        state_client = redis_of() if redis_of is not None else None
-        if state_client is not None:
-            chunks.note_return(state_client, task_id, request, worker_field, reason)
 
     # store_errors_even_if_ignored: a client sends its chunks with ignore_result (their
     # replies come on its build's reply stream), but a chunk that fails (its payload, a
@@ -83,48 +64,45 @@ def register_tasks(app: Celery, get_state: Callable[[], WorkerState],
     @app.task(name=TASK_NAME, bind=True, acks_late=True, store_errors_even_if_ignored=True,
               **options)
     def compile_task(self: Task, payload: dict[str, Any]) -> dict[str, Any] | None:
-        request = parse_request(payload)  # a bad payload: one line back to the client
-        metrics = worker_metrics()
+        # a bad payload: one line back to the client
+        request = parse_request(payload, ChunkRequest)
         task_id = self.request.id
-        delivery = Delivery(task_id=task_id, build=request.build, worker=worker_field,
-                            redelivered=bool((self.request.delivery_info or {}).get(
-                                "redelivered")))
+        chunk = Chunk(request, Delivery(
+            task_id=task_id, build=request.build, worker=worker_field,
+            redelivered=bool((self.request.delivery_info or {}).get("redelivered"))))
         try:
-            reply = execute_job(request, get_state(), delivery=delivery)
+            state = get_state()
+            hooks.before_chunk(chunk, state)
+            reply = execute_job(request, state, delivery=chunk.delivery)
         except Avoided as exc:
-            give_back(task_id, request, None)
-            metrics.task(request.fingerprint, "avoided")
+            hooks.after_chunk_given_back(chunk, None)
             log.info("chunk %s goes back to its queue: %s", task_id, exc)
             raise Reject("avoided by its client", requeue=True) from None
         except SoftTimeLimitExceeded:
-            metrics.timed_out(request.fingerprint, len(request.kernels))
+            hooks.after_chunk_failed(chunk, "timeout")
             raise
         except farms as exc:  # the farm's trouble, not the kernels'
-            metrics.task(request.fingerprint, "returned")
             reason = f"{type(exc).__name__}: {one_line(exc)}"
-            give_back(task_id, request, reason)
+            hooks.after_chunk_given_back(chunk, reason)
             log.warning("chunk %s goes back to its queue: %s", task_id, reason)
             raise Reject(reason, requeue=True) from None
         except BaseException:
-            metrics.task(request.fingerprint, "failure")
+            hooks.after_chunk_failed(chunk, "failure")
             raise
-        if reply.dropped:
-            metrics.task(request.fingerprint, "dropped")
-            return _answer(self, delivery, reply)
-        metrics.task(request.fingerprint, chunk_status(reply))
-        metrics.reply(request.fingerprint, reply)
-        counts = Counter(outcome_label(k.outcome, k.failure.kind if k.failure else None)
-                         for k in reply.results)
-        log.info("chunk %s: %s", task_id,
-                 ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
-        return _answer(self, delivery, reply)
+        hooks.after_chunk(chunk, reply)
+        if not reply.dropped:
+            counts = Counter(fate_of(k.outcome, k.failure.kind if k.failure else None)
+                             for k in reply.results)
+            log.info("chunk %s: %s", task_id,
+                     ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
+        return _answer(self, chunk.delivery, reply)
 
-    register_tune_task(app, get_state, farms, request_cls)
+    register_tune_task(app, get_state, farms, options)
 
 
 def register_tune_task(app: Celery, get_state: Callable[[], WorkerState],
                        farms: tuple[type[BaseException], ...],
-                       request_cls: type[Request] | None = None) -> None:
+                       options: dict[str, Any]) -> None:
     """The tuning task (``farm.tune``, :mod:`worker.tune`): one key, measured here. The
     farm's own trouble gives the key back to its queue, like a chunk's."""
     from celery.exceptions import Reject
@@ -132,8 +110,6 @@ def register_tune_task(app: Celery, get_state: Callable[[], WorkerState],
     from farm.core.errors import one_line
     from farm.tuning.payloads import parse_tune_request
     from worker.tune import tune_job
-
-    options = {"Request": request_cls} if request_cls is not None else {}
 
     @app.task(name=TUNE_TASK_NAME, bind=True, acks_late=True, **options)
     def tune_task(self: Task, payload: dict[str, Any]) -> dict[str, Any]:

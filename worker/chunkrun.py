@@ -10,11 +10,16 @@ kernels:
    (:class:`~farm.cluster.lease.LeaseSet`), notes them for the crash ledger, and reads
    the build's heartbeat key when this process has not seen it for a second
    (``worker.chunks.BuildWatch``: a client gone means the chunk is dropped);
-2. **the looks, at once**: one request a kernel, sent together from the state's threads
+2. **the looks, sent at once**: one request a kernel from the state's threads
    (``Obtainer.claim``: on MinIO the source-index entry written where there is none; an
    entry found means the kernel is looked up as before, Loaded or Rekeyed);
-3. the compiles, one after the other, each noted on the worker's host for the crash
-   ledger (``worker.crashes.InHand``: no round trip);
+3. **the compiles while the looks are out**, one after the other, each noted on the
+   worker's host for the crash ledger (``worker.crashes.InHand``: no round trip): a
+   kernel whose look is not back yet is compiled meanwhile, so the look's round trip
+   costs the chunk nothing; a look that then finds the source indexed discards that
+   compile when the kernel is Loaded or Rekeyed (the rules' outcome, as if it had
+   waited), and the build's later chunks on this process wait for their looks (a
+   rekey's build, whose sources are all indexed, compiles nothing it throws away);
 4. **one Redis round trip** sends the records of the chunk (one pack), *before* any
    store write, so no artifact is ever stored without its record;
 5. **the writes, at once**: the artifacts (their index entries were the looks);
@@ -37,19 +42,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from farm.cluster.lease import LeaseSet
-from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply, KernelRequest
-from farm.compilation.obtain import Found, compiled_artifact, store_key
+from farm.cluster.payloads import CompileReply, KernelReply, KernelRequest
+from farm.compilation.obtain import Found, store_key
 from farm.core.errors import (
-    CompileError,
     FarmError,
     InfrastructureError,
     KernelError,
-    LoadError,
 )
 from farm.core.keys import (
     BUILD_AVOIDS,
@@ -59,11 +63,14 @@ from farm.core.keys import (
     task_holder_key,
     task_kernel_key,
 )
-from farm.core.model import Artifact, KernelFailure, Key, Lowered, Outcome
+from farm.core.model import Artifact, KernelFailure, Key, Lowered
+from farm.core.outcomes import Outcome
 from farm.records.model import Trip
 from worker.chunks import Avoided, Delivery
+from worker.kernel import obtain_kernel
 
 if TYPE_CHECKING:
+    from farm.programs.request import ChunkRequest
     from worker.crashes import TaskLedger
     from worker.state import WorkerState
 
@@ -93,12 +100,13 @@ class _Kernel:
 class ChunkRun:
     """One delivery of one chunk on this pool process (see the module docstring)."""
 
-    def __init__(self, request: CompileRequest, state: WorkerState,
+    def __init__(self, request: ChunkRequest, state: WorkerState,
                  ledger: TaskLedger | None, delivery: Delivery | None) -> None:
         self.request = request
         self.state = state
         self.ledger = ledger
         self.delivery = delivery
+        self.build = delivery.build if delivery is not None else None
         self.leases = LeaseSet(state.leases, state.ns)
         self.replies: list[KernelReply | None] = [None] * len(request.kernels)
         self.noted = False  # the crash ledger's note of the leases is in Redis
@@ -216,25 +224,27 @@ class ChunkRun:
 
     # -- the fast path ----------------------------------------------------------------------
     def _fast(self, kernels: list[_Kernel]) -> None:
-        state, rules = self.state, self.state.rules
-        for k, claim in zip(kernels, self._at_once(
-                [partial(rules.claim, k.key, k.lowered) for k in kernels]), strict=True):
-            k.claim = claim
-        for k in kernels:
-            self._in_hand(k.key.id_hash)
-            t = time.perf_counter()
-            try:
-                self._obtain(k)
-            except KernelError as exc:
-                self._unclaim(k)
-                self.replies[k.index] = self._failed(k.req, k.key, exc.kind, str(exc),
-                                                     exc.build_log)
-            except InfrastructureError:
-                raise
-            except FarmError as exc:
-                self._unclaim(k)
-                self.replies[k.index] = self._failed(k.req, k.key, "validation", str(exc))
-            k.own_s = time.perf_counter() - t
+        state = self.state
+        ahead = not state.builds.claims_refused(self.build)
+        claims = [state.io.submit(state.rules.claim, k.key, k.lowered) for k in kernels]
+        try:
+            for k, claim in zip(kernels, claims, strict=True):
+                self._in_hand(k.key.id_hash)
+                t = time.perf_counter()
+                try:
+                    self._obtain(k, claim, ahead=ahead)
+                except KernelError as exc:
+                    self._unclaim(k)
+                    self.replies[k.index] = self._failed(k.req, k.key, exc.kind, str(exc),
+                                                         exc.build_log)
+                except InfrastructureError:
+                    raise
+                except FarmError as exc:
+                    self._unclaim(k)
+                    self.replies[k.index] = self._failed(k.req, k.key, "validation", str(exc))
+                k.own_s = time.perf_counter() - t
+        finally:  # a chunk given back leaves no claim of its still under way
+            wait(claims)
         done = [k for k in kernels if k.outcome is not None]
         self._record(done)
         self._at_once([partial(self._keep, k) for k in done
@@ -244,13 +254,30 @@ class ChunkRun:
                 id_hash=k.key.id_hash, key=str(k.key), outcome=k.outcome,
                 work_s=k.own_s, worker=state.name, host=state.host)
 
-    def _obtain(self, k: _Kernel) -> None:
-        """The rules for one kernel whose look (its claim) is in: Compiled straight away
-        when the claim found the source unindexed, else Loaded, Rekeyed or Compiled."""
+    def _obtain(self, k: _Kernel, claim: Future[tuple[Key | None, bool]], *,
+                ahead: bool) -> None:
+        """The rules for one kernel, its look (its claim) sent: Compiled when the claim
+        found the source unindexed, else Loaded, Rekeyed or Compiled. ``ahead``: compile
+        while the claim is still out (its round trip hidden behind the compile); a claim
+        then refused discards the compile when the kernel is Loaded or Rekeyed, as if it
+        had waited, and one that found the source indexed makes the build's later
+        chunks on this process wait for their claims (a rekey's build: its sources are
+        all indexed)."""
         rules = self.state.rules
         family = k.req.artifact.kernel.family
-        assert k.claim is not None
+        early: Artifact | None = None
+        failed: FarmError | None = None
+        if ahead and not claim.done():
+            try:
+                early = self._compile(k)
+            except InfrastructureError:
+                raise
+            except FarmError as exc:  # its failure counts only if nothing is reused
+                failed = exc
+        k.claim = claim.result()
         if not k.claim[1]:  # the index held something (or the store only looked)
+            if k.claim[0] is not None:  # the source is indexed: a rekey's build
+                self.state.builds.refused(self.build)
             if rules.stored(k.key, k.lowered.kernel_names) is not None:
                 k.outcome = Outcome.LOADED
                 return
@@ -258,20 +285,14 @@ class ChunkRun:
             if k.found is not None:
                 k.outcome = Outcome.REKEYED
                 return
-        k.artifact = self._compile(k)
+        if failed is not None:
+            raise failed
+        k.artifact = early if early is not None else self._compile(k)
         k.outcome = Outcome.COMPILED
 
     def _compile(self, k: _Kernel) -> Artifact:
-        """Finalize and validate by a load on this device: a refused binary is never
-        stored (``KernelError``)."""
-        state = self.state
-        built = state.backend.finalize(k.lowered, state.settings.native_binaries,
-                                       state.settings.pocl_ready)
-        if not built.ok:
-            error = LoadError if built.error_kind == "load" else CompileError
-            raise error(built.error, build_log=built.build_log)
-        return compiled_artifact(k.key, k.req.artifact.kernel.family, built,
-                                 k.source, worker=state.name)
+        """Finalize and validate by a load on this device (``WorkerState.compile``)."""
+        return self.state.compile(k.key, k.req.artifact.kernel.family, k.lowered, k.source)
 
     def _record(self, done: list[_Kernel]) -> None:
         """Every kernel's record; the chunk's changing ones sent now, in one pack, before
@@ -289,9 +310,7 @@ class ChunkRun:
                      requested_by=requested_by, kernel=k.req.artifact.kernel.label()),
                 None if k.outcome is Outcome.LOADED else k.lowered)
         if any(k.outcome is not Outcome.LOADED for k in done):
-            from worker.execute import send_records
-
-            send_records(state)
+            state.send_records()
 
     def _keep(self, k: _Kernel) -> None:
         rules, family = self.state.rules, k.req.artifact.kernel.family
@@ -322,10 +341,8 @@ class ChunkRun:
 
     # -- what does not fit ------------------------------------------------------------------
     def _later(self, kernels: list[_Kernel]) -> None:
-        """The old way, kernel by kernel (``worker.execute.obtain_kernel``): each takes
+        """The old way, kernel by kernel (``worker.kernel.obtain_kernel``): each takes
         its lease (waiting for another worker's), then looks."""
-        from worker.execute import obtain_kernel
-
         for k in kernels:
             self._in_hand(k.key.id_hash)
             self.replies[k.index] = obtain_kernel(k.req, self.state,

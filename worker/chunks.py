@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from farm.cluster.payloads import CompileReply, CompileRequest, KernelReply
+from farm.cluster.payloads import CompileReply, KernelReply
 from farm.core.keys import (
     RETURNS_WHY,
     TASK_STATE_TTL_S,
@@ -47,6 +47,9 @@ from farm.core.model import KernelFailure
 if TYPE_CHECKING:
     import redis
 
+    from farm.programs.request import ChunkRequest
+    from worker.crashes import TaskLedger
+
 log = logging.getLogger(__name__)
 
 #: returns of one chunk (by any worker) before its kernels fail as ``infrastructure``
@@ -57,7 +60,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def note_return(client: redis.Redis, task_id: str, request: CompileRequest, worker: str,
+def note_return(client: redis.Redis, task_id: str, request: ChunkRequest, worker: str,
                 reason: str | None) -> None:
     """Note that ``worker`` gives the chunk back (``reason`` ``None``: uncounted), per
     task and per build (what the client's circuit breaker reads), and that it holds it
@@ -95,7 +98,7 @@ def read_returns(raw: dict[Any, Any]) -> tuple[dict[str, int], str]:
     return counts, why
 
 
-def given_up(raw: dict[Any, Any], task_id: str, request: CompileRequest) -> CompileReply | None:
+def given_up(raw: dict[Any, Any], task_id: str, request: ChunkRequest) -> CompileReply | None:
     """The reply that ends a chunk given back ``MAX_RETURNS`` times (``raw``: its returns
     hash, read with the crash ledger), else ``None``."""
     counts, why = read_returns(raw)
@@ -117,14 +120,16 @@ def given_up(raw: dict[Any, Any], task_id: str, request: CompileRequest) -> Comp
 class Delivery:
     """One delivery of a chunk to this pool process: its task, its build (the client's
     token: ``None`` from a client before builds had one), this worker's ``host:pid``
-    (the holder its main process noted), whether Celery delivered it before; and, once
-    run, whether its reply reached the build's reply stream."""
+    (the holder its main process noted), whether Celery delivered it before, its crash
+    ledger; and, once run, whether its reply reached the build's reply stream."""
 
     task_id: str
     build: str | None = None
     worker: str = ""
     redelivered: bool = True
     pushed: bool = False
+    #: its crash bookkeeping (the crash hook's, ``worker.hooks.crashes``; ``None``: none)
+    ledger: TaskLedger | None = None
 
 
 class Avoided(Exception):
@@ -141,13 +146,28 @@ _BUILDS_KEPT = 64
 class BuildWatch:
     """What a pool process read of the builds whose chunks it runs (see the module
     docstring): the value of each one's heartbeat key (``"1"``, or ``BUILD_AVOIDS``),
-    and whether it shut this worker out. A build found gone is not remembered: its
-    client, if alive after all (a Redis that lost the key), sends the chunk again."""
+    whether it shut this worker out, and whether a claim of its was refused. A build
+    found gone is not remembered: its client, if alive after all (a Redis that lost the
+    key), sends the chunk again."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._seen: OrderedDict[str, tuple[float, str]] = OrderedDict()
         self._avoided: set[tuple[str, str]] = set()
+        self._refused: OrderedDict[str | None, None] = OrderedDict()
+
+    def claims_refused(self, build: str | None) -> bool:
+        """Whether a claim of a chunk of ``build`` was refused on this process (its
+        source indexed already): its later chunks then wait for their claims before
+        compiling (``worker.chunkrun``), so a rekey compiles nothing it throws away."""
+        return build in self._refused
+
+    def refused(self, build: str | None) -> None:
+        """Note that a claim of a chunk of ``build`` was refused."""
+        self._refused[build] = None
+        self._refused.move_to_end(build)
+        while len(self._refused) > _BUILDS_KEPT:
+            self._refused.popitem(last=False)
 
     def fresh(self, build: str) -> str | None:
         """The heartbeat value read less than ``ALIVE_FRESH_S`` ago, else ``None``."""

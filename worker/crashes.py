@@ -16,7 +16,8 @@ fed that kernel for ever while the client waits. So, per task id, in Redis (name
 * when the pool process dies, the worker's main process (which survives it) adds one
   crash to that kernel (read from the dead process's ``InHand``), with the exit status
   Celery reports (``signal 6 (SIGABRT)``), and releases the leases it noted, before
-  Celery re-queues the task (``crash_request_class``);
+  Celery re-queues the task (:func:`record_crash`, from the crash hook:
+  ``worker.hooks.crashes``);
 * the next delivery fails every kernel with ``crash_limit`` crashes as ``crashed``
   without touching it, and obtains the others as usual. A task delivered more often than
   ``crash_limit`` plus its kernel count (a process that died before saying what it ran)
@@ -32,9 +33,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-
-from celery.worker.request import Request
+from typing import TYPE_CHECKING, Any
 
 from farm.cluster.lease import kernel_note, read_kernel_note, release_lease
 from farm.core.keys import (
@@ -54,12 +53,6 @@ log = logging.getLogger(__name__)
 STATUS_FIELD = "status"
 
 
-class ChunkOutcomes(Protocol):
-    """Who hears, in the main process, what became of each chunk (``Readiness``)."""
-
-    def chunk_went_back(self, reason: str) -> None: ...
-
-    def chunk_done(self) -> None: ...
 _STATUS = re.compile(r"prematurely:\s*(.*?)(?:\s+Job:\s*\d+)?\.?$")
 
 
@@ -210,46 +203,3 @@ def lost_status(exc: BaseException) -> str | None:
         return None
     found = _STATUS.search(str(exc).strip())
     return found.group(1) if found else str(exc)
-
-
-def crash_request_class(client: redis.Redis, outcomes: ChunkOutcomes | None = None,
-                        hands: Path | None = None) -> type[Request]:
-    """A Celery ``Request`` that books a crash before Celery re-queues the task, and
-    tells ``outcomes`` (the worker's ``Readiness``) of every chunk given back
-    (``chunk_went_back(reason)``) or built (``chunk_done()``). ``hands``: the folder of
-    the pool processes' :class:`InHand` files."""
-    from celery.exceptions import Reject
-
-    class CrashAwareRequest(Request):
-        def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
-            failed, _, _ = failed__retval__runtime
-            if not failed and outcomes is not None:
-                outcomes.chunk_done()
-            return super().on_success(failed__retval__runtime, **kwargs)
-
-        def on_failure(self, exc_info: Any, send_failed_event: bool = True,
-                       return_ok: bool = False) -> Any:
-            exc = getattr(exc_info, "exception", None)
-            exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
-            if isinstance(exc, Reject):  # a chunk given back (worker.app): no crash
-                if outcomes is not None:
-                    outcomes.chunk_went_back(str(exc.reason))
-                return super().on_failure(exc_info, send_failed_event=send_failed_event,
-                                          return_ok=return_ok)
-            if isinstance(exc, SystemExit | KeyboardInterrupt):
-                status: str | None = None if (self._already_cancelled
-                                              or self._already_revoked) else "exited"
-            else:
-                status = lost_status(exc) if exc is not None else None
-            if status is not None:
-                try:
-                    kernel = record_crash(client, self.id, status,
-                                          InHand.read(hands, self.worker_pid, self.id))
-                    log.error("task %s: the pool process died (%s) on kernel %s", self.id,
-                              status, kernel or "(unknown)")
-                except Exception as err:  # Redis away: the task still comes back
-                    log.error("task %s: could not record a crash: %s", self.id, err)
-            return super().on_failure(exc_info, send_failed_event=send_failed_event,
-                                      return_ok=return_ok)
-
-    return CrashAwareRequest

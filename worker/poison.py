@@ -7,7 +7,8 @@ restored to the queue, and every worker of that fingerprint that starts dies on 
 
 So the worker's consumer (:class:`GuardedConsumer`, ``worker_consumer``) checks every
 message before Celery sees it (:func:`problem`): the headers Celery reads, the body's
-``[args, kwargs, embed]`` shape and the payload itself (a :class:`CompileRequest`, or
+``[args, kwargs, embed]`` shape and the payload itself (a chunk's
+:class:`~farm.programs.request.ChunkRequest`, or
 a :class:`~farm.tuning.payloads.TuneRequest` for the tuning task). A
 message that fails is dead-lettered (``farm:dead``, see :mod:`farm.core.keys`: the reason,
 headers and a cut body, for a person to read), acknowledged so it never comes back, and
@@ -27,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from celery.worker.consumer import Consumer
 from pydantic import ValidationError
 
-from farm.cluster.payloads import CompileRequest
 from farm.core.errors import first_error
 from farm.core.keys import DEAD_LETTERS, TASK_NAME, TUNE_TASK_NAME
+from farm.programs.request import ChunkRequest
 from farm.tuning.payloads import TuneRequest
 
 if TYPE_CHECKING:
@@ -42,8 +43,8 @@ DEAD_LETTERS_KEPT = 1000
 _BODY_CUT = 2000
 
 #: the tasks a worker runs, and the payload each takes
-_PAYLOADS: dict[str, type[CompileRequest] | type[TuneRequest]] = {
-    TASK_NAME: CompileRequest, TUNE_TASK_NAME: TuneRequest}
+_PAYLOADS: dict[str, type[ChunkRequest] | type[TuneRequest]] = {
+    TASK_NAME: ChunkRequest, TUNE_TASK_NAME: TuneRequest}
 
 _OPTIONAL_TEXT = ("root_id", "parent_id", "group", "shadow", "eta", "origin", "lang",
                   "argsrepr", "kwargsrepr")
@@ -105,7 +106,7 @@ def _body_problem(body: Any, task: str = TASK_NAME) -> str | None:
         if embed.get(name):  # a compile task is never part of a canvas
             return f"embed {name} is not empty"
     try:
-        _PAYLOADS.get(task, CompileRequest).model_validate(args[0])
+        _PAYLOADS.get(task, ChunkRequest).model_validate(args[0])
     except ValidationError as exc:
         where, why = first_error(exc, "payload")
         return f"payload does not validate: {where}: {why}"

@@ -1,37 +1,27 @@
 """What each pool process of a worker holds, and what its main process reads of them.
 
 A pool process opens its ``WorkerState`` (device, store, leases, records) once, at its
-start, and tells the main process whether it could (``ProcessReports``): a process whose
-state could not be opened stays up but runs no task, each task it gets going back to the
-queue (``WorkerUnavailable``), and the worker does not consume while one is so
-(``worker.readiness``). Before this, such a process only logged its failure and failed
-every task it got with ``KeyError('state')``, draining the queue for everybody.
+start, and tells its hooks whether it could (``after_process_boot``: the readiness hook
+reports it to the main process, ``worker.hooks.readiness``): a process whose state could
+not be opened stays up but runs no task, each task it gets going back to the queue
+(``WorkerUnavailable``), and the worker does not consume while one is so. Before this,
+such a process only logged its failure and failed every task it got with
+``KeyError('state')``, draining the queue for everybody.
 
-Here too: the main process's readiness probe of the store (``store_probe``) and the ids
-of the tasks it holds, for its heartbeat (``held_tasks``).
+Here too: the ids of the tasks the main process holds, for its heartbeat
+(``held_tasks``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from farm.core.device import DeviceInfo
 from farm.core.errors import WorkerUnavailable, one_line
-from farm.core.keys import Namespace
-from farm.core.outage import redis_client
 from farm.core.settings import Settings
-from worker.crashes import InHand
-from worker.readiness import ProcessReports
+from worker.hooks.base import Hook
 from worker.state import WorkerState, open_state
-
-if TYPE_CHECKING:
-    import redis
-
-    from farm.cluster.metrics import Served
-    from farm.store.minio import MinioStore
 
 log = logging.getLogger(__name__)
 
@@ -51,24 +41,20 @@ class QuietTrace(logging.Filter):
 
 
 class PoolProcess:
-    """One pool process's ``WorkerState`` and Redis client (see the module docstring)."""
+    """One pool process's ``WorkerState`` (see the module docstring)."""
 
-    def __init__(self, settings: Settings, devices: list[DeviceInfo],
-                 reports: ProcessReports, inherited: Sequence[Served] = ()) -> None:
+    def __init__(self, settings: Settings, devices: list[DeviceInfo], hooks: Hook) -> None:
         self._settings = settings
-        self._inherited = inherited  # the main process's metrics listeners
         self._devices = devices
-        self._reports = reports
+        self._hooks = hooks
         self._state: WorkerState | None = None
         self._problem = "this process has not opened its state"
-        self._redis: redis.Redis | None = None
 
     def open(self, **_: object) -> None:
-        """Celery's ``worker_process_init``: open the state, say whether it could."""
+        """Celery's ``worker_process_init``: open the state, tell the hooks whether it
+        could."""
         from billiard import current_process
 
-        for listener in self._inherited:  # forked with the metrics socket: not ours
-            listener.close_inherited()
         logging.getLogger("celery.app.trace").addFilter(QuietTrace())
         index = getattr(current_process(), "index", 0) or 0
         try:
@@ -76,14 +62,10 @@ class PoolProcess:
         except Exception as exc:  # the process stays up, runs nothing, says why
             self._problem = f"{type(exc).__name__}: {one_line(exc)}"
             log.error("process %s could not open its state: %s", os.getpid(), self._problem)
-            self._reports.report(index, self._problem)
+            self._hooks.after_process_boot(index, None, self._problem)
             return
-        try:  # where the main process reads the kernel in hand, should this one die
-            self._state.in_hand = InHand(self._reports.folder, os.getpid())
-        except OSError as exc:  # crashes are then blamed by the delivery count alone
-            log.warning("process %s cannot note its kernel in hand: %s", os.getpid(), exc)
         log.info("process %s opened %s", os.getpid(), self._state.device.fingerprint)
-        self._reports.report(index, None)
+        self._hooks.after_process_boot(index, self._state, None)
 
     def close(self, **_: object) -> None:
         state, self._state = self._state, None
@@ -95,13 +77,6 @@ class PoolProcess:
         if self._state is None:
             raise WorkerUnavailable(self._problem)
         return self._state
-
-    def redis(self) -> redis.Redis:
-        """This process's Redis client for the chunk bookkeeping (``worker.chunks``)."""
-        if self._redis is None:
-            self._redis = redis_client(self._settings.redis_url or "",
-                                       self._settings.socket_timeout)
-        return self._redis
 
 
 def held_tasks() -> list[str] | None:
@@ -116,19 +91,3 @@ def held_tasks() -> list[str] | None:
         except RuntimeError:  # changed size during iteration
             continue
     return None
-
-
-def store_probe(settings: Settings, fingerprint: str) -> Callable[[], None]:
-    """The readiness check of the store: one signed read in the fingerprint's namespace,
-    one attempt (the store object is made at the first check that reaches MinIO)."""
-    from farm.store.minio import MinioStore
-
-    made: list[MinioStore] = []
-    ns = Namespace.for_fingerprint(fingerprint)
-
-    def probe() -> None:
-        if not made:
-            made.append(MinioStore.from_settings(settings, probe=True))
-        made[0].probe(ns)
-
-    return probe

@@ -7,7 +7,7 @@ once, whenever the answer changes:
 
 * **its pool processes opened their state** (device, connections): each reports through
   :class:`ProcessReports`; one that could not is never given a task;
-* **the store answers with its credentials**: :meth:`MinioStore.probe` (one signed read
+* **the store answers with its credentials**: :meth:`ArtifactStore.probe` (one signed read
   in the namespace, one attempt, ``FARM_SOCKET_TIMEOUT``), so an unreachable, frozen or
   refusing MinIO stops consumption within seconds;
 * **its chunks do not keep going back**: ``INFRA_STREAK`` chunks in a row given back
@@ -28,7 +28,6 @@ before it stopped consuming are given back by the task (``worker.app``).
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -64,14 +63,7 @@ class ProcessReports:
     over its predecessor's)."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def reset(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-        self.folder.mkdir(parents=True, exist_ok=True)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder = folder  # the worker's own (``worker.startup`` makes and removes it)
 
     def report(self, index: int, problem: str | None) -> None:
         """In a pool process: ``None`` when its state is open, else why not."""

@@ -6,14 +6,15 @@ the main process learns its devices and fingerprints from a short-lived child
 (``farm.core.device_probe``, once per fingerprint), and only the pool processes create
 contexts, once each, in ``worker_process_init``.
 
-Faults (docs/RELIABILITY.md): the worker consumes its queues only while it can serve
-them (``worker.readiness``: its pool processes opened their state, the store answers);
-the consumer refuses malformed messages (``worker.poison``); the task's ``Request``
-books crashes of pool processes (``worker.crashes``); the main process says which worker
-holds each task it receives (so a client can re-send the chunks of a worker that died)
-and, in its heartbeat, which tasks it still holds; and a Redis outage at start or longer
-than ``FARM_OUTAGE_LIMIT`` later stops the worker with one line and exit 1
-(``worker.stopping``), promptly, pool included.
+Faults (docs/RELIABILITY.md) are the hooks' (``worker.hooks``, told of each event of the
+worker's life here): the worker consumes its queues only while it can serve them
+(readiness: its pool processes opened their state, the store answers); the consumer
+refuses malformed messages (poison); the task's ``Request`` books crashes of pool
+processes (crashes); the main process says which worker holds each task it receives, so
+a client can re-send the chunks of a worker that died (leases); metrics. Here: the
+heartbeat, which says which tasks the worker still holds, and a Redis outage at start
+or longer than ``FARM_OUTAGE_LIMIT`` later, which stops the worker with one line and exit
+1 (``worker.stopping``), promptly, pool included.
 """
 
 from __future__ import annotations
@@ -39,21 +40,18 @@ from farm.core.device import (
     usable,
 )
 from farm.core.errors import DeviceChoiceError, DeviceError
-from farm.core.keys import DEFAULT_QUEUE, TASK_STATE_TTL_S, queue_name, task_holder_key
+from farm.core.keys import DEFAULT_QUEUE, queue_name
 from farm.core.outage import redis_client, redis_waiter
 from farm.core.settings import Settings
 from farm.version import __version__
 from worker.app import register_tasks
-from worker.crashes import crash_request_class
-from worker.process import PoolProcess, held_tasks, store_probe
-from worker.readiness import ProcessReports, Readiness
+from worker.hooks import worker_hooks
+from worker.hooks.base import Boot
+from worker.process import PoolProcess, held_tasks
 from worker.stopping import ignore_cancel_notice, quiet_celery_outages, stop_now
 
 if TYPE_CHECKING:
     from celery.worker import WorkController
-    from celery.worker.request import Request
-
-    from farm.cluster.metrics import Served
 
 log = logging.getLogger(__name__)
 
@@ -121,20 +119,11 @@ class WorkerOptions:
 
 def run_worker(settings: Settings, options: WorkerOptions) -> None:
     """Run a Celery worker for one fingerprint until it is stopped. It consumes its
-    queues only while its checks pass (``worker.readiness``)."""
+    queues only while its checks pass (the readiness hook); its cross-cutting concerns
+    are the hooks of :mod:`worker.hooks`, told of each event here."""
     import tempfile
 
-    port = options.metrics_port if options.metrics_port is not None else settings.metrics_port
-    metrics_dir = Path(tempfile.gettempdir()) / f"farm-metrics-{os.getpid()}"
-    if port:
-        # Before anything imports prometheus-client: the pool's processes inherit it.
-        from farm.cluster.metrics import prepare_multiprocess
-
-        prepare_multiprocess(metrics_dir)
-
     from celery import signals
-
-    from farm.cluster.health import HealthFiles
 
     events = settings.worker_events if options.events is None else options.events
     heartbeat = settings.worker_heartbeat if options.heartbeat is None else options.heartbeat
@@ -143,85 +132,68 @@ def run_worker(settings: Settings, options: WorkerOptions) -> None:
     fp = devices[0].fingerprint
     queue_list = options.queues or [queue_name(fp)]
     app = make_app(settings.model_copy(update={"worker_events": events}))
-    health = HealthFiles(settings.health_dir) if settings.health_dir else None
-    if health is not None:
-        health.reset()
-    reports = ProcessReports(Path(tempfile.gettempdir()) / f"farm-worker-{os.getpid()}")
-    reports.reset()
-    served: list[Served] = []  # the metrics listeners, closed in each forked process
-    process = PoolProcess(settings, devices, reports, inherited=served)
-
     client = redis_client(settings.redis_url or "", settings.socket_timeout)
     info = WorkerInfo(host=socket.gethostname(), pid=os.getpid(), fingerprint=fp,
                       device_name=devices[0].device_name, processes=options.concurrency,
                       version=__version__, queues=queue_list, device=devices[0])
-    readiness = Readiness(
-        queues=queue_list, reports=reports, processes=options.concurrency,
-        probe=store_probe(settings, fp), interval_s=settings.heartbeat_interval,
-        on_change=(lambda ready: health.ready() if ready else health.not_ready())
-        if health is not None else None)
-
-    def received(request: Request, **_: object) -> None:
-        try:  # best effort: without it a dead worker's chunk comes back by the timeout
-            client.set(task_holder_key(request.id), info.field, ex=TASK_STATE_TTL_S)
-        except Exception as exc:
-            log.warning("could not note the holder of task %s: %s", request.id, exc)
+    folder = Path(tempfile.gettempdir()) / f"farm-worker-{os.getpid()}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    hooks = worker_hooks()
+    boot = Boot(settings=settings, app=app, fingerprint=fp, queues=queue_list,
+                processes=options.concurrency, client=client, folder=folder,
+                worker_field=info.field, heartbeat=heartbeat,
+                metrics_port=(options.metrics_port if options.metrics_port is not None
+                              else settings.metrics_port) or 0)
+    hooks.before_worker_boot(boot)  # first: the metrics hook's, before prometheus-client
+    process = PoolProcess(settings, devices, hooks)
 
     controller: dict[str, Any] = {}  # Celery's WorkController, for its pool's pids
     signals.worker_init.connect(lambda sender=None, **_: controller.update(wc=sender),
                                 weak=False)
     signals.worker_process_init.connect(process.open, weak=False)
     signals.worker_process_shutdown.connect(process.close, weak=False)
-    signals.task_received.connect(received, weak=False)
-    signals.worker_ready.connect(lambda sender=None, **_: readiness.attach(sender), weak=False)
+    signals.task_received.connect(lambda request, **_: hooks.after_task_received(request),
+                                  weak=False)
+    signals.worker_ready.connect(lambda sender=None, **_: hooks.after_worker_ready(sender),
+                                 weak=False)
     signals.worker_ready.connect(lambda **_: ignore_cancel_notice(), weak=False)
-    if health is not None:
-        signals.worker_ready.connect(lambda **_: health.alive(), weak=False)
-        signals.worker_shutting_down.connect(lambda **_: health.not_ready(), weak=False)
-        if heartbeat:  # the consumer's own heartbeat: proves its event loop turns
-            signals.heartbeat_sent.connect(lambda **_: health.alive(), weak=False)
-    register_tasks(app, process.state,
-                   request_cls=crash_request_class(client, readiness, reports.folder),
-                   redis_of=process.redis, worker_field=info.field)
-    app.conf.worker_consumer = "worker.poison:GuardedConsumer"
+    signals.worker_shutting_down.connect(lambda **_: hooks.before_worker_shutdown(),
+                                         weak=False)
+    if heartbeat:  # the consumer's own heartbeat: proves its event loop turns
+        signals.heartbeat_sent.connect(lambda **_: hooks.after_heartbeat(), weak=False)
+    register_tasks(app, process.state, hooks, worker_field=info.field)
     # How long the pool waits for a dead process's result before declaring it lost
     # (Celery's default, 10 s, is added to every crash of a crash loop).
     app.conf.worker_lost_wait = 1.0
     quiet_celery_outages(settings.outage_limit)
 
-    if port:
-        from farm.cluster.metrics import ClusterCollector, serve
-
-        served.append(serve(port, [ClusterCollector(client)], multiprocess=True,
-                            addr=settings.metrics_address))
-        log.info("metrics on %s port %d", settings.metrics_address, port)
-
     def cleanup() -> None:
-        if health is not None:
-            health.reset()
-        if port:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
-        reports.remove()
+        hooks.after_worker_shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
 
     def pool() -> list[int]:
         return _pool_pids(controller.get("wc"))
 
     waiter = redis_waiter(settings.redis_url or "", settings.outage_limit)
-    on_beat = health.alive if health is not None and not heartbeat else None
     beat = Heartbeat(client, info, interval_s=settings.heartbeat_interval,
                      stale_s=settings.dead_worker_grace, waiter=waiter,
-                     on_give_up=lambda line: stop_now(line, pool(), cleanup), on_beat=on_beat)
+                     on_give_up=lambda line: stop_now(line, pool(), cleanup),
+                     on_beat=None if heartbeat else hooks.after_heartbeat)
     beat.pool_of = pool
-    beat.status_of = readiness.status
+    beat.status_of = lambda: boot.status_of()
     beat.tasks_of = held_tasks
-    beat.start()  # OutageError (one line, exit 1) when Redis stays away past the limit
-    readiness.start()
     try:
+        beat.start()  # OutageError (one line, exit 1) when Redis stays away past the limit
+    except BaseException:
+        cleanup()
+        raise
+    try:
+        hooks.after_worker_boot(boot)
         app.worker_main(argv=celery_argv(
             concurrency=options.concurrency, queues=[DEFAULT_QUEUE],
             loglevel=options.loglevel, hostname=f"farm-{os.getpid()}@{socket.gethostname()}",
             events=events, heartbeat=heartbeat, extra=options.extra_args))
     finally:
-        readiness.stop()
         beat.stop()
         cleanup()

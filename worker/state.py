@@ -8,6 +8,7 @@ connection, its lease client and its records session exactly once.
 
 from __future__ import annotations
 
+import logging
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,12 +19,12 @@ from farm.cluster.lease import Also, Leases
 from farm.compilation.backend import DeviceBackend, OpenCLBackend, open_backend
 from farm.compilation.finalize import worker_name
 from farm.compilation.load import LoadedBinary
-from farm.compilation.obtain import Obtainer
+from farm.compilation.obtain import Obtainer, compiled_artifact
 from farm.compilation.proofs import ProofBook, Prover, prove_family
 from farm.core.device import DeviceInfo
-from farm.core.errors import FarmError
+from farm.core.errors import CompileError, FarmError, LoadError
 from farm.core.keys import Namespace
-from farm.core.model import Artifact
+from farm.core.model import Artifact, Key, Lowered
 from farm.core.outage import Waiter, redis_client, redis_waiter
 from farm.core.settings import Settings
 from farm.families import Registry
@@ -38,8 +39,12 @@ if TYPE_CHECKING:
 
     from worker.crashes import InHand, TaskLedger
 
+log = logging.getLogger(__name__)
+
 #: a chunk's store requests sent at once (a chunk of the default 4 kernels sends 4)
 IO_THREADS = 8
+#: how long to wait for another worker's compile (its lease) before taking over
+LEASE_WAIT_S = 600.0
 
 
 @dataclass
@@ -66,8 +71,13 @@ class WorkerState:
     builds: BuildWatch = field(default_factory=BuildWatch)
 
     @cached_property
+    def fingerprint(self) -> str:
+        """The device's (a hash of its identity: computed once, not per chunk)."""
+        return self.device.fingerprint
+
+    @cached_property
     def ns(self) -> Namespace:
-        return Namespace.for_fingerprint(self.device.fingerprint)
+        return Namespace.for_fingerprint(self.fingerprint)
 
     @cached_property
     def host(self) -> str:
@@ -130,6 +140,32 @@ class WorkerState:
             ledger.note(pipe, id_hash, name, token)
         return note
 
+    def compile(self, key: Key, family: str, lowered: Lowered, source_hash: str) -> Artifact:
+        """Finalize on this device and validate by a load: a refused binary is never
+        stored (a ``KernelError``: ``CompileError`` or ``LoadError``, with its log)."""
+        built = self.backend.finalize(lowered, self.settings.native_binaries,
+                                      self.settings.pocl_ready)
+        if not built.ok:
+            error = LoadError if built.error_kind == "load" else CompileError
+            raise error(built.error, build_log=built.build_log)
+        return compiled_artifact(key, family, built, source_hash, worker=self.name)
+
+    def send_records(self) -> None:
+        """Send the records now, waiting out a Redis outage (``OutageError`` past the
+        limit): what a compile or rekey does *before* the store is written."""
+        if self.redis_waiter is None:
+            self.recorder.flush()
+            return
+        self.redis_waiter.call(self.recorder.flush)
+
+    def flush_records(self) -> None:
+        """Send the records now, best effort: on failure the recorder keeps them and
+        the next flush sends them (a chunk's end, where only Loaded records wait)."""
+        try:
+            self.recorder.flush()
+        except Exception as exc:  # Redis away: kept, sent with the next flush
+            log.warning("records not sent yet (%s); kept for the next try", exc)
+
     def close(self) -> None:
         if "io" in self.__dict__:
             self.io.shutdown(wait=False)
@@ -145,8 +181,7 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
     """Open process ``index``'s device (round-robin over ``devices``) and connections."""
     from farm.cluster.metrics import InstrumentedStore, TimedLeases
     from farm.records.open import open_recorder
-    from farm.store.minio import MinioStore
-    from farm.store.signing import with_signatures
+    from farm.store.open import open_store
 
     device = devices[index % len(devices)]
     backend = open_backend(settings, device)
@@ -158,8 +193,8 @@ def open_state(settings: Settings, devices: list[DeviceInfo], index: int) -> Wor
         backend=backend,
         # no request at process start: the main process checks the store before it
         # consumes (worker.readiness), and a process start must not wait on MinIO
-        store=InstrumentedStore(with_signatures(
-            MinioStore.from_settings(settings, ensure_bucket=False), settings), tier="minio"),
+        store=InstrumentedStore(open_store(settings, shared=True, create=False),
+                                tier="minio"),
         leases=TimedLeases(client, ttl_s=settings.lease_ttl, waiter=waiter),
         recorder=open_recorder(settings, label=f"worker {worker_name()}"),
         name=worker_name(), redis=client, redis_waiter=waiter)

@@ -4,7 +4,7 @@
    reply says so, nothing is measured);
 2. a key the store holds already is reused (unless ``retune``);
 3. each candidate is obtained by the compile rules of any chunk
-   (:func:`worker.execute.obtain_kernel`: loaded, rekeyed or compiled, leases and
+   (:func:`worker.kernel.obtain_kernel`: loaded, rekeyed or compiled, leases and
    records included), then loaded here: all before the first timed launch;
 4. the candidates are checked and timed in this process (:class:`farm.tuning.runner.Tuner`),
    inside the host's isolation: while this process measures a CPU device, the other
@@ -36,7 +36,7 @@ from farm.core.keys import TASK_STATE_TTL_S, task_deliveries_key
 from farm.core.model import ArtifactId
 from farm.tuning.payloads import TuneReply, TuneRequest
 from farm.tuning.runner import Tuner
-from worker.execute import obtain_kernel, send_records
+from worker.kernel import obtain_kernel
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -86,7 +86,7 @@ def tune_job(request: TuneRequest, state: WorkerState, task_id: str | None = Non
         outcome = tuner.tune(spec, retune=request.retune, requested_by=request.requested_by)
     finally:
         try:
-            send_records(state)
+            state.send_records()
         except Exception as exc:  # Redis away: the recorder keeps them for the next send
             log.warning("tune records not sent yet (%s)", exc)
     return TuneReply(result=outcome.result, reused=outcome.reused, failure=outcome.failure,
@@ -115,7 +115,8 @@ def _program(state: WorkerState, artifact: ArtifactId, build_id: str,
     reply = obtain_kernel(KernelRequest(artifact=artifact, build_id=build_id), state,
                           request.requested_by)
     if reply.failure is not None:
-        kind = UnsupportedFeature if reply.failure.kind == "unsupported" else KernelError
+        kind = UnsupportedFeature if reply.failure.kind == UnsupportedFeature.kind \
+            else KernelError
         return kind(reply.failure.message)
     assert reply.key is not None
     from farm.core.model import Key

@@ -19,6 +19,7 @@ from farm.cli.build_report import (
 )
 from farm.cli.console import err, print_json
 from farm.cli.progress import progress
+from farm.core.outcomes import Fate
 
 if TYPE_CHECKING:
     from farm.compilation.batch import BatchReport
@@ -110,7 +111,7 @@ def build(
         print_json({"manifest": str(path), "fingerprint": fp, "cluster": use_cluster,
                     "summary": report.summary(), "workers": by_worker(report),
                     "session": recorded_session(recorder),
-                    "unsupported": [failure_json(r) for r in report.unsupported],
+                    Fate.UNSUPPORTED: [failure_json(r) for r in report.unsupported],
                     "failures": [failure_json(r) for r in report.failed]})
     else:
         print_summary(report, title=f"farm build {loaded.label} on {fp}")

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from farm.cli.progress import Progress
-    from farm.compilation.batch import BatchReport
     from farm.core.settings import Settings
     from farm.programs.capture import CaptureFile
+    from farm.programs.making import Readiness
+    from farm.programs.prebuild import Built
     from farm.records import Recorder
     from farm.store import ArtifactStore
 
@@ -58,35 +59,54 @@ def build_capture(name: str, *, workers: int | None, json_out: bool, cluster: bo
     label = f"build {Path(name).name}"
     store = open_store(settings)
     recorder = open_recorder(settings, label)
-    reports: list[tuple[str, BatchReport]] = []
+    reports: list[tuple[str, Built]] = []
     try:
         for fp, specs in plan.items():
             with progress(len(specs), quiet=json_out) as tick, _sigterm_interrupts():
                 if use_cluster:
-                    report = _on_cluster(settings, capture, fp, store, tick)
+                    built = _on_cluster(settings, capture, fp, store, tick)
                 else:
-                    report = _here(settings, capture, fp, store, recorder, workers, tick)
-            reports.append((fp, report))
+                    built = _here(settings, capture, fp, store, recorder, workers, tick)
+            reports.append((fp, built))
     finally:
         recorder.close()
         store.close()
-    failed = any(r.failed for _, r in reports)
+    failed = any(b.report.failed or (b.ready and b.ready.failed) for _, b in reports)
     if json_out:
         print_json({"capture": name, "cluster": use_cluster, "builds": [
-            {"fingerprint": fp, "summary": r.summary(),
+            {"fingerprint": fp, "summary": b.report.summary(),
              "failures": [{"label": x.label, "key": str(x.key), **x.failure.model_dump()}
-                          for x in r.failed + r.unsupported if x.failure]}
-            for fp, r in reports]})
+                          for x in b.report.failed + b.report.unsupported if x.failure],
+             **({"work_group_functions": b.ready.summary()} if b.ready else {})}
+            for fp, b in reports]})
     else:
-        for fp, report in reports:
-            print_summary(report, title=f"farm build {Path(name).name} on {fp}")
-            print_failures(report, strict=False)
+        for fp, built in reports:
+            print_summary(built.report, title=f"farm build {Path(name).name} on {fp}")
+            print_failures(built.report, strict=False)
+            if built.ready is not None:
+                _print_ready(built.ready)
     if failed:
         raise typer.Exit(1)
 
 
+def _print_ready(ready: Readiness) -> None:
+    """What was made of the capture's launches: one line, and one per program that is
+    not ready."""
+    from farm.cli.console import out
+    from farm.core.errors import printable
+
+    took = f" in {ready.wall_s:.2f} s" if ready.wall_s else ""
+    out.print(f"work-group functions of the captured launches: {ready.made} made{took}, "
+              f"{ready.held} stored already ({ready.programs} programs"
+              + (f"; {ready.ignored} launches of kernels the programs lack, ignored"
+                 if ready.ignored else "") + ")", markup=False, soft_wrap=True)
+    for key, why in ready.failed:
+        out.print("[red]NOT READY[/red] ", end="")
+        out.print(printable(f"program(key={key[:16]}): {why}"), markup=False, soft_wrap=True)
+
+
 def _here(settings: Settings, capture: CaptureFile, fp: str, store: ArtifactStore,
-          recorder: Recorder, workers: int | None, tick: Progress) -> BatchReport:
+          recorder: Recorder, workers: int | None, tick: Progress) -> Built:
     from farm.core.device import probe_devices
     from farm.core.errors import DeviceError
     from farm.programs.prebuild import build_here
@@ -97,11 +117,11 @@ def _here(settings: Settings, capture: CaptureFile, fp: str, store: ArtifactStor
                           "--cluster, or on a machine with that device")
     return build_here(settings, local[0], capture, store=store, recorder=recorder,
                       workers=settings.workers if workers is None else workers,
-                      progress=tick)
+                      progress=tick, status=tick.status)
 
 
 def _on_cluster(settings: Settings, capture: CaptureFile, fp: str, store: ArtifactStore,
-                tick: Progress) -> BatchReport:
+                tick: Progress) -> Built:
     from farm.cluster.client import ClusterClient
     from farm.families import Registry
     from farm.programs.prebuild import build_on_cluster

@@ -13,44 +13,41 @@ from typing import TYPE_CHECKING
 from farm.cli.console import out
 from farm.cli.tables import Column, print_one_row, print_table
 from farm.core.errors import printable
+from farm.core.outcomes import Fate, Outcome
 
 if TYPE_CHECKING:
     from farm.compilation.batch import BatchReport, KernelResult
     from farm.records import Recorder
 
 SUMMARY_COLUMNS = [Column(name, justify="right") for name in (
-    "kernels", "loaded", "rekeyed", "compiled", "unsupported", "failed", "work", "wall",
-    "work/wall")]
+    "kernels", *Fate, "work", "wall", "work/wall")]
 
 
 def print_summary(report: BatchReport, title: str) -> None:
     """The outcome counts and times of one build: a row, or stacked pairs at 80 columns."""
     s = report.summary()
     print_one_row(SUMMARY_COLUMNS, [
-        str(s["kernels"]), str(s["loaded"]), str(s["rekeyed"]), str(s["compiled"]),
-        str(s["unsupported"]), str(s["failed"]), f"{s['work_s']:.2f} s", f"{s['wall_s']:.2f} s",
-        f"{s['speedup']:.2f}x"], title=title)
+        str(s["kernels"]), *(str(s[fate]) for fate in Fate), f"{s['work_s']:.2f} s",
+        f"{s['wall_s']:.2f} s", f"{s['speedup']:.2f}x"], title=title)
 
 
 def by_worker(report: BatchReport) -> dict[str, dict[str, float]]:
     """Worker process (``host:pid``, as ``farm workers`` lists them) -> its share."""
-    from farm.core.model import Outcome
-
     found: dict[str, dict[str, float]] = {}
     for r in report.results:
         if r.worker and r.outcome is not None:
-            w = found.setdefault(r.worker, {"kernels": 0, "compiled": 0, "work_s": 0.0})
+            w = found.setdefault(r.worker, {"kernels": 0, Fate.COMPILED: 0, "work_s": 0.0})
             w["kernels"] += 1
-            w["compiled"] += r.outcome is Outcome.COMPILED
+            w[Fate.COMPILED] += r.outcome is Outcome.COMPILED
             w["work_s"] = round(w["work_s"] + r.work_s, 4)
     return found
 
 
 def print_workers(report: BatchReport) -> None:
-    rows = [[name, str(int(w["kernels"])), str(int(w["compiled"])), f"{w['work_s']:.2f} s"]
+    rows = [[name, str(int(w["kernels"])), str(int(w[Fate.COMPILED])), f"{w['work_s']:.2f} s"]
             for name, w in sorted(by_worker(report).items())]
     print_table([Column("worker process"), Column("kernels", "right"),
-                 Column("compiled", "right"), Column("work", "right")], rows,
+                 Column(Fate.COMPILED, "right"), Column("work", "right")], rows,
                 title="work by worker process (host:pid, see `farm workers`)")
 
 
@@ -93,7 +90,7 @@ def recorded_line(recorder: Recorder | None) -> str:
     written once it changes something, so the many processes that merely load leave
     nothing behind. Said here because a person looking for it in `farm records` would
     otherwise think it was lost."""
-    from farm.records.model import RecordLevel
+    from farm.core.model import RecordLevel
 
     session = recorded_session(recorder)
     if session is not None:

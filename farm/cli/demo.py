@@ -24,6 +24,7 @@ import typer
 from farm.cli.build_report import print_failures, print_summary
 from farm.cli.console import out, print_json
 from farm.cli.progress import progress
+from farm.core.outcomes import Fate
 
 if TYPE_CHECKING:
     from farm.core.model import ArtifactId
@@ -50,10 +51,11 @@ def demo(
     """
     from farm.cli.tables import Column, print_one_row
     from farm.compilation.local import local_farm
-    from farm.core.model import Outcome
+    from farm.core.outcomes import Outcome
     from farm.core.settings import load_settings
     from farm.manifest import expand, load_manifest, resolve_manifest
     from loader import KernelLoader
+    from loader.programs import Source
 
     with tempfile.TemporaryDirectory(prefix="farm-demo-") as tmp:
         overrides: dict[str, object] = {"home": Path(tmp)} if fresh else {}
@@ -77,7 +79,7 @@ def demo(
         # compiled, against a load from the store, per kernel loaded.
         n_built = build.count(Outcome.COMPILED) + build.count(Outcome.REKEYED)
         per_build = build.wall_s / n_built if n_built else 0.0
-        per_load = warm.wall_s / max(1, warm.count("local"))
+        per_load = warm.wall_s / max(1, warm.count(Source.LOCAL))
         ready = warm.summary()["readiness"]
         per_result = float(ready.get("first_result_ms", 0.0)) / 1000
         ratio = per_build / per_load if per_load > 0 and n_built else 0.0
@@ -94,11 +96,11 @@ def demo(
             print_summary(build, f"1. build {loaded.label} on {fingerprint}")
             print_failures(build, strict=False)
             s = warm.summary()
-            print_one_row([Column(c, "right") for c in ("kernels", "loaded",
-                                                        "native fallbacks", "failed", "wall",
-                                                        "per kernel")],
+            print_one_row([Column(c, "right") for c in ("kernels", Fate.LOADED,
+                                                        "native fallbacks", Fate.FAILED,
+                                                        "wall", "per kernel")],
                           [str(s["kernels"]), str(s["local"]), str(s["native_fallbacks"]),
-                           str(s["failed"]), f"{warm.wall_s:.3f} s",
+                           str(s[Fate.FAILED]), f"{warm.wall_s:.3f} s",
                            f"{1000 * per_load:.2f} ms"],
                           title=f"2. load every stored kernel of {loaded.label} onto the "
                                 "device, in a fresh context, without a compiler")

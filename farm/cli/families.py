@@ -83,11 +83,11 @@ def check(
     """
     import pyopencl as cl
 
+    from farm.compilation.family_check import check_family
     from farm.core.device import discover_devices, open_device
     from farm.core.device_probe import choose_device
     from farm.core.settings import load_settings
     from farm.families.registry import Registry
-    from farm.families.run import check_family
 
     settings = load_settings(**({"device": device} if device else {}))
     registry = Registry.load(settings.family_modules)

@@ -39,7 +39,8 @@ from rich.text import Text
 from farm.cli.console import err
 
 if TYPE_CHECKING:
-    from farm.core.model import KernelFailure, Outcome
+    from farm.core.model import KernelFailure
+    from farm.core.outcomes import Outcome
 
 PLAIN_INTERVAL_S = 5.0
 """Seconds between two plain progress lines (a CI log)."""

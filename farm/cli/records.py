@@ -27,12 +27,16 @@ from farm.cli.tables import (
     print_title,
 )
 from farm.core.errors import FarmError, InputError, StoreError
+from farm.core.outcomes import OBTAINED, Fate, Outcome
 
 if TYPE_CHECKING:
     from farm.core.settings import Settings
     from farm.records.model import CompilationRecord, Record, Session
     from farm.records.query import BuildRef, KernelLine, Summary
     from farm.records.storage import SessionStorage
+
+#: the sessions table's counts, what changed the store first
+SESSION_OUTCOMES = (Outcome.COMPILED, Outcome.REKEYED, Outcome.LOADED)
 
 app = new_app("Read what the farm did: sessions, records, builds, timelines.",
               epilog=examples("farm records sessions", "farm records show latest",
@@ -125,23 +129,24 @@ def sessions(
     rows = []
     for session in found:
         c = counts.get(session.id, {})
-        rows.append({
+        row: dict[str, Any] = {
             **session.model_dump(mode="json"),
-            "compiled": c.get("Compiled", 0), "rekeyed": c.get("Rekeyed", 0),
-            "loaded": c.get("Loaded", 0), "batches": c.get("batches", 0),
+            **{o.fate: c.get(o, 0) for o in SESSION_OUTCOMES},
+            "batches": c.get("batches", 0),
             "records": c.get("records", 0),
             "missing": max(0, c.get("max_seq", 0) - c.get("records", 0)),
-        })
+        }
+        rows.append(row)
     if json_out:
         print_json(rows)
         return
     columns = [Column("id"), Column("started"), Column("label", wrap=True),
-               *(Column(n, "right") for n in ("compiled", "rekeyed", "loaded")),
+               *(Column(o.fate, "right") for o in SESSION_OUTCOMES),
                Column("host", optional=True), Column("pid", "right", optional=True),
                Column("batches", "right", optional=True),
                Column("records", "right", optional=True)]
     cells = [[str(session.id), _when(session, seconds=wide), session.label,
-              str(row["compiled"]), str(row["rekeyed"]), str(row["loaded"]), session.host,
+              *(str(row[o.fate]) for o in SESSION_OUTCOMES), session.host,
               str(session.pid), str(row["batches"]), str(row["records"])]
              for session, row in zip(found, rows, strict=True)]
     title = f"sessions (newest first) in {storage.where}"
@@ -276,7 +281,6 @@ def _filtered(records: list[Record], family: str | None,
     closest one."""
     import difflib
 
-    from farm.core.model import Outcome
     from farm.records.model import CompilationRecord
 
     if family is None and outcome is None:
@@ -304,11 +308,10 @@ def _print_summary(found: Summary, wide: bool = False) -> None:
 
     ratio = "-" if found.work_over_wall is None else f"{found.work_over_wall:.2f}x"
     print_one_row(
-        [Column(c, "right") for c in ("kernels", "loaded", "rekeyed", "compiled",
-                                      "unsupported", "failed", "store hits", "reused",
-                                      "work", "wall", "work/wall")],
-        [str(found.kernels), str(o.loaded), str(o.rekeyed), str(o.compiled),
-         str(o.unsupported), str(o.failed), pct(found.store_hit_rate),
+        [Column(c, "right") for c in ("kernels", *Fate, "store hits", "reused", "work",
+                                      "wall", "work/wall")],
+        [str(found.kernels), *(str(getattr(o, fate)) for fate in Fate),
+         pct(found.store_hit_rate),
          pct(found.compiler_avoided_rate), f"{found.work_s:.2f} s", f"{found.wall_s:.2f} s",
          ratio],
         title=f"summary of {found.scope}: {len(found.builds)} build(s), "
@@ -318,8 +321,8 @@ def _print_summary(found: Summary, wide: bool = False) -> None:
     for title, groups in (("by family", found.by_family), ("by worker", found.by_worker)):
         out.print()
         print_table([Column("name", wrap=True, fold=True), *(Column(c, "right") for c in (
-            "kernels", "loaded", "rekeyed", "compiled", "work", "slowest"))],
-            [[g.name, str(g.kernels), str(g.loaded), str(g.rekeyed), str(g.compiled),
+            "kernels", *OBTAINED, "work", "slowest"))],
+            [[g.name, str(g.kernels), *(str(getattr(g, fate)) for fate in OBTAINED),
               f"{g.work_s:.3f} s", f"{g.slowest_s:.3f} s"] for g in groups], title=title)
     if any(g.name == CLIENT_LANE for g in found.by_worker):
         out.print(f"({CLIENT_LANE}: kernels the build's own process found in the store)",

@@ -23,6 +23,7 @@ import typer
 from farm.cli.console import err, out
 from farm.cli.progress import progress
 from farm.cli.tables import Column, print_table
+from farm.core.outcomes import Fate
 
 if TYPE_CHECKING:
     from farm.core.settings import Settings
@@ -198,12 +199,13 @@ def _say(line: str) -> None:
 
 
 def _what(outcome: TuneOutcome) -> str:
-    return "reused" if outcome.reused else "timed" if outcome.result is not None else "failed"
+    return "reused" if outcome.reused else "timed" if outcome.result is not None \
+        else Fate.FAILED
 
 
 def _troubles(outcomes: list[TuneOutcome]) -> bool:
     """A key without a result, or a candidate that computed wrong values or failed."""
-    return any(o.result is None or any(f.status in ("wrong", "failed")
+    return any(o.result is None or any(f.status in ("wrong", Fate.FAILED)
                                        for f in o.result.candidates) for o in outcomes)
 
 
@@ -224,7 +226,7 @@ def _print(fp: str, label: str, outcomes: list[TuneOutcome], registry: Registry,
             table.append([
                 short_problem(o.spec),
                 short_params(won.params, names) if won is not None else
-                ("failed" if r is None else "no winner"),
+                (Fate.FAILED if r is None else "no winner"),
                 _ms(won.ms if won else None), _ms(r.first.ms if r else None),
                 f"{r.speedup:.2f}x" if r is not None and r.speedup is not None else "-",
                 f"{won.spread:.0%}" if won is not None and won.spread is not None else "-",
@@ -255,7 +257,7 @@ def _print(fp: str, label: str, outcomes: list[TuneOutcome], registry: Registry,
             err.print(f"{o.spec.family} {o.spec.label()}: measured without isolation "
                       "(the host stayed busy)", markup=False, soft_wrap=True)
         for f in o.result.candidates:
-            if f.status in ("wrong", "failed"):
+            if f.status in ("wrong", Fate.FAILED):
                 err.print(f"{o.spec.family} {o.spec.label()}: candidate "
                           f"{short_params(f.params, registry.get(o.spec.family).tuning_params)}"
                           f" {f.status}: {f.note}", markup=False, soft_wrap=True)

@@ -19,6 +19,7 @@ import typer
 from farm.cli.build_report import WHOLE
 from farm.cli.console import out, print_json
 from farm.core.errors import SettingsError, printable
+from farm.core.outcomes import Fate
 
 
 def warm(
@@ -62,7 +63,7 @@ def warm(
 
     context = DeviceContext(choose_device(settings, probe_devices())).start()
     from loader import KernelLoader, WarmItem
-    from loader.kernel_loader import OnMiss
+    from loader.base import OnMiss
 
     mode: OnMiss = on_miss  # type: ignore[assignment]
     with KernelLoader(settings, device=context, on_miss=mode,
@@ -73,7 +74,7 @@ def warm(
             shown.advance(item.source or (item.failure.kind if item.failure else ""),
                           item.label)
 
-        from loader.warm import artifacts_of
+        from loader.warming import artifacts_of
 
         artifacts, label = artifacts_of(manifest, loader)
         shown.set_total(len(artifacts))
@@ -92,7 +93,7 @@ def warm(
     failed = report.failed + (report.unsupported if strict else [])
     if json_out:
         print_json({"summary": summary,
-                    "unsupported": [_item_json(i) for i in report.unsupported],
+                    Fate.UNSUPPORTED: [_item_json(i) for i in report.unsupported],
                     "failures": [_item_json(i) for i in report.failed]})
     else:
         _print_summary(summary)
@@ -115,9 +116,9 @@ def warm(
 
 def _print_summary(s: dict[str, object]) -> None:
     from farm.cli.tables import Column, print_one_row, print_table
+    from loader.programs import SOURCES
 
-    cols = ("kernels", "memory", "local", "remote", "compiled", "rekeyed", "farm",
-            "unsupported", "failed", "wall", "per kernel")
+    cols = ("kernels", *SOURCES, Fate.UNSUPPORTED, Fate.FAILED, "wall", "per kernel")
     print_one_row([Column(c, "right") for c in cols],
                   [*(str(s[c]) for c in cols[:-2]), f"{s['wall_s']:.3f} s",
                    f"{s['per_kernel_ms']:.2f} ms"],

@@ -173,20 +173,26 @@ def main(argv: list[str] | None = None) -> int:
     from minio.credentials import StaticProvider
     from minio.minioadmin import MinioAdmin
 
-    from farm.core.errors import FarmError
+    from farm.core.errors import FarmError, SettingsError
     from farm.core.settings import load_settings
     from farm.store.minio import MinioStore
+    from farm.store.open import open_store
 
     try:
         settings = load_settings()
         grants = grants_from_env(dict(os.environ))
-        store = MinioStore.from_settings(settings)  # validates endpoint, makes the bucket
+        # validates the endpoint, makes the bucket
+        store = open_store(settings, shared=True, signed=False)
+        if not isinstance(store, MinioStore):
+            store.close()
+            raise SettingsError(f"access grants are MinIO's; the shared store is "
+                                f"{store.location}")
     except (FarmError, ValidationError, ValueError, KeyError) as exc:
         print(f"access: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     access = settings.minio_access_key
     secret = settings.minio_secret_key
-    assert access is not None and secret is not None  # from_settings checked them
+    assert access is not None and secret is not None  # the opening checked them
     admin = MinioAdmin(endpoint=store.endpoint, secure=store.secure,
                        credentials=StaticProvider(access.get_secret_value(),
                                                   secret.get_secret_value()))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -45,8 +46,9 @@ from farm.compilation.obtain import store_key
 from farm.core.device import DeviceInfo
 from farm.core.errors import ClusterError, FarmError, SettingsError, UnsupportedFeature
 from farm.core.keys import Namespace
-from farm.core.model import ArtifactId, KernelFailure, Outcome
+from farm.core.model import ArtifactId, KernelFailure
 from farm.core.outage import Say, redis_client, redis_waiter
+from farm.core.outcomes import Outcome
 from farm.core.settings import Settings
 from farm.families import Registry
 from farm.records.model import RequestedBy
@@ -211,7 +213,8 @@ class ClusterClient:
             report.batch_seq = rec.stamp.seq if rec is not None else None
         return report
 
-    def send(self, fingerprint: str, chunks: list[tuple[CompileRequest, list[KernelResult]]],
+    def send(self, fingerprint: str,
+             chunks: Sequence[tuple[CompileRequest, list[KernelResult]]],
              *, progress: Progress | None = None, status: Say | None = None,
              timeout_s: float = 3600.0) -> int:
         """Send ready-made chunks to ``fingerprint``'s workers and apply their replies to
@@ -303,7 +306,7 @@ class ClusterClient:
         try:
             self.registry.get(res.artifact.kernel.family).lower_id(res.artifact, device)
         except UnsupportedFeature as exc:
-            res.failure = KernelFailure(kind="unsupported", message=str(exc))
+            res.failure = KernelFailure(kind=UnsupportedFeature.kind, message=str(exc))
             return True
         except FarmError:
             return False  # the worker reports it, with its own device's view

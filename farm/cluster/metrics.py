@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from farm.cluster.lease import Leases
 from farm.core.keys import RECORDS_GROUP, Namespace
-from farm.core.model import Artifact, Key, Lowered, Outcome
+from farm.core.model import Artifact, Key, Lowered
+from farm.core.outcomes import Fate, Outcome, fate_of
 from farm.store.base import ArtifactStore, PutResult, WrappedStore
 
 if TYPE_CHECKING:
@@ -63,13 +64,6 @@ TASK_STATUSES = ("success", "kernel_failed", "returned", "failure", "timeout", "
                  "avoided")
 
 
-def outcome_label(outcome: Outcome | None, failure_kind: str | None) -> str:
-    """``compiled``/``loaded``/``rekeyed``, or ``unsupported``/``failed``."""
-    if outcome is not None:
-        return outcome.value.lower()
-    return "unsupported" if failure_kind == "unsupported" else "failed"
-
-
 # -- workers ---------------------------------------------------------------------------
 
 
@@ -90,7 +84,7 @@ class WorkerMetrics:
         self._first(fingerprint)
         for k in reply.results:
             kind = k.failure.kind if k.failure else None
-            self.kernels.labels(fingerprint=fingerprint, outcome=outcome_label(k.outcome, kind),
+            self.kernels.labels(fingerprint=fingerprint, outcome=fate_of(k.outcome, kind),
                                 kind=kind or "").inc()
             if k.outcome is Outcome.COMPILED:
                 self.compile_seconds.labels(fingerprint=fingerprint).observe(k.work_s)
@@ -111,15 +105,14 @@ class WorkerMetrics:
         for status in TASK_STATUSES:
             self.tasks.labels(fingerprint=fingerprint, status=status).inc(0)
         for outcome in Outcome:
-            self.kernels.labels(fingerprint=fingerprint, outcome=outcome_label(outcome, None),
-                                kind="").inc(0)
+            self.kernels.labels(fingerprint=fingerprint, outcome=outcome.fate, kind="").inc(0)
         for histogram in (self.compile_seconds, self.load_seconds, self.lease_wait_seconds):
             histogram.labels(fingerprint=fingerprint)
 
     def timed_out(self, fingerprint: str, kernels: int) -> None:
         """A chunk stopped by the compile time limit: its kernels failed, kind timeout."""
         self.task(fingerprint, "timeout")
-        self.kernels.labels(fingerprint=fingerprint, outcome="failed",
+        self.kernels.labels(fingerprint=fingerprint, outcome=Fate.FAILED,
                             kind="timeout").inc(kernels)
 
 
@@ -352,8 +345,8 @@ def build_registry(summary: dict[str, Any], *, manifest: str, fingerprint: str,
               "mode": "cluster" if cluster else "local"}
     kernels = Gauge("farm_build_kernels", "Kernels of the last build, by outcome",
                     [*labels, "outcome"], registry=registry)
-    for outcome in ("loaded", "rekeyed", "compiled", "unsupported", "failed"):
-        kernels.labels(**labels, outcome=outcome).set(summary[outcome])
+    for fate in Fate:
+        kernels.labels(**labels, outcome=fate).set(summary[fate])
     for name, key, what in (("farm_build_wall_seconds", "wall_s", "Wall seconds"),
                             ("farm_build_work_seconds", "work_s",
                              "Work seconds (summed over kernels)")):

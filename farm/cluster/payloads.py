@@ -3,19 +3,21 @@
 A task carries data, never code: family names and parameters that the worker expands
 with its own registry, plus the build id the client computed for each kernel so that a
 worker running different kernel code refuses instead of storing under a wrong key.
-An application's program (``farm.programs``) travels as its
-:class:`~farm.programs.spec.ProgramSpec`: digests and options, never the source, which
-the worker reads from the store by digest; the worker computes the key itself.
+A chunk may carry an application's programs too: that payload is the programs' own
+(:class:`farm.programs.request.ChunkRequest`, a :class:`CompileRequest` with programs),
+as the programs build on this client and this package never imports them.
 """
 
 from __future__ import annotations
+
+from typing import TypeVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from farm.core.errors import InputError, first_error
 from farm.core.keys import Namespace
-from farm.core.model import ArtifactId, Frozen, KernelFailure, Outcome, ShortText
-from farm.programs.spec import ProgramSpec
+from farm.core.model import ArtifactId, Frozen, KernelFailure, ShortText
+from farm.core.outcomes import Outcome
 from farm.records.model import RequestedBy
 
 
@@ -24,12 +26,9 @@ class KernelRequest(Frozen):
     build_id: str = Field(pattern=r"^[0-9a-f]{8,64}$")
 
 
-class ProgramRequest(Frozen):
-    spec: ProgramSpec
-
-
 class CompileRequest(Frozen):
-    """One chunk of kernels (or programs) for one fingerprint.
+    """One chunk of kernels for one fingerprint (and, as a
+    :class:`~farm.programs.request.ChunkRequest`, an application's programs).
 
     ``build``: the sending client's token, whose heartbeat key
     (``farm.core.keys.build_alive_key``) it keeps alive while it waits; a worker drops a
@@ -38,15 +37,18 @@ class CompileRequest(Frozen):
 
     fingerprint: str
     kernels: list[KernelRequest] = Field(default_factory=list, max_length=1024)
-    programs: list[ProgramRequest] = Field(default_factory=list, max_length=1024)
     requested_by: RequestedBy | None = None
     build: str | None = Field(default=None, pattern=r"^[0-9a-f]{8,64}$")
 
     @model_validator(mode="after")
     def _names_something(self) -> CompileRequest:
-        if not self.kernels and not self.programs:
+        if not self.entries():
             raise ValueError("a chunk names no kernel and no program")
         return self
+
+    def entries(self) -> int:
+        """The kernels (and programs) the chunk names."""
+        return len(self.kernels)
 
     @field_validator("fingerprint")
     @classmethod
@@ -61,10 +63,14 @@ class PayloadError(InputError):
     ``ValidationError`` (which cannot be rebuilt from JSON) arrived as an empty message."""
 
 
-def parse_request(payload: object) -> CompileRequest:
-    """The validated request of a task, or :class:`PayloadError` in one line."""
+Request = TypeVar("Request", bound=CompileRequest)
+
+
+def parse_request(payload: object, model: type[Request]) -> Request:
+    """The validated ``model`` of a task's payload, or :class:`PayloadError` in one
+    line (a worker parses every chunk as a ``farm.programs.request.ChunkRequest``)."""
     try:
-        return CompileRequest.model_validate(payload)
+        return model.model_validate(payload)
     except ValidationError as exc:
         where, msg = first_error(exc, "payload")
         raise PayloadError(f"task payload {where}: {' '.join(msg.split())}"[:500]) from None

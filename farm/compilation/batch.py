@@ -46,7 +46,8 @@ from farm.compilation.proofs import ProofBook, Prover, prove_family
 from farm.core.device import DeviceContext, DeviceInfo
 from farm.core.errors import FarmError, KernelError, LoadError
 from farm.core.keys import Namespace
-from farm.core.model import Artifact, ArtifactId, KernelFailure, Key, Lowered, Outcome
+from farm.core.model import Artifact, ArtifactId, KernelFailure, Key, Lowered
+from farm.core.outcomes import Fate, Outcome
 from farm.families import Registry
 from farm.records.model import BatchCounts, Trip
 from farm.store.base import ArtifactStore
@@ -120,11 +121,11 @@ class BatchReport:
 
     @property
     def unsupported(self) -> list[KernelResult]:
-        return [r for r in self.results if r.failure and r.failure.kind == "unsupported"]
+        return [r for r in self.results if r.failure and r.failure.kind == Fate.UNSUPPORTED]
 
     @property
     def failed(self) -> list[KernelResult]:
-        return [r for r in self.results if r.failure and r.failure.kind != "unsupported"]
+        return [r for r in self.results if r.failure and r.failure.kind != Fate.UNSUPPORTED]
 
     def counts(self) -> BatchCounts:
         """What the batch record keeps of this report."""
@@ -139,11 +140,9 @@ class BatchReport:
         wall = self.wall_s
         return {
             "kernels": len(self.results),
-            "loaded": self.count(Outcome.LOADED),
-            "rekeyed": self.count(Outcome.REKEYED),
-            "compiled": self.count(Outcome.COMPILED),
-            "unsupported": len(self.unsupported),
-            "failed": len(self.failed),
+            **{outcome.fate: self.count(outcome) for outcome in Outcome},
+            Fate.UNSUPPORTED: len(self.unsupported),
+            Fate.FAILED: len(self.failed),
             "work_s": round(self.work_s, 4),
             "wall_s": round(wall, 4),
             "speedup": round(self.work_s / wall, 2) if wall > 0 else 0.0,

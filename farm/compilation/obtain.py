@@ -45,7 +45,8 @@ from farm.compilation.load import LoadedBinary
 from farm.compilation.rekey import RekeyAction, rekey_action
 from farm.core.errors import FarmError, LoadError, VersionSkewError
 from farm.core.keys import Namespace
-from farm.core.model import Artifact, ArtifactId, Key, Lowered, Outcome
+from farm.core.model import Artifact, ArtifactId, Key, Lowered
+from farm.core.outcomes import Outcome
 from farm.families import Registry
 from farm.store.base import ArtifactStore, mark_validated, set_aside
 

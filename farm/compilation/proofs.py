@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from farm.compilation.validate import Verdict
+
 if TYPE_CHECKING:
     from typing import Protocol
 
@@ -60,18 +62,6 @@ PROOF_VERSION = 1
 _MAX_REASON = 500
 
 Kind = Literal["family", "program", "functions"]
-
-
-def private_caches(folder: str) -> dict[str, str]:
-    """The environment of a process that proves binaries: every driver cache in
-    ``folder`` (made for that process, removed with it), so that what a load the driver
-    dies in leaves behind never reaches the node's own caches. Made here."""
-    out = {"POCL_CACHE_DIR": os.path.join(folder, "pocl"),
-           "CUDA_CACHE_PATH": os.path.join(folder, "cuda"),
-           "XDG_CACHE_HOME": os.path.join(folder, "xdg"), "PYOPENCL_NO_CACHE": "1"}
-    for key in ("POCL_CACHE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME"):
-        os.makedirs(out[key], exist_ok=True)
-    return out
 
 
 @dataclass(frozen=True)
@@ -145,19 +135,6 @@ class ProofBook:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(" ".join(why.split())[:_MAX_REASON])
             os.replace(tmp, target)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A proof's answer: ``why`` "" when proven; ``definite`` False when nothing was
-    decided (no child could start, or it did not answer in time)."""
-
-    why: str = ""
-    definite: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return not self.why
 
 
 @dataclass

@@ -265,7 +265,7 @@ def program_binary(program: BuiltProgram, since: float) -> ReadyBinary:
     if isinstance(folder, str):
         return ReadyBinary(_binary(program), error=f"program folder not found: {folder}")
     try:
-        with _generic_stubs(folder, names):
+        with stubs_at(folder, [(name, GENERIC) for name in names]):
             raw = _binary(program)
     finally:
         if not folder.name.startswith("_UNCACHED_"):  # PoCL's kernel cache keeps it
@@ -294,16 +294,17 @@ def _named(binary: bytes) -> ReadyBinary:
 
 
 @contextlib.contextmanager
-def _generic_stubs(folder: Path, names: tuple[str, ...]) -> Iterator[None]:
-    """A stub at each kernel's generic work-group function for the duration; what this
-    made is removed (files first, then the folders it created)."""
+def stubs_at(folder: Path, pairs: list[tuple[str, str]]) -> Iterator[None]:
+    """A stub at each (kernel, specialisation)'s work-group function in ``folder`` for the
+    duration, where no file is (PoCL then opens it instead of generating that function);
+    what this made is removed (files first, then the folders it created)."""
     made: list[Path] = []
     try:
-        for name in names:
+        for name, spec in pairs:
             data = stub(name) if KERNEL.match(name) else None
             if data is None:
-                continue  # PoCL then generates that kernel's generic itself
-            target = folder / name / GENERIC / f"{name}.so"
+                continue  # PoCL then generates that function itself
+            target = folder / name / spec / f"{name}.so"
             for parent in (target.parent.parent, target.parent):
                 if not parent.exists():
                     parent.mkdir()

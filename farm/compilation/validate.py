@@ -39,10 +39,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from farm.compilation.proofs import Verdict, private_caches
 from farm.core.device import DeviceInfo
 from farm.core.runenv import unserved_environment
 
@@ -53,6 +53,31 @@ log = logging.getLogger(__name__)
 
 #: a load takes milliseconds (a PTX JIT tens); a context up to seconds on a GPU
 DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A proof's answer: ``why`` "" when proven; ``definite`` False when nothing was
+    decided (no child could start, or it did not answer in time)."""
+
+    why: str = ""
+    definite: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return not self.why
+
+
+def private_caches(folder: str) -> dict[str, str]:
+    """The environment of a process that proves binaries: every driver cache in
+    ``folder`` (made for that process, removed with it), so that what a load the driver
+    dies in leaves behind never reaches the node's own caches. Made here."""
+    out = {"POCL_CACHE_DIR": os.path.join(folder, "pocl"),
+           "CUDA_CACHE_PATH": os.path.join(folder, "cuda"),
+           "XDG_CACHE_HOME": os.path.join(folder, "xdg"), "PYOPENCL_NO_CACHE": "1"}
+    for key in ("POCL_CACHE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME"):
+        os.makedirs(out[key], exist_ok=True)
+    return out
 
 
 class ValidatorError(Exception):
@@ -75,11 +100,18 @@ class Request:
 
 class IsolatedValidator:
     """One child process on ``device``, started on first use (or by :meth:`start`), used
-    one binary at a time. Thread-safe; :meth:`close` ends the child."""
+    one binary at a time. Thread-safe; :meth:`close` ends the child.
 
-    def __init__(self, device: DeviceInfo, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    ``module`` is what the child runs (``python -m``; another module's child serves its
+    own requests through :func:`serve`), ``child_env`` what its environment adds."""
+
+    module = "farm.compilation.validate"
+
+    def __init__(self, device: DeviceInfo, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 child_env: dict[str, str] | None = None) -> None:
         self.device = device
         self.timeout_s = timeout_s
+        self.child_env = dict(child_env or {})
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
         self._ready = False
@@ -100,27 +132,40 @@ class IsolatedValidator:
     def check(self, binary: bytes, request: Request) -> Verdict:
         """The child's verdict on ``binary`` under ``request``; :class:`ValidatorError`
         when no child can start here."""
+        answer = self.exchange({**asdict(request)}, binary, self.timeout_s)
+        if isinstance(answer, Verdict):
+            return answer
+        return Verdict(str(answer["error"]))
+
+    def exchange(self, request: dict[str, Any], binary: bytes, timeout_s: float
+                 ) -> dict[str, Any] | Verdict:
+        """Send ``request`` and ``binary`` to the child; its answer (a JSON object), or
+        the verdict of a child that died, answered nonsense or took longer than
+        ``timeout_s`` (then killed); :class:`ValidatorError` when no child can start."""
         with self._lock:
             child = self._started()
             assert child.stdin is not None and child.stdout is not None
-            header = json.dumps({**asdict(request), "size": len(binary)})
+            header = json.dumps({**request, "size": len(binary)})
             try:
                 child.stdin.write(header.encode() + b"\n" + binary)
                 child.stdin.flush()
             except OSError:  # the child died before it read it
                 return self._died(child)
-            line = _read_line(child.stdout, self.timeout_s)
+            line = _read_line(child.stdout, timeout_s)
             if line is None:
                 self._stop(child)
-                return Verdict(f"loading it did not finish within {self.timeout_s:.0f} s",
+                return Verdict(f"loading it did not finish within {timeout_s:.0f} s",
                                definite=False)
             if not line:
                 return self._died(child)
             try:
-                return Verdict(str(json.loads(line)["error"]))
-            except (ValueError, KeyError, TypeError):
-                self._stop(child)
-                return Verdict("the validating process answered nonsense")
+                answer = json.loads(line)
+                if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+                    return answer
+            except ValueError:
+                pass
+            self._stop(child)
+            return Verdict("the validating process answered nonsense")
 
     def close(self) -> None:
         with self._lock:
@@ -139,9 +184,9 @@ class IsolatedValidator:
         if self._child is not None and self._child.poll() is None:
             return self._child
         self._cache = tempfile.mkdtemp(prefix="farm-validate-")
-        env = {**unserved_environment(), **private_caches(self._cache)}
+        env = {**unserved_environment(), **private_caches(self._cache), **self.child_env}
         child = subprocess.Popen(
-            [sys.executable, "-m", "farm.compilation.validate"],
+            [sys.executable, "-m", self.module],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=env, close_fds=True)
         self.started += 1
@@ -210,8 +255,20 @@ def _read_line(stream: IO[bytes], timeout_s: float) -> str | None:
             return stream.readline().decode("utf-8", "replace").strip()
 
 
-def _serve() -> int:
-    """The child: open the device, then check what comes until stdin closes."""
+#: what a child does with one binary: (context, device, its info, the bytes, the request)
+#: -> the answer (a JSON object; ``error`` "" when all went well)
+Handler = Callable[["cl.Context", "cl.Device", DeviceInfo, bytes, dict[str, Any]],
+                   dict[str, Any]]
+
+
+def _answer_check(ctx: cl.Context, cl_device: cl.Device, info: DeviceInfo, binary: bytes,
+                  request: dict[str, Any]) -> dict[str, Any]:
+    error = check_binary(ctx, cl_device, info.native_arch, binary, request)
+    return {"error": " ".join(error.split())[:500]}
+
+
+def serve(handler: Handler = _answer_check) -> int:
+    """The child: open the device, then answer what comes until stdin closes."""
     from farm.core.device import open_device
     from farm.core.errors import FarmError
 
@@ -228,8 +285,8 @@ def _serve() -> int:
     while header := stdin.readline():
         request = json.loads(header)
         binary = stdin.read(int(request["size"]))
-        error = check_binary(ctx, cl_device, info.native_arch, binary, request)
-        stdout.write(json.dumps({"error": " ".join(error.split())[:500]}).encode() + b"\n")
+        stdout.write(json.dumps(handler(ctx, cl_device, info, binary, request)).encode()
+                     + b"\n")
         stdout.flush()
     return 0
 
@@ -297,4 +354,4 @@ def _opens(binary: bytes, kernel: str, spec: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(_serve())
+    sys.exit(serve())

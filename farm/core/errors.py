@@ -48,6 +48,8 @@ from __future__ import annotations
 
 import sys
 
+from farm.core.outcomes import Fate
+
 #: typing.TYPE_CHECKING without importing typing: ``farm run``'s own process imports this
 #: module and nothing of typing, re or pydantic (each import is paid on every run)
 TYPE_CHECKING = False
@@ -152,7 +154,7 @@ class KernelError(FarmError):
 class UnsupportedFeature(KernelError):
     """The device cannot run this kernel; counted apart from failures."""
 
-    kind = "unsupported"
+    kind = Fate.UNSUPPORTED
 
 
 class CompileError(KernelError):

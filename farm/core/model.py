@@ -1,4 +1,4 @@
-"""The data model of the compile path: ids, keys, artifacts, outcomes.
+"""The data model of the compile path: ids, keys, artifacts, failures.
 
 Every value that crosses a boundary (a task payload, a stored artifact's metadata, a
 record) is one of these pydantic models, so it is validated where it enters. Ids are
@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from farm.core.hashing import SHA256_HEX, canonical_json, sha256_hex, stable_hash
+from farm.core.outcomes import Fate
 
 #: the largest integer every storage takes (SQLite and PostgreSQL BIGINT): an integer
 #: from outside beyond it is refused where it enters, not by a database later
@@ -247,15 +248,20 @@ class Lowered(Frozen):
         return stable_hash({"source": self.source, "options": list(self.options)}, 64)
 
 
-class Outcome(StrEnum):
-    """How an artifact was obtained."""
+class RecordLevel(StrEnum):
+    """How much a session records.
 
-    LOADED = "Loaded"
-    REKEYED = "Rekeyed"
-    COMPILED = "Compiled"
+    Basic is the default because the code of a kernel (its expanded source and build
+    options) is large and may be proprietary; everything else is small and is what a
+    person needs to see what a build cost and why.
+    """
+
+    OFF = "off"
+    BASIC = "basic"
+    FULL = "full"
 
 
-FailureKind = Literal["unsupported", "validation", "compile", "load", "version-skew", "crashed",
+FailureKind = Literal[Fate.UNSUPPORTED, "validation", "compile", "load", "version-skew", "crashed",
                       "store", "infrastructure", "error"]
 
 #: failures that are the farm's, not the kernel's (``farm.core.errors.InfrastructureError``):
@@ -293,7 +299,7 @@ class ArtifactMeta(Frozen):
     #: how the store got the binary: ``compiled`` (and loaded) on this fingerprint by a
     #: farm writer; ``imported`` from a bundle, not loaded here yet; ``validated``,
     #: imported and then loaded on this fingerprint in an isolated process
-    origin: Literal["compiled", "imported", "validated"] = "compiled"
+    origin: Literal[Fate.COMPILED, "imported", "validated"] = Fate.COMPILED
     #: Ed25519 signature of :meth:`signed_bytes` by a writer's key ("" when unsigned),
     #: as ``v2:<base64>``; a bare base64 value is a version 1 signature (see below)
     signature: str = Field(default="", max_length=200)

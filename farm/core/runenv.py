@@ -36,3 +36,15 @@ def unserved_environment() -> dict[str, str]:
     application ends, or ending after it, it would read as a process that died before
     its end)."""
     return {k: v for k, v in os.environ.items() if k not in (RUN_DIR, RUN_CAPTURE)}
+
+
+def script_digest(path: str) -> str:
+    """The SHA-256 of the file at ``path`` (an application's main script: the
+    application, to its plan and its generated code), "" when it cannot be read."""
+    import hashlib
+
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return ""

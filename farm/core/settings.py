@@ -19,15 +19,9 @@ from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farm.core.errors import SettingsError, first_error
-from farm.core.keys import (
-    DEFAULT_BUCKET,
-    DEFAULT_ENVIRONMENT,
-    RECORDS_FILE,
-    STORE_FILE,
-)
-from farm.core.model import INT64_MAX
+from farm.core.keys import DEFAULT_BUCKET, DEFAULT_ENVIRONMENT, RECORDS_FILE, STORE_FILE
+from farm.core.model import INT64_MAX, RecordLevel
 from farm.core.runenv import default_home
-from farm.records.model import RecordLevel
 
 #: a dotted Python module name (FARM_FAMILY_MODULES entries)
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -52,6 +46,11 @@ class Settings(BaseSettings):
     #: folder name under FARM_HOME/envs, so never ``.`` or ``..``
     environment: str = Field(default=DEFAULT_ENVIRONMENT,
                              pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    #: the artifact store's URL, its scheme naming the backend (FARM_STORE_URL):
+    #: ``sqlite:///<file>``, ``memory://``, ``minio://host:port/bucket``,
+    #: ``tiered:<url>|<url>``; default the environment's SQLite file, in front of MinIO
+    #: with FARM_MINIO_ENDPOINT (farm/store/open.py)
+    store_url: str | None = Field(default=None, max_length=4000)
     #: records storage URL; default SQLite beside the store (FARM_RECORDS_URL)
     records_url: str | None = Field(default=None, max_length=2000)
     records_level: RecordLevel = RecordLevel.BASIC
@@ -117,6 +116,10 @@ class Settings(BaseSettings):
     minio_secret_key: SecretStr | None = None
     minio_bucket: str = Field(default=DEFAULT_BUCKET, pattern=r"^[a-z0-9][a-z0-9.-]{2,62}$")
     minio_secure: bool = False
+    #: the region requests to MinIO are signed for (FARM_MINIO_REGION): MinIO's own
+    #: ``us-east-1`` unless its ``MINIO_SITE_REGION`` says otherwise; given, no process
+    #: asks the server for it (a request every process and bucket); "" asks
+    minio_region: str = Field(default="us-east-1", pattern=r"^([a-z0-9][a-z0-9-]{0,62})?$")
     #: seconds a compile may take before a soft / hard time limit stops it
     compile_soft_time_limit: float = Field(default=300.0, ge=1.0, le=_MAX_SECONDS)
     compile_hard_time_limit: float = Field(default=360.0, ge=1.0, le=_MAX_SECONDS)

@@ -79,6 +79,8 @@ class RedisServer(LocalServer):
             "--protected-mode", "yes",
             "--dir", str(self.directory),
             "--appendonly", "yes",
+            # every cluster of a test session takes a database of its own (16 by default)
+            "--databases", "1024",
             "--save", "",
             "--daemonize", "no",
             "--logfile", str(self.log_path),

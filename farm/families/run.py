@@ -1,21 +1,18 @@
 """Launching a family's :class:`~farm.families.base.Example` on a device.
 
 Used by the numeric tests (every family against numpy), the demo, the README's
-application example and ``farm families check`` (:func:`check_family`); it is the one
-place that turns an ``Example`` into buffers.
+application example and ``farm families check``
+(:func:`farm.compilation.family_check.check_family`); it is the one place that turns an
+``Example`` into buffers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from farm.core.device import DeviceInfo
-from farm.core.errors import ParameterError, UnsupportedFeature
-from farm.core.model import LaunchSettings
-from farm.families.base import Example, KernelFamily, LocalMem
+from farm.families.base import Example, LocalMem
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -65,75 +62,3 @@ def check_example(outputs: dict[int, np.ndarray], example: Example) -> list[str]
             err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
             problems.append(f"argument {i}: max abs error {err:.3g}")
     return problems
-
-
-@dataclass
-class FamilyCheck:
-    """What running a family's examples on one device showed.
-
-    ``status``: ``ok`` (every example matches numpy), ``differs`` (an output does not),
-    ``failed`` (lowering or compiling raised), ``unsupported`` (the device cannot run
-    an example, e.g. ``half`` without fp16), ``no-example`` (the family has none, or no
-    parameters to run it with). Only ``differs`` and ``failed`` are failures.
-    """
-
-    family: str
-    status: str
-    examples: int = 0
-    problems: list[str] = field(default_factory=list)
-    #: the platform compiler's whole log when it refused the source (as ``farm build``
-    #: shows it), "" otherwise
-    build_log: str = ""
-
-    @property
-    def failed(self) -> bool:
-        return self.status in ("differs", "failed")
-
-
-def check_family(family: KernelFamily[Any], queue: cl.CommandQueue,
-                 device: DeviceInfo, seed: int = 0) -> FamilyCheck:
-    """Run ``family``'s example for each of its ``example_params`` (or its defaults) on
-    ``queue``'s device, compiled from the lowered source by the farm's own compile step
-    (no store is touched; a refused source comes back with the compiler's whole log),
-    against the outputs numpy expects."""
-    import pyopencl as cl
-
-    from farm.compilation.finalize import finalize
-    from farm.compilation.load import load
-
-    result = FamilyCheck(family=family.name, status="ok")
-    for raw in family.example_params or ({},):
-        try:
-            params = family.validate(raw)
-        except ParameterError as exc:
-            if family.example_params:
-                return FamilyCheck(family.name, "failed", problems=[str(exc)])
-            return FamilyCheck(family.name, "no-example",
-                               problems=["no example_params, and its parameters have no "
-                                         "defaults to run the example with"])
-        launch = LaunchSettings()
-        label = f"{family.name}({','.join(f'{k}={v}' for k, v in raw.items())})"
-        try:
-            example = family.example(params, launch, np.random.default_rng(seed))
-            if example is None:
-                return FamilyCheck(family.name, "no-example", problems=["no example()"])
-            lowered = family.lower_id(family.artifact_id(raw, launch), device)
-            built = finalize(queue.context, queue.device, lowered)  # as farm build does
-            if not built.ok:
-                return FamilyCheck(family.name, "failed", result.examples,
-                                   [f"{label}: {built.error}"], build_log=built.build_log)
-            program = load(queue.context, queue.device, built.binary)
-            kernel = cl.Kernel(program, example.kernel_name)
-            outputs = run_example(queue, kernel, example)
-        except UnsupportedFeature as exc:
-            return FamilyCheck(family.name, "unsupported", result.examples,
-                               [f"{label}: {exc}"])
-        except Exception as exc:  # a family's own code: report it, check the next one
-            text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
-            return FamilyCheck(family.name, "failed", result.examples, [f"{label}: {text}"])
-        result.examples += 1
-        problems = check_example(outputs, example)
-        if problems:
-            result.status = "differs"
-            result.problems += [f"{label}: {p}" for p in problems]
-    return result

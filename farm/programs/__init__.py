@@ -16,20 +16,14 @@ ahead of time (:mod:`.capture`). docs/PYOPENCL.md is the user's guide.
     install()            # every pyopencl Program.build of this process is served
 """
 
+# ruff: noqa: F401 - the TYPE_CHECKING block is the list of public names (farm.core.lazy)
 from __future__ import annotations
 
-from farm.core.lazy import lazy_exports
+from farm.core.lazy import public_names
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (farm run)
 if TYPE_CHECKING:
     from farm.programs.hook import install, installed, uninstall
     from farm.programs.spec import ProgramSpec
 
-_WHERE = {
-    **dict.fromkeys(("install", "installed", "uninstall"), "farm.programs.hook"),
-    "ProgramSpec": "farm.programs.spec",
-}
-
-__getattr__ = lazy_exports(__name__, _WHERE)
-
-__all__ = ["ProgramSpec", "install", "installed", "uninstall"]
+__getattr__, __dir__ = public_names(__name__)

@@ -17,7 +17,7 @@ hook), it starts one more process, the **prover ahead**
    that device fingerprint built, in order) for every device of the node, and lists in
    its lock file what it will prove;
 2. it opens a context on each device with a plan, with every driver cache private
-   (:func:`farm.compilation.proofs.private_caches`), and proves each program of the plan
+   (:func:`farm.compilation.validate.private_caches`), and proves each program of the plan
    and its work-group records exactly as the program server does
    (:class:`farm.programs.proving.Proving`, the loads done in this process: it is the
    process whose crash harms nobody), keeping every definite verdict in the book;
@@ -72,18 +72,6 @@ def folder(home: str) -> str:
     return os.path.join(home, BOOK, "ahead")
 
 
-def script_digest(path: str) -> str:
-    """The SHA-256 of the file at ``path`` (an application's main script: the
-    application, to its plan and its generated code), "" when it cannot be read."""
-    import hashlib
-
-    try:
-        with open(path, "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest()
-    except OSError:
-        return ""
-
-
 def start_before(command: list[str], capture: bool) -> None:
     """``farm run``'s own start of the prover ahead, before the command's interpreter
     even starts (0.1 to 0.5 s before the application imports pyopencl): where the
@@ -95,10 +83,10 @@ def start_before(command: list[str], capture: bool) -> None:
     if capture:
         return
     script = next((a for a in command[1:] if a.endswith(".py") and os.path.isfile(a)), "")
+    from farm.core.runenv import home_of, script_digest
+
     app = script_digest(script) if script else ""
     if app:
-        from farm.core.runenv import home_of
-
         start(home_of(os.environ), app)
 
 
@@ -250,7 +238,7 @@ def main(argv: list[str]) -> int:
     if os.path.exists(done):
         return 0
     os.ftruncate(fd, 0)
-    from farm.compilation.proofs import private_caches
+    from farm.compilation.validate import private_caches
 
     cache = tempfile.mkdtemp(prefix="farm-ahead-")
     os.environ.update(private_caches(cache))

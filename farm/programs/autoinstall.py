@@ -49,7 +49,7 @@ def before_pyopencl() -> None:
         if os.environ.get(RUN_CAPTURE) == "1":
             return
         from farm.programs.ahead import start
-        from farm.programs.generated import application_digest
+        from farm.programs.plan import application_digest
         from farm.programs.rows import Config
 
         config = Config(dict(os.environ))

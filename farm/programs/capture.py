@@ -7,8 +7,21 @@ capture never saw) before the jobs start, so that no node compiles.
 Format ``kernel-farm-capture`` version 1, one JSON object::
 
     {"format": "kernel-farm-capture", "version": 1, "farm_version": "...",
-     "programs": [{"spec": <ProgramSpec>, "fingerprints": ["pocl-...", ...]}, ...],
+     "programs": [{"spec": <ProgramSpec>, "fingerprints": ["pocl-...", ...],
+                   "launches": {"pocl-...": [{"kernel": "k", "local_size": [16, 1, 1],
+                                              "zero_offset": true, "small_grid": true},
+                                             ...]}}, ...],
      "blobs": {"<sha256>": {"text": "..."} | {"base64": "..."}, ...}}
+
+``launches`` (optional; captures made before it still read) says, per PoCL device
+fingerprint, which work-group functions the program's kernels needed there: what PoCL
+specialises a kernel's machine code by at a launch (kernel, local size, zero offset,
+grid class; :class:`~farm.programs.supplements.Launched`). The capturing process learns
+them the way the harvest does, from the folder PoCL keeps the program's functions in,
+at its end (:meth:`farm.programs.harvest.Harvester.launched`): nothing is hooked at
+launch time. ``farm build CAPTURE`` makes those functions on the build host and stores
+them beside the program (:mod:`farm.programs.making`), so a node prepared from the
+capture alone compiles nothing at its first launches.
 
 A program's source and headers are named by digest in its spec and held once each in
 ``blobs`` (as text when UTF-8, else base64), so the file needs nothing else to be built
@@ -18,7 +31,9 @@ a file that fails says so in one line naming the place (:class:`CaptureError`). 
 reader has limits, checked before the models see a byte: the file's size, JSON nested
 at most :data:`MAX_DEPTH` deep, integers of at most :data:`MAX_DIGITS` digits, no
 ``NaN`` or ``Infinity``, ``version`` the integer 1 (``true`` is not), at most
-:data:`MAX_PROGRAMS` programs and :data:`MAX_BLOBS` blobs; and a spec's build options go
+:data:`MAX_PROGRAMS` programs, :data:`MAX_BLOBS` blobs and :data:`MAX_LAUNCHES` launches
+(a program's launches name devices it was built for, at most
+:data:`MAX_PROGRAM_LAUNCHES` per device); and a spec's build options go
 through the rules of an application's (``farm.programs.options``: no include folder, no
 option naming a file). The same program listed many times is one program
 (:func:`farm.programs.prebuild.targets` builds each key once).
@@ -31,6 +46,7 @@ import binascii
 import json
 import stat
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -41,6 +57,7 @@ from farm.core.hashing import sha256_hex
 from farm.core.keys import Namespace
 from farm.core.model import SHA256_HEX, Frozen
 from farm.programs.spec import MAX_SOURCE_BYTES, Described, ProgramSpec
+from farm.programs.supplements import MAX_FUNCTIONS, Launched, Pair
 from farm.version import __version__
 
 FORMAT: Literal["kernel-farm-capture"] = "kernel-farm-capture"
@@ -54,6 +71,9 @@ MAX_DIGITS = 20
 #: programs, and blobs, one capture may list
 MAX_PROGRAMS = 100_000
 MAX_BLOBS = 1_000_000
+#: launches one capture may list in all, and one program on one device
+MAX_LAUNCHES = 1_000_000
+MAX_PROGRAM_LAUNCHES = MAX_FUNCTIONS
 
 Fingerprint = Annotated[str, StringConstraints(min_length=1, max_length=100)]
 
@@ -94,6 +114,13 @@ class CapturedProgram(Frozen):
     spec: ProgramSpec
     #: the devices it was built for
     fingerprints: tuple[Fingerprint, ...] = Field(default=(), max_length=1024)
+    #: per device (PoCL's CPU drivers), the work-group functions its launches needed
+    launches: dict[Fingerprint, Annotated[tuple[Launched, ...], Field(
+        max_length=MAX_PROGRAM_LAUNCHES)]] | None = Field(default=None, max_length=1024)
+
+    def launched(self, fingerprint: str) -> frozenset[Pair]:
+        """The (kernel, specialisation) pairs recorded for ``fingerprint``."""
+        return frozenset(x.pair for x in (self.launches or {}).get(fingerprint, ()))
 
 
 class CaptureFile(Frozen):
@@ -112,13 +139,25 @@ class CaptureFile(Frozen):
         return self.blobs[digest].data()
 
 
+#: (program key's id hash, device fingerprint) -> the (kernel, specialisation) pairs the
+#: program's launches needed there
+Launches = Mapping[tuple[str, str], set[Pair] | frozenset[Pair]]
+
+
 class CaptureLog:
-    """What one process built, gathered as it runs (thread-safe)."""
+    """What one process built, gathered as it runs (thread-safe); the launches come from
+    whoever :meth:`follow` names, asked once, when the file is made."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._programs: dict[str, tuple[ProgramSpec, set[str]]] = {}
         self._blobs: dict[str, bytes] = {}
+        self._launched: Callable[[], Launches] | None = None
+
+    def follow(self, launched: Callable[[], Launches]) -> None:
+        """Ask ``launched`` for the programs' launches when the file is made (the
+        program server's harvest: what PoCL's folders hold by then)."""
+        self._launched = launched
 
     def add(self, described: Described, fingerprints: list[str]) -> None:
         key = described.spec.key.id_hash
@@ -132,26 +171,42 @@ class CaptureLog:
             return len(self._programs)
 
     def to_file(self) -> CaptureFile:
+        launched = self._launched() if self._launched is not None else {}
         with self._lock:
-            programs = tuple(CapturedProgram(spec=spec, fingerprints=tuple(sorted(fps)))
+            programs = tuple(_program(spec, fps, launched)
                              for spec, fps in self._programs.values())
             blobs = {d: Blob.of(b) for d, b in sorted(self._blobs.items())}
         return CaptureFile(programs=programs, blobs=blobs)
 
 
+def _program(spec: ProgramSpec, fingerprints: set[str], launched: Launches
+             ) -> CapturedProgram:
+    """A program of a capture: its launches on each of its devices, where any."""
+    launches: dict[str, tuple[Launched, ...]] = {}
+    for fp in sorted(fingerprints):
+        made = [x for pair in sorted(launched.get((spec.key.id_hash, fp), ()))
+                if (x := Launched.of(pair)) is not None]
+        if made:
+            launches[fp] = tuple(made[:MAX_PROGRAM_LAUNCHES])
+    return CapturedProgram(spec=spec, fingerprints=tuple(sorted(fingerprints)),
+                           launches=launches or None)
+
+
 def merge(captures: list[CaptureFile]) -> CaptureFile:
-    """One capture holding every program (fingerprints joined) and blob of ``captures``."""
+    """One capture holding every program (fingerprints and launches joined) and blob of
+    ``captures``."""
     programs: dict[str, tuple[ProgramSpec, set[str]]] = {}
+    launched: dict[tuple[str, str], set[Pair]] = {}
     blobs: dict[str, Blob] = {}
     for cap in captures:
         for p in cap.programs:
             _, fps = programs.setdefault(p.spec.key.id_hash, (p.spec, set()))
             fps.update(p.fingerprints)
+            for fp in p.launches or {}:
+                launched.setdefault((p.spec.key.id_hash, fp), set()).update(p.launched(fp))
         blobs.update(cap.blobs)
-    return CaptureFile(
-        programs=tuple(CapturedProgram(spec=s, fingerprints=tuple(sorted(f)))
-                       for s, f in programs.values()),
-        blobs=dict(sorted(blobs.items())))
+    return CaptureFile(programs=tuple(_program(s, f, launched) for s, f in programs.values()),
+                       blobs=dict(sorted(blobs.items())))
 
 
 def write_capture(path: Path, capture: CaptureFile) -> None:
@@ -191,6 +246,10 @@ def read_capture(path: Path) -> CaptureFile:
     if type(version) is not int or version != VERSION:
         raise CaptureError(f"capture {path}: format version {version!r}"[:200]
                            + f", this farm reads version {VERSION}")
+    launches = _launch_count(raw)
+    if launches > MAX_LAUNCHES:
+        raise CaptureError(f"capture {path}: {launches} launches, over the limit of "
+                           f"{MAX_LAUNCHES}")
     try:
         capture = CaptureFile.model_validate(raw)
     except ValidationError as exc:
@@ -216,6 +275,10 @@ def _check_blobs(path: Path, capture: CaptureFile) -> None:
             except ValueError:
                 raise CaptureError(f"capture {path}: programs[{i}]: not a device "
                                    f"fingerprint: {fp[:60]!r}") from None
+        for fp in program.launches or {}:
+            if fp not in program.fingerprints:
+                raise CaptureError(f"capture {path}: programs[{i}].launches: {fp[:60]!r} is "
+                                   "not a device the program was built for")
         for digest in program.spec.digests():
             if digest not in capture.blobs:
                 raise CaptureError(f"capture {path}: programs[{i}] needs blob {digest}, "
@@ -223,6 +286,17 @@ def _check_blobs(path: Path, capture: CaptureFile) -> None:
         if program.spec.source_size != len(capture.blob(program.spec.source)):
             raise CaptureError(f"capture {path}: programs[{i}]: source size disagrees "
                                "with its blob")
+
+
+def _launch_count(raw: dict[str, object]) -> int:
+    """How many launches the parsed capture ``raw`` lists (before its models see it)."""
+    programs = raw.get("programs")
+    total = 0
+    for program in programs if isinstance(programs, list) else ():
+        launches = program.get("launches") if isinstance(program, dict) else None
+        if isinstance(launches, dict):
+            total += sum(len(v) for v in launches.values() if isinstance(v, list))
+    return total
 
 
 class _Refused(ValueError):

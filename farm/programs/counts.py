@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import threading
 
+from farm.core.outcomes import Fate
+
 #: typing.TYPE_CHECKING without importing typing, nor dataclasses: ``farm run``'s own
 #: process imports this module, and each import is paid on every run
 TYPE_CHECKING = False
@@ -31,9 +33,9 @@ if TYPE_CHECKING:
     from os import PathLike
     from typing import Literal
 
-    Count = Literal["programs", "loaded", "compiled", "fallbacks", "failed"]
+    Count = Literal["programs", Fate.LOADED, Fate.COMPILED, "fallbacks", Fate.FAILED]
 
-KEYS: tuple[Count, ...] = ("programs", "loaded", "compiled", "fallbacks", "failed")
+KEYS: tuple[Count, ...] = ("programs", Fate.LOADED, Fate.COMPILED, "fallbacks", Fate.FAILED)
 
 
 class RunCounts:

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import threading
 
 from farm.core.hashing import stable_hash
+from farm.programs.plan import application_digest
 
 #: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
 TYPE_CHECKING = False
@@ -105,14 +105,6 @@ def decode(data: bytes) -> dict[str, bytes]:
     if at != len(data):
         raise ValueError("bytes after the last row")
     return rows
-
-
-def application_digest() -> str:
-    """The digest of the main script (``""`` when there is none: ``python -c``, a REPL)."""
-    from farm.programs.ahead import script_digest
-
-    path = getattr(sys.modules.get("__main__"), "__file__", None)
-    return script_digest(path) if path else ""
 
 
 class Generated:

@@ -74,6 +74,8 @@ class Watched:
     folder: Path | None = None
     #: the built programs kept alive until the last harvest (only held, never used)
     held: list[object] = field(default_factory=list)
+    #: every (kernel, specialisation) its folder was seen to hold
+    seen: set[Pair] = field(default_factory=set)
 
 
 class Harvester:
@@ -130,6 +132,21 @@ class Harvester:
                 w.held.clear()
             self._watched.clear()
         return self.stored
+
+    def launched(self) -> dict[tuple[str, str], set[Pair]]:
+        """(program key's id hash, fingerprint) -> every work-group function its folder
+        held, now or at an earlier harvest: those its launches made here, and those it
+        was served with (launches of earlier runs on that device). What a capture records
+        (:mod:`farm.programs.capture`); a directory listing per kernel, nothing more."""
+        with self._lock:
+            watched = list(self._watched.values())
+        out: dict[tuple[str, str], set[Pair]] = {}
+        with self._harvesting:
+            for w in watched:
+                _look(w)
+                out.setdefault((w.program.partition(".")[0], w.ns.fingerprint),
+                               set()).update(w.seen)
+        return out
 
     def harvest(self) -> int:
         """Store what the watched programs' folders hold that their binaries did not;
@@ -241,13 +258,20 @@ def store_functions(store: ArtifactStore, ns: Namespace, made: Made,
     return out
 
 
-def _new_functions(w: Watched) -> dict[Pair, bytes]:
-    """The functions ``w``'s folder holds that its binary did not, checked."""
+def _look(w: Watched) -> dict[Pair, Path]:
+    """What ``w``'s folder holds now (noted in ``w.seen``)."""
     if w.folder is None:
         w.folder = loaded_folder(w.prepared.folder)
         if w.folder is None:
             return {}
     found = work_group_functions(w.folder, w.prepared.kernels)
+    w.seen.update(found)
+    return found
+
+
+def _new_functions(w: Watched) -> dict[Pair, bytes]:
+    """The functions ``w``'s folder holds that its binary did not, checked."""
+    found = _look(w)
     out: dict[Pair, bytes] = {}
     for pair, path in sorted(found.items()):
         if pair in w.prepared.known:

@@ -251,34 +251,6 @@ def _function(fn: object, where: str) -> tuple[str, str, int, str] | str:
                                         fields["small_grid"]), fields["size"], fields["sha256"])
 
 
-# -- exactly the model's answer ---------------------------------------------------------------
-def body_exactly(data: bytes, program: str, device: str) -> BodyView:
-    """:func:`read_body`, the model deciding where this reader leaves it to the model
-    (pydantic is imported then, and only then)."""
-    try:
-        return read_body(data, program, device)
-    except Undecided:
-        from farm.core.model import Key
-        from farm.programs import body
-
-        got = body.read_body(data, Key.parse(program), device)
-        return BodyView(got.header.program, got.header.device, got.kernels, got.log,
-                        got.binary)
-
-
-def record_exactly(data: bytes, program: str, base: str, device: str,
-                   kernels: frozenset[str]) -> dict[tuple[str, str], bytes]:
-    """:func:`read_record`, the model deciding where this reader leaves it to the model
-    (a recorded launch, or types the farm never writes)."""
-    try:
-        return read_record(data, program, base, device, kernels)
-    except Undecided:
-        from farm.core.model import Key
-        from farm.programs.supplements import decode
-
-        return decode(data, Key.parse(program), base, device, kernels).functions
-
-
 # -- the model's rules, on the types the farm writes -----------------------------------------
 def _fields(value: object, required: tuple[str, ...], optional: tuple[str, ...]) -> str:
     """Why ``value`` is not an object of exactly these fields ("" when it is): the model

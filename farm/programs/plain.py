@@ -20,6 +20,7 @@ import sys
 
 from farm.compilation.compiling import farm_compiling
 from farm.core.errors import printable
+from farm.core.outcomes import Fate
 
 #: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
 TYPE_CHECKING = False
@@ -43,7 +44,7 @@ def build_plain(plain: Callable[[], T], counts: RunCounts) -> T:
         with farm_compiling():
             result = plain()
     except BaseException:
-        counts.bump("failed")
+        counts.bump(Fate.FAILED)
         raise
     counts.bump("fallbacks")
     return result

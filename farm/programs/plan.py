@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 
 from farm.core.hashing import stable_hash
 from farm.core.keys import PLAN_FAMILY
+from farm.core.runenv import script_digest
 
 #: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
 TYPE_CHECKING = False
@@ -96,14 +98,18 @@ def store_plans(store: ArtifactStore, app: str, built: dict[str, list[str]]) -> 
                 return
 
 
+def application_digest() -> str:
+    """The digest of the main script (``""`` when there is none: ``python -c``, a REPL)."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return script_digest(path) if path else ""
+
+
 class Built:
     """What one process built, per fingerprint, in order (thread-safe); its application
     is read when it is made (Python drops the main module's ``__file__`` before the
     process's exit)."""
 
     def __init__(self) -> None:
-        from farm.programs.generated import application_digest
-
         self.app = application_digest()
         self._lock = threading.Lock()
         self._keys: dict[str, list[str]] = {}

@@ -7,13 +7,21 @@ of that fingerprint, each chunk a task that carries specs (digests), the sources
 headers put into the store's blobs first. Outcomes and reports are a batch's
 (:class:`~farm.compilation.batch.BatchReport`), one per fingerprint, so ``farm build``
 prints them as it prints a manifest's; each program appears as ``program(key=...)``.
+
+Where the capture recorded launches for the fingerprint (PoCL's CPU drivers), each
+program's work-group functions for them are made too and stored beside it
+(:mod:`farm.programs.making`): here, on a few isolated children as each program is
+stored; on the cluster, by the worker that builds (or finds) the program, which gets the
+launches with the spec. What was made is a :class:`~farm.programs.making.Readiness`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, as_completed
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from farm.compilation.batch import BatchReport, KernelResult
@@ -21,12 +29,15 @@ from farm.compilation.compiler import ProcessPoolCompiler
 from farm.compilation.finalize import FinalizeResult
 from farm.core.device import DeviceInfo
 from farm.core.keys import PROGRAM_FAMILY, Namespace
-from farm.core.model import ArtifactId, KernelFailure, KernelId, Outcome
+from farm.core.model import ArtifactId, KernelFailure, KernelId
+from farm.core.outcomes import Fate, Outcome
 from farm.core.settings import Settings
 from farm.programs.capture import CaptureFile
 from farm.programs.compile import ProgramJob, pool_compile
+from farm.programs.making import Coverage, Makers, Readiness, coverage, make_ready, wanted
 from farm.programs.proving import compiled_here
 from farm.programs.spec import ProgramSpec
+from farm.programs.supplements import Launched
 from farm.records import Recorder
 from farm.records.model import Trip
 from farm.store.base import ArtifactStore
@@ -35,6 +46,16 @@ if TYPE_CHECKING:
     from farm.cluster.client import ClusterClient
 
 Progress = Callable[[KernelResult], None]
+Status = Callable[[str], None]
+
+
+@dataclass
+class Built:
+    """A capture built for one fingerprint: the batch's report, and what was made of the
+    capture's launches there (``None``: none recorded, or the device needs none)."""
+
+    report: BatchReport
+    ready: Readiness | None = None
 
 
 def handle(spec: ProgramSpec) -> ArtifactId:
@@ -78,7 +99,7 @@ def _results(store: ArtifactStore, ns: Namespace, specs: list[ProgramSpec],
             res.outcome = Outcome.LOADED
             notify(res)
         elif not spec.portable:
-            res.failure = KernelFailure(kind="unsupported", message=(
+            res.failure = KernelFailure(kind=Fate.UNSUPPORTED, message=(
                 "its headers lie outside its folders: compiled only where the application "
                 "runs"))
             notify(res)
@@ -89,37 +110,100 @@ def _results(store: ArtifactStore, ns: Namespace, specs: list[ProgramSpec],
 
 def build_here(settings: Settings, device: DeviceInfo, capture: CaptureFile, *,
                store: ArtifactStore, recorder: Recorder, workers: int,
-               progress: Progress | None = None) -> BatchReport:
-    """Compile the capture's programs for ``device`` on this machine's compile pool."""
+               progress: Progress | None = None, status: Status | None = None) -> Built:
+    """Compile the capture's programs for ``device`` on this machine's compile pool, and
+    make the work-group functions of their recorded launches."""
     start = time.perf_counter()
     notify = progress or (lambda r: None)
     specs = targets(capture, device.fingerprint).get(device.fingerprint, [])
     ns = Namespace.for_fingerprint(device.fingerprint)
     results, misses = _results(store, ns, specs, notify)
-    if misses:
-        put_blobs(store, capture, [s for _, s in misses])
-        pool = ProcessPoolCompiler(device, max(1, workers), settings.native_binaries,
-                                   crash_limit=settings.crash_limit)
-        stopped = False
-        try:
-            futures: dict[Future[FinalizeResult], tuple[KernelResult, ProgramSpec]] = {}
-            for res, spec in misses:
-                job = ProgramJob(spec=spec, blobs={d: capture.blob(d) for d in spec.digests()},
-                                 ready=settings.pocl_ready)
-                futures[pool.submit_job(pool_compile, job.model_dump_json())] = res, spec
-            for fut in as_completed(futures):
-                res, spec = futures[fut]
-                _finish(store, device, res, spec, fut.result(), recorder)
-                notify(res)
-        except BaseException:  # interrupted (SIGINT, or SIGTERM made one): stop them now
-            stopped = True
-            pool.close(now=True)
-            raise
-        finally:
-            if not stopped:
-                pool.close()
-    return BatchReport(results=results, wall_s=time.perf_counter() - start,
-                       parallelism=max(1, workers), compiler_invocations=len(misses))
+    ready = _Ready(settings, device, capture, store, max(1, workers), status)
+    try:
+        for res, spec in zip(results, specs, strict=True):
+            if res.outcome is Outcome.LOADED:
+                ready.submit(spec)
+        if misses:
+            put_blobs(store, capture, [s for _, s in misses])
+            jobs = [(ProgramJob(spec=spec, blobs={d: capture.blob(d) for d in spec.digests()},
+                                ready=settings.pocl_ready), res, spec) for res, spec in misses]
+            pool = ProcessPoolCompiler(device, max(1, workers), settings.native_binaries,
+                                       crash_limit=settings.crash_limit)
+            with _closed(pool):
+                futures: dict[Future[FinalizeResult], tuple[KernelResult, ProgramSpec]] = {
+                    pool.submit_job(pool_compile, job.model_dump_json()): (res, spec)
+                    for job, res, spec in jobs}
+                for fut in as_completed(futures):
+                    res, spec = futures[fut]
+                    _finish(store, device, res, spec, fut.result(), recorder)
+                    notify(res)
+                    if res.outcome is Outcome.COMPILED:
+                        ready.submit(spec)
+        report = BatchReport(results=results, wall_s=time.perf_counter() - start,
+                             parallelism=max(1, workers), compiler_invocations=len(misses))
+        return Built(report, ready.finish())
+    except BaseException:  # interrupted (SIGINT, or SIGTERM made one): stop the makers now
+        ready.close(now=True)
+        raise
+
+
+@contextlib.contextmanager
+def _closed(pool: ProcessPoolCompiler) -> Iterator[None]:
+    """``pool`` closed on the way out: at once when interrupted (SIGINT, or SIGTERM made
+    one), its processes stopped mid-compile."""
+    try:
+        yield
+    except BaseException:
+        pool.close(now=True)
+        raise
+    pool.close()
+
+
+class _Ready:
+    """The work-group functions of a local build's programs, made as each program is
+    stored, on ``size`` threads each driving one isolated child."""
+
+    def __init__(self, settings: Settings, device: DeviceInfo, capture: CaptureFile,
+                 store: ArtifactStore, size: int, status: Status | None) -> None:
+        self._want = wanted(capture, device.fingerprint) if (
+            device.compiles_at_launch and settings.pocl_ready) else {}
+        self._device, self._store, self._status = device, store, status
+        self._start = time.perf_counter()
+        self._futures: list[Future[Readiness]] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._makers: Makers | None = None
+        if self._want:
+            specs = frozenset(s for pairs in self._want.values() for _, s in pairs)
+            self._makers = Makers(device, specs, size)
+            self._pool = ThreadPoolExecutor(size, thread_name_prefix="kernel-farm make")
+
+    def submit(self, spec: ProgramSpec) -> None:
+        want = self._want.get(spec.key.id_hash)
+        if want and self._pool is not None and self._makers is not None:
+            self._futures.append(self._pool.submit(make_ready, self._store, self._device,
+                                                   spec.key, want, self._makers))
+
+    def finish(self) -> Readiness | None:
+        """Wait for every program submitted; what was made (``None``: nothing wanted)."""
+        if not self._want:
+            return None
+        out = Readiness()
+        for i, fut in enumerate(as_completed(self._futures)):
+            if self._status is not None:
+                self._status(f"work-group functions: {i}/{len(self._futures)} programs")
+            out.add(fut.result())
+        out.wall_s = time.perf_counter() - self._start
+        self.close()
+        return out
+
+    def close(self, now: bool = False) -> None:
+        """End the threads and children (``now``: the children first, mid-request)."""
+        if self._makers is not None and now:
+            self._makers.kill()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._makers is not None:
+            self._makers.close()
 
 
 def _finish(store: ArtifactStore, device: DeviceInfo, res: KernelResult, spec: ProgramSpec,
@@ -145,10 +229,12 @@ def _finish(store: ArtifactStore, device: DeviceInfo, res: KernelResult, spec: P
 
 def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: str, *,
                      progress: Progress | None = None,
-                     status: Callable[[str], None] | None = None) -> BatchReport:
+                     status: Status | None = None) -> Built:
     """Send the programs ``client.store`` lacks for ``fingerprint`` to its workers (whose
-    liveness the caller checked: ``client.served``)."""
-    from farm.cluster.payloads import CompileRequest, ProgramRequest
+    liveness the caller checked: ``client.served``), with their recorded launches; and
+    the programs it holds whose records lack some of their launches' functions, which
+    the workers then make."""
+    from farm.programs.request import ChunkRequest, ProgramRequest
 
     start = time.perf_counter()
     notify = progress or (lambda r: None)
@@ -157,13 +243,71 @@ def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: s
     results, misses = _results(client.store, ns, specs, notify)
     if misses:
         put_blobs(client.store, capture, [s for _, s in misses])
+    want = wanted(capture, fingerprint)
+    before = _covered(client.store, ns, specs, want)
+    # held programs whose functions are not all stored: sent too (reported once, above)
+    unready = [(KernelResult(artifact=handle(s), key=s.key), s) for r, s in zip(
+        results, specs, strict=True) if r.outcome is Outcome.LOADED
+               and s.key.id_hash in want and (s.key.id_hash not in before
+                                              or before[s.key.id_hash].missing)]
+    counted = {id(r) for r, _ in misses}
+    todo = misses + unready
     size = client.settings.chunk_size
-    chunks = [(CompileRequest(fingerprint=fingerprint,
-                              programs=[ProgramRequest(spec=s) for _, s in misses[i:i + size]]),
-               [r for r, _ in misses[i:i + size]]) for i in range(0, len(misses), size)]
-    sent = client.send(fingerprint, chunks, progress=notify, status=status)
-    return BatchReport(results=results, wall_s=time.perf_counter() - start,
-                       parallelism=len({r.worker for r in results if r.worker}) or 1,
-                       compiler_invocations=sum(1 for r in results
-                                                if r.outcome is Outcome.COMPILED),
-                       tasks_sent=sent)
+    chunks = [(ChunkRequest(fingerprint=fingerprint, programs=[
+        ProgramRequest(spec=s, launches=_launches(want.get(s.key.id_hash)))
+        for _, s in todo[i:i + size]]), [r for r, _ in todo[i:i + size]])
+        for i in range(0, len(todo), size)]
+    sent = client.send(fingerprint, chunks, status=status,
+                       progress=lambda r: notify(r) if id(r) in counted else None)
+    report = BatchReport(results=results, wall_s=time.perf_counter() - start,
+                         parallelism=len({r.worker for r in results if r.worker}) or 1,
+                         compiler_invocations=sum(1 for r in results
+                                                  if r.outcome is Outcome.COMPILED),
+                         tasks_sent=sent)
+    if not want:
+        return Built(report)
+    return Built(report, _cluster_readiness(client.store, ns, specs, want, before))
+
+
+def _launches(pairs: frozenset[tuple[str, str]] | None) -> tuple[Launched, ...]:
+    return tuple(x for p in sorted(pairs or ()) if (x := Launched.of(p)) is not None)
+
+
+def _covered(store: ArtifactStore, ns: Namespace, specs: list[ProgramSpec],
+             want: dict[str, frozenset[tuple[str, str]]]) -> dict[str, Coverage]:
+    """Program key's id hash -> what the store holds of it and of its wanted functions,
+    for every program with launches that the store holds (read on a few threads: one or
+    two round trips each)."""
+    todo = [s for s in specs if s.key.id_hash in want]
+    if not todo:
+        return {}
+
+    def one(spec: ProgramSpec) -> tuple[str, Coverage]:
+        return spec.key.id_hash, coverage(store, ns, spec.key, want[spec.key.id_hash])
+
+    with ThreadPoolExecutor(min(8, len(todo))) as pool:
+        return {k: c for k, c in pool.map(one, todo) if c.body is not None}
+
+
+def _cluster_readiness(store: ArtifactStore, ns: Namespace, specs: list[ProgramSpec],
+                       want: dict[str, frozenset[tuple[str, str]]],
+                       before: dict[str, Coverage]) -> Readiness:
+    """What the workers made, told by the store's records after the build."""
+    after = _covered(store, ns, specs, want)
+    out = Readiness()
+    for spec in specs:
+        if spec.key.id_hash not in want:
+            continue
+        out.programs += 1
+        was = before.get(spec.key.id_hash, Coverage())
+        now = after.get(spec.key.id_hash)
+        if now is None:
+            out.failed.append((str(spec.key), "the program is not in the store"))
+            continue
+        out.held += len(was.held)
+        out.made += len(now.held - was.held)
+        out.ignored += len(now.ignored)
+        if now.missing:
+            out.failed.append((str(spec.key), f"{len(now.missing)} work-group function(s) "
+                                              "not made on the workers (their log says why)"))
+    return out

@@ -45,7 +45,8 @@ from farm.compilation.poclbin import (
 from farm.compilation.proofs import Claim, ProofBook, Prover, Verdict, prove_family
 from farm.core.errors import DeviceError
 from farm.core.keys import PROGRAM_FAMILY, PROGRAM_FUNCTIONS_FAMILY, Namespace
-from farm.core.model import Artifact, Key, Outcome
+from farm.core.model import Artifact, Key
+from farm.core.outcomes import Outcome
 from farm.programs.body import Body, BodyError, program_artifact, read_body
 from farm.programs.prepared import Prepared, merge
 from farm.programs.prepared import structure as program_structure

@@ -50,7 +50,9 @@ from pathlib import Path
 
 from farm.compilation.proofs import Claim, ProofBook
 from farm.core.keys import PROGRAM_FAMILY
-from farm.programs.headers import BodyError, BodyView, body_exactly
+from farm.core.outcomes import Fate
+from farm.programs.exactly import body_exactly
+from farm.programs.headers import BodyError, BodyView
 from farm.programs.program_key import PROGRAM_BUILD_ID, Unserved, program_id_of
 from farm.programs.rows import Config, Row, Rows, Unchecked
 
@@ -165,7 +167,7 @@ class QuickPath:
                       for d, (fp, _, _) in zip(devs, found, strict=True)},
                      loaded=True, seconds=seconds)
         self.counts.bump("programs")
-        self.counts.bump("loaded")
+        self.counts.bump(Fate.LOADED)
         with self._lock:
             self._observed.append((key, seconds, assembled.native_fallback))
         return True

@@ -3,7 +3,7 @@ held to the trust rule and merged into its binary, and what its launches make ha
 without the program server.
 
 Each record slot is read as the server reads it (:mod:`farm.programs.rows`: key,
-family, size, digest; :func:`farm.programs.headers.record_exactly`: the program, the
+family, size, digest; :func:`farm.programs.exactly.record_exactly`: the program, the
 binary, the device, each function's kernel, specialisation, bytes and ELF symbol) and is
 merged only when the node's proof book holds a good verdict for that record merged into
 that program (:class:`~farm.compilation.proofs.Claim`, kind ``functions``), as the server
@@ -26,7 +26,8 @@ from farm.core.keys import (
     PROGRAM_FUNCTIONS_FAMILY,
     program_functions_id,
 )
-from farm.programs.headers import StaleRecord, SupplementError, record_exactly
+from farm.programs.exactly import record_exactly
+from farm.programs.headers import StaleRecord, SupplementError
 from farm.programs.prepared import merge
 from farm.programs.program_key import PROGRAM_BUILD_ID
 from farm.programs.rows import Unchecked

@@ -40,7 +40,7 @@ class Remote:
 
     def build(self, fingerprint: str, described: Described) -> Artifact | None:
         """The artifact the cluster compiled and stored; ``None``: compile here."""
-        from farm.cluster.payloads import CompileRequest, ProgramRequest
+        from farm.programs.request import ChunkRequest, ProgramRequest
 
         try:
             self.client.served(fingerprint)
@@ -51,7 +51,7 @@ class Remote:
             store.put_blob(data)
         spec = described.spec
         result = KernelResult(artifact=handle(spec), key=spec.key)
-        request = CompileRequest(fingerprint=fingerprint, programs=[ProgramRequest(spec=spec)])
+        request = ChunkRequest(fingerprint=fingerprint, programs=[ProgramRequest(spec=spec)])
         self.client.send(fingerprint, [(request, [result])], timeout_s=REMOTE_TIMEOUT_S)
         if result.failure is not None:
             if result.failure.kind == "compile":

@@ -104,10 +104,11 @@ class Config:
         self.generated_code = env.get("FARM_GENERATED_CODE", "").strip().lower() or "signed"
         if self.generated_code not in ("signed", "any", "off"):
             self.declined = "FARM_GENERATED_CODE"
-        self.minio: tuple[str, bool, str, str, str] | None = None
+        #: (host, TLS, access key, secret key, bucket, region) of FARM_MINIO_*
+        self.minio: tuple[str, bool, str, str, str, str] | None = None
         endpoint = env.get("FARM_MINIO_ENDPOINT")
         if endpoint:
-            from farm.store.s3_get import parse_endpoint
+            from farm.store.s3_request import parse_endpoint
 
             access = env.get("FARM_MINIO_ACCESS_KEY")
             secret = env.get("FARM_MINIO_SECRET_KEY")
@@ -121,8 +122,12 @@ class Config:
                 self.declined = "FARM_MINIO_*"
             else:
                 from farm.core.keys import DEFAULT_BUCKET
+                from farm.store.s3_request import REGION
 
-                self.minio = (host, secure, access, secret, bucket or DEFAULT_BUCKET)
+                # "" (ask the server) is the SDK's: a GET signed for MinIO's default
+                # region that the server refuses is left to it (S3Declined)
+                self.minio = (host, secure, access, secret, bucket or DEFAULT_BUCKET,
+                              env.get("FARM_MINIO_REGION") or REGION)
 
     @property
     def reads_generated(self) -> bool:
@@ -240,9 +245,9 @@ class Rows:
                 from farm.store.s3_get import S3Reader
 
                 assert self.config.minio is not None
-                host, secure, access, secret, bucket = self.config.minio
+                host, secure, access, secret, bucket, region = self.config.minio
                 self._remote = (S3Reader(host, secure, access, secret, bucket,
-                                         APP_ATTEMPT_S), app_waiter(f"MinIO at {host}"))
+                                         APP_ATTEMPT_S, region), app_waiter(f"MinIO at {host}"))
             return self._remote
 
     def keep(self, fingerprint: str, id_hash: str, build_id: str, row: Row) -> None:

@@ -54,13 +54,14 @@ from farm.core.errors import FarmError, LoadError, StoreError
 from farm.core.gcpause import cyclic_gc_paused
 from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
-from farm.core.model import Artifact, Key, Lowered, Outcome
+from farm.core.model import Artifact, Key, Lowered
+from farm.core.outcomes import Fate, Outcome
 from farm.core.settings import Settings, load_settings
 from farm.programs.assemble import Assembled, assemble, escaped_log, put_in_place
 from farm.programs.counts import RunCounts
 from farm.programs.harvest import Harvester
 from farm.programs.plain import build_plain, driver_output_held, unavailable, warn, why
-from farm.programs.prepared import Prepared
+from farm.programs.prepared import Pair, Prepared
 from farm.programs.program_key import PROGRAM_BUILD_ID, Unserved
 from farm.programs.proving import UNSTORED, Got, Proving, compiled_here
 from farm.programs.rows import APP_ATTEMPT_S, APP_OUTAGE_LIMIT_S, app_waiter
@@ -133,6 +134,8 @@ class ProgramServer:
         self._remote: Remote | None = None
         #: told of each program served or compiled, per fingerprint (the hook's plan)
         self.built: Callable[[str, str], None] = lambda fingerprint, key: None
+        if capture is not None:  # the launches it records: what the harvest saw (PoCL)
+            capture.follow(self._launched)
 
     # -- the hook's entry point -------------------------------------------------------------
     def build(self, program: Any, options: Any,
@@ -152,7 +155,8 @@ class ProgramServer:
             else:
                 served = self._serve(ctx, devs, described)
                 _install(program, served, options_bytes)
-                self.counts.bump("loaded" if served.outcome is Outcome.LOADED else "compiled")
+                self.counts.bump(Fate.LOADED if served.outcome is Outcome.LOADED
+                                 else Fate.COMPILED)
                 result = program
         except _CompileRefused:
             return self._refused(plain)
@@ -294,6 +298,12 @@ class ProgramServer:
                 self._harvester = Harvester(self._harvest_store, self._warn, book=book)
             harvester = self._harvester
         harvester.watch(ns, str(key), prep, art.meta.source_hash, handle, art.meta.digest)
+
+    def _launched(self) -> dict[tuple[str, str], set[Pair]]:
+        """Each watched program's work-group functions (:meth:`Harvester.launched`)."""
+        with self._lock:
+            harvester = self._harvester
+        return harvester.launched() if harvester is not None else {}
 
     def _harvest_store(self) -> ArtifactStore:
         if self._broken:

@@ -52,7 +52,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, ValidationError
+from pydantic import Field, StrictBool, StringConstraints, ValidationError
 
 from farm.compilation.elfstub import MAX_FUNCTION_BYTES, exports
 from farm.compilation.poclcache import FARM_NAMED, KERNEL, SPEC
@@ -92,9 +92,10 @@ READ_AHEAD = 2
 #: what a store may raise that only means "no records this time"
 _UNAVAILABLE = (FarmError, OSError, sqlite3.Error)
 
-Local = tuple[Annotated[int, Field(ge=1, le=MAX_LOCAL)],
-              Annotated[int, Field(ge=1, le=MAX_LOCAL)],
-              Annotated[int, Field(ge=1, le=MAX_LOCAL)]]
+#: strict: ``"16"`` or ``16.0`` is not a local size (records and captures are input)
+Local = tuple[Annotated[int, Field(ge=1, le=MAX_LOCAL, strict=True)],
+              Annotated[int, Field(ge=1, le=MAX_LOCAL, strict=True)],
+              Annotated[int, Field(ge=1, le=MAX_LOCAL, strict=True)]]
 
 
 def parse_spec(spec: str) -> tuple[tuple[int, int, int], bool, bool] | None:
@@ -109,19 +110,40 @@ def parse_spec(spec: str) -> tuple[tuple[int, int, int], bool, bool] | None:
     return local, "goffs0" in parts[3:], "smallgrid" in parts[3:]
 
 
-class Function(Frozen):
+class Launched(Frozen):
+    """What PoCL specialises a kernel's work-group function by: the kernel, the local
+    size, a zero global offset and the grid class. A record files each function under
+    these (the folder name is derived from them, never read); a capture records them
+    for the functions a program's launches needed (:mod:`farm.programs.capture`)."""
+
     kernel: Annotated[str, StringConstraints(pattern=KERNEL.pattern)]
     local_size: Local
-    zero_offset: bool
-    small_grid: bool
-    size: int = Field(ge=1, le=MAX_FUNCTION_BYTES)
-    sha256: Annotated[str, StringConstraints(pattern=SHA256_HEX)]
-    #: the launch that made it, where one was recorded (the proof runs it)
-    launch: ReadyLaunch | None = None
+    zero_offset: StrictBool
+    small_grid: StrictBool
 
     @property
     def spec(self) -> str:
         return spec_name(self.local_size, self.zero_offset, self.small_grid)
+
+    @property
+    def pair(self) -> Pair:
+        return self.kernel, self.spec
+
+    @classmethod
+    def of(cls, pair: Pair) -> Launched | None:
+        """The settings of ``pair``; ``None`` for a specialisation PoCL does not make."""
+        parsed = parse_spec(pair[1])
+        if parsed is None or not KERNEL.match(pair[0]):
+            return None
+        return cls(kernel=pair[0], local_size=parsed[0], zero_offset=parsed[1],
+                   small_grid=parsed[2])
+
+
+class Function(Launched):
+    size: int = Field(ge=1, le=MAX_FUNCTION_BYTES)
+    sha256: Annotated[str, StringConstraints(pattern=SHA256_HEX)]
+    #: the launch that made it, where one was recorded (the proof runs it)
+    launch: ReadyLaunch | None = None
 
 
 class Header(Frozen):

@@ -8,13 +8,18 @@
 - ``storage``: where a record becomes durable (SQLite or PostgreSQL).
 """
 
+# ruff: noqa: F401 - the TYPE_CHECKING block is the list of public names (farm.core.lazy)
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from farm.core.lazy import lazy_exports
+from farm.core.lazy import public_names
 
+# The public names, imported on first use (PEP 562): the storage module pulls in
+# SQLAlchemy, which a process that only loads kernels never needs. This block is their
+# one list (farm.core.lazy reads it).
 if TYPE_CHECKING:
+    from farm.core.model import RecordLevel
     from farm.records.model import (
         RECORD_KINDS,
         BatchCounts,
@@ -23,7 +28,6 @@ if TYPE_CHECKING:
         CompilationRecord,
         Effect,
         Record,
-        RecordLevel,
         RecordsConfig,
         RequestedBy,
         Session,
@@ -36,43 +40,4 @@ if TYPE_CHECKING:
     from farm.records.sink import RecordSink, StorageSink
     from farm.records.storage import MIGRATIONS, SCHEMA_VERSION, SessionStorage
 
-# Names are imported on first use (PEP 562): the storage module pulls in SQLAlchemy,
-# which a process that only loads kernels never needs.
-_WHERE = {
-    **dict.fromkeys(("RECORD_KINDS", "BatchCounts", "Clock", "CompilationBatchRecord",
-                     "CompilationRecord", "Effect", "Record", "RecordLevel", "RecordsConfig",
-                     "RequestedBy", "Session", "Stamp", "SystemClock", "Trip", "parse_record"),
-                    "farm.records.model"),
-    "Recorder": "farm.records.recorder",
-    "RecordSink": "farm.records.sink",
-    "StorageSink": "farm.records.sink",
-    **dict.fromkeys(("MIGRATIONS", "SCHEMA_VERSION", "SessionStorage"), "farm.records.storage"),
-}
-
-
-__getattr__ = lazy_exports(__name__, _WHERE)
-
-
-__all__ = [
-    "MIGRATIONS",
-    "RECORD_KINDS",
-    "SCHEMA_VERSION",
-    "BatchCounts",
-    "Clock",
-    "CompilationBatchRecord",
-    "CompilationRecord",
-    "Effect",
-    "Record",
-    "RecordLevel",
-    "RecordSink",
-    "Recorder",
-    "RecordsConfig",
-    "RequestedBy",
-    "Session",
-    "SessionStorage",
-    "Stamp",
-    "StorageSink",
-    "SystemClock",
-    "Trip",
-    "parse_record",
-]
+__getattr__, __dir__ = public_names(__name__)

@@ -40,27 +40,15 @@ from farm.core.model import (
     LogText,
     Name,
     NonNegInt64,
-    Outcome,
+    RecordLevel,
     ShortText,
 )
+from farm.core.outcomes import Outcome
 from farm.version import __version__
 
 #: the row of ``schema_version`` that marks a session storage as ours (read without
 #: SQLAlchemy by ``farm.records.open`` to decide whether opening it can wait)
 STORAGE_COMPONENT = "kernel-farm records"
-
-
-class RecordLevel(StrEnum):
-    """How much a session records.
-
-    Basic is the default because the code of a kernel (its expanded source and build
-    options) is large and may be proprietary; everything else is small and is what a
-    person needs to see what a build cost and why.
-    """
-
-    OFF = "off"
-    BASIC = "basic"
-    FULL = "full"
 
 
 class Effect(StrEnum):

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.core.errors import InputError
-from farm.core.model import Outcome
+from farm.core.outcomes import Outcome
 from farm.records.model import CompilationBatchRecord, CompilationRecord, Record, Session
 
 if TYPE_CHECKING:

@@ -39,14 +39,14 @@ from collections.abc import Callable
 from dataclasses import asdict
 from types import TracebackType
 
-from farm.core.model import Lowered, Outcome
+from farm.core.model import Lowered, RecordLevel
+from farm.core.outcomes import Outcome
 from farm.records.model import (
     BatchCounts,
     Clock,
     CompilationBatchRecord,
     CompilationRecord,
     Record,
-    RecordLevel,
     RecordsConfig,
     Session,
     Stamp,

@@ -31,7 +31,7 @@ import math
 from pathlib import Path
 
 from farm.core.errors import InputError
-from farm.core.model import Outcome
+from farm.core.outcomes import Outcome
 from farm.records.query import STRAGGLER_FACTOR, Bar, Timeline
 
 PALETTE = ("#0067a5", "#f38400", "#008856", "#875692", "#f3c300", "#a1caf1", "#e68fac",

@@ -38,13 +38,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from farm.core.errors import FarmError, StoreError
 from farm.core.hashing import sha256_hex
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, Key, Lowered
+from farm.core.outcomes import Fate
+
+if TYPE_CHECKING:
+    from farm.store.url import Opening, StoreURL
 
 log = logging.getLogger(__name__)
+
+#: the source hash :meth:`ArtifactStore.probe` reads: no source hashes to it
+PROBE_SOURCE_HASH = "0" * 64
 
 
 class PutResult(StrEnum):
@@ -72,7 +80,7 @@ class StoreStats:
 #: how sure a store can be that a binary loads on the namespace's device, weakest first:
 #: bytes from a bundle, bytes a child process loaded on this fingerprint, bytes a writer
 #: compiled and loaded on this fingerprint
-_ORIGIN_RANK = {"imported": 0, "validated": 1, "compiled": 2}
+_ORIGIN_RANK = {"imported": 0, "validated": 1, Fate.COMPILED: 2}
 
 #: the longest reason a quarantine keeps (the evidence is the bytes, not the text)
 MAX_REASON = 2000
@@ -93,6 +101,20 @@ class ArtifactStore(ABC):
 
     def __init__(self) -> None:
         self.stats = StoreStats()
+
+    @classmethod
+    def from_url(cls, url: StoreURL, opening: Opening) -> ArtifactStore:
+        """The store ``url`` names (its scheme is this backend's in
+        :data:`farm.store.open.BACKENDS`); the one way a process makes a store is
+        :func:`farm.store.open.open_store`, which calls this."""
+        raise url.error(f"{cls.__name__} is not opened from a URL")
+
+    def probe(self, ns: Namespace) -> None:
+        """One cheap read in ``ns`` (a source-index entry nobody writes): raises
+        :class:`~farm.core.errors.StoreError` when the store is unreachable, refuses
+        the credentials, or does not let them read the namespace. A worker's
+        readiness check."""
+        self.find_source(ns, PROBE_SOURCE_HASH)
 
     @property
     @abstractmethod

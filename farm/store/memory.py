@@ -15,6 +15,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from farm.core.hashing import sha256_hex
 from farm.core.keys import Namespace
@@ -30,6 +31,9 @@ from farm.store.base import (
     log_refused,
     quarantine_reason,
 )
+
+if TYPE_CHECKING:
+    from farm.store.url import Opening, StoreURL
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,15 @@ class MemoryStore(ArtifactStore):
         self._blobs: dict[str, bytes] = {}
         self._bytes = 0
         self._quarantine: list[tuple[Namespace, Quarantined]] = []
+
+    @classmethod
+    def from_url(cls, url: StoreURL, opening: Opening) -> MemoryStore:
+        """``memory://`` (a new, empty store each time), ``?max_bytes=N`` to bound it."""
+        raw = url.query("max_bytes")
+        if url.parts.netloc or url.parts.path not in ("", "/") or \
+                (raw is not None and not raw.isdigit()):
+            raise url.error("not memory:// or memory://?max_bytes=<bytes>")
+        return cls(max_bytes=int(raw) if raw is not None else None)
 
     @property
     def location(self) -> str:

@@ -15,8 +15,13 @@ means the key is taken: the existing object is read; the same digest is SAME, a 
 different value is REFUSED (counted, logged at info), a corrupt one is overwritten with
 ``If-Match: <its etag>`` so that a concurrent repair or write is never clobbered. The
 Python SDK (7.2) turns every extra header of ``put_object`` into user metadata, so the
-conditional writes go through ``Minio._put_object``, the SDK's own single-part upload,
-which sends headers as given (checked when the store is made).
+conditional writes are sent with their headers as given: by
+:class:`~farm.store.s3_put.S3Writer` (a signed PUT on a kept socket, a third of the
+SDK's CPU; the region signed for is ``FARM_MINIO_REGION``, so no process asks the server
+for it), or, in a store given a connection pool of its own (tests count and fail
+requests through it) or no credentials, by ``Minio._put_object``, the SDK's own
+single-part upload (checked when the store is made). Both answer alike: the writer
+raises the SDK's error of an answer.
 
 Rekey re-encodes rather than copies server-side: the frame embeds the key, so a byte
 copy would name the wrong key, and MinIO ignores ``If-None-Match`` on CopyObject (tried
@@ -77,7 +82,6 @@ from farm.core.keys import (
 )
 from farm.core.model import Artifact, Key, Lowered
 from farm.core.outage import OutageError, Waiter
-from farm.core.settings import Settings
 from farm.store.base import (
     PutResult,
     Quarantined,
@@ -103,16 +107,19 @@ from farm.store.minio_blobs import BlobObjects
 from farm.store.minio_index import SourceIndex
 from farm.store.s3_failures import (
     FAILURES,
+    ClientOptions,
     Retry,
     describe,
     is_transient,
     make_http_client,
     store_error,
 )
-from farm.store.s3_get import parse_endpoint
+from farm.store.s3_put import S3Writer
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState
+
+    from farm.store.url import Opening, StoreURL
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +128,6 @@ T = TypeVar("T")
 _BUCKET_TAKEN = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 #: rounds of (conditional write, read what is there) before a put gives up
 _MAX_PUT_ROUNDS = 8
-#: the source hash :meth:`MinioStore.probe` reads: no source hashes to it
-PROBE_SOURCE_HASH = "0" * 64
 
 
 
@@ -141,20 +146,22 @@ class MinioStore(SourceIndex, BlobObjects):
     def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None,
                  bucket: str, secure: bool = False, *, retry: Retry | None = None,
                  http_client: urllib3.PoolManager | None = None,
-                 ensure_bucket: bool = True) -> None:
+                 client: ClientOptions = ClientOptions()) -> None:
         """Connect and create ``bucket`` if it is missing.
 
         ``retry`` says how transient failures are retried (:class:`Retry`).
         ``http_client`` replaces the connection pool (tests count requests through it);
-        give it no retries of its own. ``ensure_bucket=False`` sends nothing now (a
-        worker's pool process: its main process checked the bucket, and a process start
-        must not wait on MinIO).
+        give it no retries of its own: every request then goes through it, the writes
+        too (else through :class:`~farm.store.s3_put.S3Writer`: the module docstring).
+        ``client``: the region, and whether to check the bucket now (:class:`ClientOptions`).
         """
         retry = retry or Retry()
         super().__init__()
-        if not hasattr(Minio, "_put_object"):  # pragma: no cover - guards an SDK upgrade
-            raise StoreError("the installed minio SDK has no Minio._put_object, which the "
-                             "conditional writes of first-writer-wins need; use minio 7.2")
+        # pragma: no cover - guards an SDK upgrade
+        if not hasattr(Minio, "_put_object") or not hasattr(Minio, "_execute"):
+            raise StoreError("the installed minio SDK has no Minio._put_object or "
+                             "Minio._execute, which the conditional writes of "
+                             "first-writer-wins and the bucket's check need; use minio 7.2")
         self.endpoint = endpoint
         self.bucket = bucket
         self.secure = secure
@@ -168,40 +175,44 @@ class MinioStore(SourceIndex, BlobObjects):
         try:
             self._client = Minio(endpoint, access_key=access_key or None,
                                  secret_key=secret_key or None, secure=secure,
-                                 http_client=self._http)
+                                 region=client.region or None, http_client=self._http)
         except ValueError as exc:
             raise StoreError(f"store {self.location}: {exc}") from None
+        #: the writes without the SDK, unless a pool was given or a signature is not
+        self._writer = S3Writer(endpoint, secure, access_key, secret_key, bucket,
+                                region=client.region, timeout_s=retry.timeout_s) \
+            if http_client is None and access_key and secret_key and client.region \
+            else None
         self._closed = threading.Event()
         self._init_index()
-        if ensure_bucket:
+        if client.check_bucket:
             self._ensure_bucket()
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, probe: bool = False,
-                      ensure_bucket: bool = True) -> MinioStore:
-        """The store ``FARM_MINIO_*`` describe. The endpoint is ``host:port`` (TLS from
-        ``FARM_MINIO_SECURE``) or a URL whose scheme says it (``https://host:port``).
+    def from_url(cls, url: StoreURL, opening: Opening) -> MinioStore:
+        """``minio://host:port/bucket`` (``s3://`` alike; ``?secure=true``: TLS), with the
+        credentials of ``FARM_MINIO_ACCESS_KEY`` and ``FARM_MINIO_SECRET_KEY``.
 
         Requests time out after ``FARM_SOCKET_TIMEOUT`` (a frozen MinIO is noticed in
-        seconds) and an outage is waited out up to ``FARM_OUTAGE_LIMIT``; ``probe=True``
-        makes a store that tries each request once instead (a readiness check must
-        answer now, not after the outage)."""
-        raw = settings.minio_endpoint
-        if not raw:
-            raise SettingsError("setting FARM_MINIO_ENDPOINT: not set")
-        try:
-            endpoint, secure = parse_endpoint(raw, settings.minio_secure)
-        except ValueError as exc:
-            raise SettingsError(f"setting FARM_MINIO_ENDPOINT: {exc}") from None
+        seconds) and an outage is waited out up to ``FARM_OUTAGE_LIMIT``; a probing
+        opening tries each request once instead (a readiness check must answer now, not
+        after the outage). ``opening.create`` makes the bucket when it is missing."""
+        parts = url.parts
+        bucket = parts.path.strip("/")
+        if not parts.netloc or not bucket or "/" in bucket:
+            raise url.error("not minio://host:port/bucket")
+        settings = opening.settings
         access, secret = settings.minio_access_key, settings.minio_secret_key
         if access is None or secret is None:
             raise SettingsError("settings FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY "
                                 "must be set with FARM_MINIO_ENDPOINT")
-        return cls(endpoint, access.get_secret_value(), secret.get_secret_value(),
-                   settings.minio_bucket, secure, ensure_bucket=ensure_bucket,
-                   retry=Retry(attempts=1, timeout_s=settings.socket_timeout) if probe
-                   else Retry(timeout_s=settings.socket_timeout,
-                              outage_limit_s=settings.outage_limit))
+        retry = Retry(attempts=1, timeout_s=settings.socket_timeout) if opening.probe \
+            else Retry(timeout_s=settings.socket_timeout,
+                       outage_limit_s=settings.outage_limit)
+        return cls(parts.netloc, access.get_secret_value(), secret.get_secret_value(),
+                   bucket, url.flag("secure"), retry=retry,
+                   client=ClientOptions(region=settings.minio_region,
+                                        check_bucket=opening.create))
 
     @property
     def location(self) -> str:
@@ -247,9 +258,17 @@ class MinioStore(SourceIndex, BlobObjects):
         return store_error(f"store {self.location}: {what}", exc)
 
     def _ensure_bucket(self) -> None:
+        """One request for a bucket that is there: its location asked (``GET
+        ?location``: its answer, unlike a ``HEAD``'s, says why it is refused, a wrong
+        secret as ``SignatureDoesNotMatch``; and it is the permission every client of
+        the bucket had to have when the SDK asked it for the region); made when missing."""
         def ensure() -> None:
-            if self._client.bucket_exists(self.bucket):
+            try:
+                self._client._execute("GET", self.bucket, query_params={"location": ""})
                 return
+            except S3Error as exc:
+                if exc.code != "NoSuchBucket":
+                    raise
             try:
                 self._client.make_bucket(self.bucket)
             except S3Error as exc:
@@ -279,12 +298,15 @@ class MinioStore(SourceIndex, BlobObjects):
                   condition: dict[str, str]) -> bool:
         """Conditional PUT; ``False`` when the condition failed (412), or an ``If-Match``
         found no object (404): either way someone else changed the key first."""
-        all_headers: dict[str, str | list[str] | tuple[str]] = {
-            "Content-Type": "application/octet-stream", **headers, **condition}
+        all_headers = {"Content-Type": "application/octet-stream", **headers, **condition}
+        writer = self._writer
 
         def once() -> bool:
             try:
-                self._client._put_object(self.bucket, name, body, all_headers)
+                if writer is not None:
+                    writer.put(name, body, all_headers)
+                else:
+                    self._client._put_object(self.bucket, name, body, dict(all_headers))
             except S3Error as exc:
                 if exc.code == "PreconditionFailed" or (
                         "If-Match" in condition and exc.code == "NoSuchKey"):
@@ -329,12 +351,6 @@ class MinioStore(SourceIndex, BlobObjects):
         if not prefix.startswith(artifacts_prefix(ns)):  # pragma: no cover - by construction
             prefix = artifacts_prefix(ns)
         return {names[n] for n in self._list(prefix, recursive=True) if n in names}
-
-    def probe(self, ns: Namespace) -> None:
-        """One cheap signed read in ``ns`` (a source-index entry nobody writes): raises
-        :class:`StoreError` when MinIO is unreachable, refuses the credentials, or does not
-        let them read the namespace. A worker's readiness check."""
-        self.find_source(ns, PROBE_SOURCE_HASH)
 
     def keys(self, ns: Namespace) -> Iterator[Key]:
         found = (key_from_artifact_object(ns, n)
@@ -465,3 +481,5 @@ class MinioStore(SourceIndex, BlobObjects):
         if not self._closed.is_set():
             self._closed.set()
             self._http.clear()
+            if self._writer is not None:
+                self._writer.close()

@@ -15,51 +15,63 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 from farm.core.errors import StoreError
 from farm.core.keys import Namespace, artifact_object, blob_object
 from farm.core.model import Artifact, Key, Lowered
 from farm.core.outage import OutageError, Waiter
-from farm.core.settings import Settings
 from farm.store.base import ArtifactStore, PutResult, Quarantined, checked, checked_blob
 from farm.store.frames import decode_artifact
-from farm.store.s3_get import S3Declined, S3Reader, parse_endpoint
+from farm.store.s3_get import S3Declined, S3Reader
 
 #: typing.TYPE_CHECKING, without importing typing for it
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from farm.store.minio import MinioStore
+    from farm.store.url import Opening, StoreURL
 
 
 class MinioReads(ArtifactStore):
     """See the module docstring. Thread-safe."""
 
-    def __init__(self, settings: Settings, waiter: Waiter) -> None:
+    def __init__(self, url: StoreURL, opening: Opening, waiter: Waiter) -> None:
         super().__init__()
-        self._settings = settings
-        raw = settings.minio_endpoint or ""
-        host, secure = parse_endpoint(raw, settings.minio_secure)
+        self._url, self._opening = url, replace(opening, reads=None)
+        parts = url.parts
+        bucket = parts.path.strip("/")
+        if not parts.netloc or not bucket or "/" in bucket:
+            raise url.error("not minio://host:port/bucket")
+        settings = opening.settings
         access, secret = settings.minio_access_key, settings.minio_secret_key
-        self._reader = S3Reader(host, secure, access.get_secret_value() if access else "",
+        self._reader = S3Reader(parts.netloc, url.flag("secure"),
+                                access.get_secret_value() if access else "",
                                 secret.get_secret_value() if secret else "",
-                                settings.minio_bucket, settings.socket_timeout)
-        self._where = f"minio://{host}/{settings.minio_bucket}"
+                                bucket, settings.socket_timeout, settings.minio_region)
+        self._where = f"minio://{parts.netloc}/{bucket}"
         self._waiter = waiter
         self._lock = threading.Lock()
-        self._store: MinioStore | None = None
+        self._store: ArtifactStore | None = None
+
+    @classmethod
+    def from_url(cls, url: StoreURL, opening: Opening) -> MinioReads:
+        """As :meth:`farm.store.minio.MinioStore.from_url`, reads waited out by
+        ``opening.reads``."""
+        assert opening.reads is not None, "a reader's opening names its waiter"
+        return cls(url, opening, opening.reads)
 
     @property
     def location(self) -> str:
         return self._where
 
     @property
-    def sdk(self) -> MinioStore:
+    def sdk(self) -> ArtifactStore:
         """The SDK's store, opened (and its bucket made) at first use."""
         with self._lock:
             if self._store is None:
-                from farm.store.minio import MinioStore
+                from farm.store.open import open_url
 
-                self._store = MinioStore.from_settings(self._settings)
+                # reads=None: farm.store.minio.MinioStore, the SDK's
+                self._store = open_url(self._url, self._opening)
                 self._store.stats = self.stats
             return self._store
 

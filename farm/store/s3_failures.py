@@ -10,7 +10,9 @@ another's namespace), never with request signatures or credentials.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from xml.etree import ElementTree
 
 import certifi
 import urllib3
@@ -57,6 +59,9 @@ def describe(exc: BaseException) -> str:
         if exc.code in _CREDENTIAL_CODES:
             return (f"the credentials were refused ({exc.code}: {exc.message}): check "
                     "FARM_MINIO_ACCESS_KEY and FARM_MINIO_SECRET_KEY")
+        if "region" in (exc.message or "").lower():  # signed for another region
+            return (f"the region signed for was refused ({exc.code}: {exc.message}): set "
+                    "FARM_MINIO_REGION to the server's region")
         return f"{exc.code}: {exc.message}"
     if refusal(exc) == "tls":
         return f"TLS failed ({tls_detail(exc)}): {TLS_HINT}"
@@ -98,3 +103,32 @@ class Retry:
     max_wait_s: float = 2.0
     timeout_s: float = 60.0
     outage_limit_s: float | None = None
+
+
+def answer_error(status: int, headers: Mapping[str, str], body: bytes) -> Exception:
+    """What the SDK raises for an answer of ``status`` (not 2xx) to a request on an
+    object: an ``S3Error`` with the code of S3's XML (``PreconditionFailed``,
+    ``SlowDown``...), an ``InvalidResponseError`` for an answer that is not S3's (a
+    proxy's page). For requests sent without the SDK (:mod:`farm.store.s3_put`), so
+    that :func:`is_transient`, :func:`describe` and the store's rules read both alike."""
+    response = urllib3.HTTPResponse(body=body, status=status, headers=dict(headers),
+                                    preload_content=True)
+    if body and "application/xml" in headers.get("content-type", "").split(";"):
+        try:
+            return S3Error.fromxml(response)
+        except (ElementTree.ParseError, UnicodeDecodeError):  # not S3's answer after all
+            pass
+    return InvalidResponseError(status, headers.get("content-type"),
+                                body.decode("utf-8", "replace")[:500] or None)
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How a :class:`~farm.store.minio.MinioStore` is opened: the region its requests
+    are signed for (``FARM_MINIO_REGION``; "" asks the server, a request once a
+    process), and whether the bucket is checked, and made if missing, now (not in a
+    worker's pool process: its main process checked it, and a process start must not
+    wait on MinIO)."""
+
+    region: str = "us-east-1"
+    check_bucket: bool = True

@@ -34,6 +34,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
 from pydantic import ValidationError
 
@@ -56,6 +58,9 @@ from farm.store.base import (
 )
 from farm.store.sqlite_file import BLOBS, FORMAT, ROW, VERSION, connect, create, initialise
 
+if TYPE_CHECKING:
+    from farm.store.url import Opening, StoreURL
+
 log = logging.getLogger(__name__)
 
 _QUARANTINE = """
@@ -74,6 +79,13 @@ class SQLiteStore(ArtifactStore):
         self.path = Path(path)
         self._lock = threading.RLock()
         self._conn = self._open()
+
+    @classmethod
+    def from_url(cls, url: StoreURL, opening: Opening) -> SQLiteStore:
+        """``sqlite:///<absolute path>`` (odd characters percent-encoded)."""
+        if url.parts.netloc or not url.parts.path.startswith("/") or url.parts.query:
+            raise url.error("not sqlite:///<absolute path>")
+        return cls(Path(unquote(url.parts.path)))
 
     @property
     def location(self) -> str:

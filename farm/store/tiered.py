@@ -37,11 +37,16 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from farm.core.errors import FarmError, StoreAccessDenied
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, Key, Lowered
 from farm.store.base import ArtifactStore, PutResult, Quarantined, StoreStats
+from farm.store.url import StoreURL
+
+if TYPE_CHECKING:
+    from farm.store.url import Opening
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +64,25 @@ class TieredStore(ArtifactStore):
         super().__init__()
         #: the shared tier refused a write for lack of permission (said once)
         self.read_only = False
+
+    @classmethod
+    def from_url(cls, url: StoreURL, opening: Opening) -> TieredStore:
+        """``tiered:<url>|<url>...``: each tier opened by its own backend, front first;
+        tiers do not nest. A tier that cannot open closes those opened before it."""
+        from farm.store.open import open_url, tier_urls
+
+        tiers: list[ArtifactStore] = []
+        try:
+            for text in tier_urls(url):
+                tier = StoreURL.parse(text)
+                if tier.scheme == "tiered":
+                    raise url.error("tiers do not nest")
+                tiers.append(open_url(tier, opening))
+        except BaseException:
+            for opened in tiers:
+                opened.close()
+            raise
+        return cls(tiers)
 
     @property
     def stats(self) -> StoreStats:

@@ -35,24 +35,17 @@ docs/TUNING.md is the user's page: how to tune, what is measured and how, isolat
 how to read a tuning table.
 """
 
+# ruff: noqa: F401 - the TYPE_CHECKING block is the list of public names (farm.core.lazy)
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from farm.core.lazy import lazy_exports
+from farm.core.lazy import public_names
 
+# The public names, imported on first use (this block is their one list: farm.core.lazy)
 if TYPE_CHECKING:
     from farm.tuning.keys import TuningSpec, plan, spec_for
     from farm.tuning.model import Figures, MeasurePolicy, TuningResult
     from farm.tuning.runner import TuneOutcome, Tuner
 
-_WHERE = {
-    **dict.fromkeys(("TuningSpec", "plan", "spec_for"), "farm.tuning.keys"),
-    **dict.fromkeys(("Figures", "MeasurePolicy", "TuningResult"), "farm.tuning.model"),
-    **dict.fromkeys(("TuneOutcome", "Tuner"), "farm.tuning.runner"),
-}
-
-__getattr__ = lazy_exports(__name__, _WHERE)
-
-__all__ = ["Figures", "MeasurePolicy", "TuneOutcome", "Tuner", "TuningResult", "TuningSpec",
-           "plan", "spec_for"]
+__getattr__, __dir__ = public_names(__name__)

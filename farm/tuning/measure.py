@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from farm.core.outcomes import Fate
 from farm.families.base import Example, LocalMem
 from farm.families.run import check_example
 from farm.tuning.keys import Params
@@ -183,7 +184,7 @@ def _check(queue: cl.CommandQueue, buffers: _Buffers, c: Contender) -> None:
         _launch(queue, c)
         problems = check_example(buffers.outputs(queue), buffers.example)
     except (cl.Error, RuntimeError, ValueError, TypeError) as exc:
-        c.status, c.note = "failed", f"the launch failed: {' '.join(str(exc).split())}"[:500]
+        c.status, c.note = Fate.FAILED, f"the launch failed: {' '.join(str(exc).split())}"[:500]
         return
     if problems:
         c.status, c.note = "wrong", f"values differ from the reference: {problems[0]}"[:500]
@@ -248,7 +249,7 @@ def _prune(runs: list[_Run], live: list[_Run], policy: MeasurePolicy) -> list[_R
 
 def _figures(c: Contender, run: _Run | None) -> Figures:
     if c.status != "ok" or run is None or not run.times:
-        status: Status = c.status if c.status != "ok" else "failed"
+        status: Status = c.status if c.status != "ok" else Fate.FAILED
         return Figures(params=c.params, status=status,
                        note=c.note or "no launch was timed")
     times = np.asarray(run.times)

@@ -15,13 +15,14 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from farm.core.model import Frozen, ShortText
+from farm.core.outcomes import Fate
 from farm.tuning.keys import Params, TuningSpec
 
 #: what became of a candidate: ``ok`` (right values, timed), ``wrong`` (its values differ
 #: from the family's reference: never a winner), ``unsupported`` (the device cannot run
 #: it: a work-group or local memory over the limits), ``failed`` (it did not compile,
 #: load or launch)
-Status = Literal["ok", "wrong", "unsupported", "failed"]
+Status = Literal["ok", "wrong", Fate.UNSUPPORTED, Fate.FAILED]
 
 
 class MeasurePolicy(Frozen):

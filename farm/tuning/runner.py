@@ -25,6 +25,7 @@ from farm.core.errors import FarmError, UnsupportedFeature, one_line
 from farm.core.isolation import HostLock, resource_of
 from farm.core.keys import Namespace
 from farm.core.model import ArtifactId, LaunchSettings
+from farm.core.outcomes import Fate
 from farm.families import Registry
 from farm.families.base import Example, KernelFamily
 from farm.records.model import RequestedBy, Stamp, TunedCandidate, TuneRecord
@@ -139,9 +140,9 @@ class Tuner:
             program = self.program_of(spec.artifact(index))
             kernel = cl.Kernel(program, example.kernel_name)
         except UnsupportedFeature as exc:
-            return Contender(params, status="unsupported", note=one_line(exc)[:500])
+            return Contender(params, status=Fate.UNSUPPORTED, note=one_line(exc)[:500])
         except (FarmError, cl.Error) as exc:
-            return Contender(params, status="failed", note=one_line(exc)[:500])
+            return Contender(params, status=Fate.FAILED, note=one_line(exc)[:500])
         return Contender(params, kernel=kernel, global_size=size, local_size=local)
 
     def _record(self, result: TuningResult, requested_by: RequestedBy | None) -> None:

@@ -24,28 +24,27 @@ is already fetching.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.compilation.batch import BatchReport, KernelResult
 from farm.core.errors import FarmError
 from farm.core.model import Artifact, ArtifactId, KernelFailure, Key
-from farm.core.settings import Settings
+from farm.core.outcomes import Fate
 from farm.manifest import Manifest, expand, load_manifest, resolve_manifest
 from farm.records.model import BatchCounts
 from loader.errors import failure_error
+from loader.items import Phase, WarmItem, WarmProgress
 from loader.programs import SOURCES, InFlight, LoadedProgram, Source, source_of
 from loader.readiness import launch_all
 from loader.readiness import summary as readiness_summary
 
 if TYPE_CHECKING:
-    from farm.core.device import DeviceInfo
-    from loader.kernel_loader import KernelLoader, OnMiss
+    from loader.base import LoaderBase
 
 PHASES = ("lookup", "fetch", "load", "compile", "launch")
 #: an artifact read ahead of its load (``None``: the tier did not hold it), and the read's time
@@ -58,56 +57,6 @@ MAX_PREFETCH = 4096
 #: threads when every fetch is local: the SQLite file is read under one lock, so more
 #: threads only queue on it; a few overlap reads with device loads
 LOCAL_THREADS = 4
-
-
-@dataclass
-class WarmItem:
-    """One kernel of a warm: where it came from, or why it failed, and its times."""
-
-    artifact: ArtifactId
-    key: Key | None = None
-    source: Source | None = None
-    failure: KernelFailure | None = None
-    fetch_s: float = 0.0
-    load_s: float = 0.0
-    work_s: float = 0.0
-    #: why the artifact's machine code was refused and its portable binary loaded
-    native_fallback: str = ""
-    #: its declared launch, once, after the warm (``launch=True``; loader/readiness.py)
-    first_launch_s: float | None = None
-
-    @property
-    def label(self) -> str:
-        return self.artifact.kernel.label()
-
-
-WarmProgress = Callable[[WarmItem], None]
-
-
-@dataclass
-class Phase:
-    """A phase's wall-clock span (first start to last end; phases overlap when they run
-    at once) and the summed time of its kernels (larger than the span on threads)."""
-
-    wall_s: float = 0.0
-    work_s: float = 0.0
-    kernels: int = 0
-    _first: float | None = field(default=None, repr=False)
-    _last: float | None = field(default=None, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, start: float, end: float, work_s: float | None = None,
-            kernels: int = 1) -> None:
-        with self._lock:
-            self._first = start if self._first is None else min(self._first, start)
-            self._last = end if self._last is None else max(self._last, end)
-            self.wall_s = self._last - self._first
-            self.work_s += (end - start) if work_s is None else work_s
-            self.kernels += kernels
-
-    def summary(self) -> dict[str, float | int]:
-        return {"wall_s": round(self.wall_s, 4), "work_s": round(self.work_s, 4),
-                "kernels": self.kernels}
 
 
 @dataclass
@@ -129,11 +78,11 @@ class WarmReport:
 
     @property
     def unsupported(self) -> list[WarmItem]:
-        return [i for i in self.items if i.failure and i.failure.kind == "unsupported"]
+        return [i for i in self.items if i.failure and i.failure.kind == Fate.UNSUPPORTED]
 
     @property
     def failed(self) -> list[WarmItem]:
-        return [i for i in self.items if i.failure and i.failure.kind != "unsupported"]
+        return [i for i in self.items if i.failure and i.failure.kind != Fate.UNSUPPORTED]
 
     @property
     def work_s(self) -> float:
@@ -144,8 +93,9 @@ class WarmReport:
         farm counts as loaded here."""
         return BatchCounts(
             kernels=len(self.items),
-            loaded=sum(self.count(s) for s in ("memory", "local", "remote", "farm")),
-            rekeyed=self.count("rekeyed"), compiled=self.count("compiled"),
+            loaded=sum(self.count(s) for s in (Source.MEMORY, Source.LOCAL, Source.REMOTE,
+                                               Source.FARM)),
+            rekeyed=self.count(Source.REKEYED), compiled=self.count(Source.COMPILED),
             unsupported=len(self.unsupported), failed=len(self.failed),
             parallelism=self.parallelism, wall_s=self.wall_s, work_s=self.work_s)
 
@@ -156,8 +106,8 @@ class WarmReport:
             "fingerprint": self.fingerprint,
             "kernels": n,
             **{s: self.count(s) for s in SOURCES},
-            "unsupported": len(self.unsupported),
-            "failed": len(self.failed),
+            Fate.UNSUPPORTED: len(self.unsupported),
+            Fate.FAILED: len(self.failed),
             "native_fallbacks": sum(1 for i in self.items if i.native_fallback),
             "compiler_invocations": self.compiler_invocations,
             "threads": self.threads,
@@ -170,7 +120,7 @@ class WarmReport:
 
 
 def artifacts_of(manifest: Manifest | str | Path | Iterable[ArtifactId],
-                 loader: KernelLoader) -> tuple[list[ArtifactId], str]:
+                 loader: LoaderBase) -> tuple[list[ArtifactId], str]:
     """(artifact ids, label) of a manifest object, file or built-in name, or of ids."""
     if isinstance(manifest, str | Path):
         manifest = load_manifest(resolve_manifest(str(manifest)))
@@ -179,28 +129,7 @@ def artifacts_of(manifest: Manifest | str | Path | Iterable[ArtifactId],
     return list(manifest), "artifacts"
 
 
-def warm(manifest: Manifest | str | Path | Iterable[ArtifactId], *,
-         loader: KernelLoader | None = None, settings: Settings | None = None,
-         device: str | DeviceInfo | None = None, on_miss: OnMiss = "compile",
-         progress: WarmProgress | None = None, threads: int | None = None,
-         label: str | None = None) -> WarmReport:
-    """Obtain every kernel of ``manifest`` on the device (see the module doc).
-
-    With ``loader`` the programs stay in that loader's memory. Without one, a loader is
-    opened for the call and closed after it: what remains is the local tier, filled with
-    everything that was fetched or compiled, so the application's own loader later
-    loads without network or compiler. The readiness figure (each kernel launched once,
-    loader/readiness.py) is :meth:`KernelLoader.warm`'s ``launch``.
-    """
-    if loader is not None:
-        return warm_loader(loader, manifest, progress=progress, threads=threads, label=label)
-    from loader.kernel_loader import KernelLoader
-
-    with KernelLoader(settings, device=device, on_miss=on_miss, label="warm") as own:
-        return warm_loader(own, manifest, progress=progress, threads=threads, label=label)
-
-
-def warm_loader(loader: KernelLoader, manifest: Manifest | str | Path | Iterable[ArtifactId],
+def warm_loader(loader: LoaderBase, manifest: Manifest | str | Path | Iterable[ArtifactId],
                 *, progress: WarmProgress | None = None, threads: int | None = None,
                 label: str | None = None, launch: bool = False) -> WarmReport:
     """The engine behind :func:`warm` and :meth:`KernelLoader.warm`; ``label`` names the
@@ -215,7 +144,7 @@ def warm_loader(loader: KernelLoader, manifest: Manifest | str | Path | Iterable
 class _Warm:
     """One warm: its items, their grouping by key, and the claimed in-flight futures."""
 
-    def __init__(self, loader: KernelLoader, label: str, progress: WarmProgress | None,
+    def __init__(self, loader: LoaderBase, label: str, progress: WarmProgress | None,
                  threads: int | None) -> None:
         self.loader = loader
         self.label = label
@@ -270,7 +199,7 @@ class _Warm:
             ck = InFlight.key(key)
             if loader.inflight.get(ck) is not None:
                 loader.stats.bump("memory", len(group))
-                self._done(group, "memory")
+                self._done(group, Source.MEMORY)
             else:
                 wanted.append(ck)
         claimed, joined = loader.inflight.claim(wanted)
@@ -338,7 +267,7 @@ class _Warm:
                 item = group[0]
                 item.work_s = fetch_s + load_s
                 self._settle(key, entry)
-                self._done(group, tier.name)
+                self._done(group, Source(tier.name))
         order = {k: i for i, k in enumerate(self.groups)}
         return sorted(misses, key=order.__getitem__)
 
@@ -379,7 +308,7 @@ class _Warm:
             return
         assert res.program is not None
         source = source_of(res.outcome)
-        self.loader.stats.bump(source)
+        self.loader.stats.bump(source.value)
         group[0].work_s = res.work_s
         self._settle(key, LoadedProgram.of(res.program, res.artifact.kernel.family, key))
         self._done(group, source)
@@ -400,7 +329,7 @@ class _Warm:
         self.loader.record_loaded(got[0], timings.get("fetch_s", 0.0) + timings.get("load_s", 0.0),
                                   group[0].label)
         self._settle(key, got[0])
-        self._done(group, "farm")
+        self._done(group, Source.FARM)
 
     # -- 4. keys other threads were fetching ------------------------------------------------
     def _wait(self, joined: dict[tuple[int, Key], Future[LoadedProgram]]) -> None:
@@ -412,7 +341,7 @@ class _Warm:
                 self._fail(group, KernelFailure(kind="error", message=str(exc)))
                 continue
             self.loader.stats.bump("joined", len(group))
-            self._done(group, "memory")
+            self._done(group, Source.MEMORY)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _settle(self, key: Key, entry: LoadedProgram | None,
