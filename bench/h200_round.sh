@@ -19,6 +19,9 @@
 #       this tree beside 624c62d and a bare Celery round trip; carry .base too)
 #   bench/h200_round.sh control-plane-31-128                  # a machine of 32+ cores
 #   bench/h200_round.sh capture-pocl                          # about 4 minutes (issue 30)
+#   bench/h200_round.sh gpu-test pyapp-final                  # at most 7.5 minutes: the
+#       GPU tests, the three applications on NVIDIA (2 rounds), then on PoCL 5 (1 round,
+#       with the capture-prepared node)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
@@ -52,6 +55,10 @@ for name in "$@"; do
             'timeout 170 python3 bench/bench_pyopencl_app.py --device nvidia --rounds 2;
              FARM_DEVICE=pocl timeout 110 python3 bench/bench_pyopencl_app.py --device pocl \
                  --rounds 1' ;;
+        pyapp-final) step pyapp-final 320 $host sh -c \
+            'timeout 170 python3 bench/bench_pyopencl_app.py --device nvidia --rounds 2;
+             FARM_DEVICE=pocl timeout 140 python3 bench/bench_pyopencl_app.py --device pocl \
+                 --rounds 1 --capture-row' ;;
         pyapp-pocl) step pyapp-pocl 300 env FARM_DEVICE=pocl $host python3 \
             bench/bench_pyopencl_app.py --device pocl --rounds 2 ;;
         gpu-cluster-bench) step gpu-cluster-bench 560 $host python3 \

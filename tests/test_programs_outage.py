@@ -6,7 +6,10 @@ failure's text whole.
 A real MinIO is frozen (SIGSTOP: it accepts connections and answers nothing) or stopped
 between an application's first build and its second, on a fresh node (an empty local
 tier), through the quick path (``FARM_POCL_READY=0``: no work-group records) and through
-the program server (PoCL's records); the first build was served from MinIO.
+the program server (PoCL's records); the first build was served from MinIO. The node
+runs a copy of the application (one comment more): the same programs, but no plan of
+its own in the store, so no prover ahead fetches them before the outage
+(:mod:`farm.programs.ahead`; that path is tests/test_quick_trust.py's).
 """
 
 from __future__ import annotations
@@ -49,10 +52,12 @@ def test_an_outage_mid_run_is_one_line_within_the_bound(tmp_path: Path, outage: 
                        check=True, capture_output=True, timeout=600)
         node = tmp_path / "node"
         node.mkdir()
+        app = tmp_path / "app_node.py"  # another application's digest: no plan stored
+        app.write_text(APP.read_text() + "\n# the node's copy\n")
         counts = tmp_path / "counts.json"
         proc = subprocess.Popen(
             [sys.executable, "-m", "farm", "run", "--json", str(counts), "--",
-             sys.executable, str(APP), str(node)], env={**env, "FARM_HOME": str(tmp_path / "h2")},
+             sys.executable, str(app), str(node)], env={**env, "FARM_HOME": str(tmp_path / "h2")},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
         while not (node / "ready").exists() and proc.poll() is None \

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from farm.compilation.validate import Verdict
+from farm.compilation.verdict import Verdict
 
 if TYPE_CHECKING:
     from typing import Protocol

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from farm.compilation.verdict import Verdict
 from farm.core.device import DeviceInfo
 from farm.core.runenv import unserved_environment
 
@@ -53,19 +54,6 @@ log = logging.getLogger(__name__)
 
 #: a load takes milliseconds (a PTX JIT tens); a context up to seconds on a GPU
 DEFAULT_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A proof's answer: ``why`` "" when proven; ``definite`` False when nothing was
-    decided (no child could start, or it did not answer in time)."""
-
-    why: str = ""
-    definite: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return not self.why
 
 
 def private_caches(folder: str) -> dict[str, str]:

@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
     import pyopencl as cl
 
-    from farm.compilation.proofs import Verdict
     from farm.compilation.validate import Request
+    from farm.compilation.verdict import Verdict
     from farm.core.keys import Namespace
     from farm.core.model import Artifact, Key
     from farm.programs.body import Body
@@ -210,8 +210,8 @@ class _Here:
     def check(self, binary: bytes, request: Request) -> Verdict:
         from dataclasses import asdict
 
-        from farm.compilation.proofs import Verdict
         from farm.compilation.validate import check_binary
+        from farm.compilation.verdict import Verdict
 
         why = check_binary(self._ctx, self._device, self._arch, binary, asdict(request))
         return Verdict(" ".join(why.split())[:500])

@@ -42,7 +42,8 @@ from farm.compilation.poclbin import (
     named_by_content,
     rewrite,
 )
-from farm.compilation.proofs import Claim, ProofBook, Prover, Verdict, prove_family
+from farm.compilation.proofs import Claim, ProofBook, Prover, prove_family
+from farm.compilation.verdict import Verdict
 from farm.core.errors import DeviceError
 from farm.core.keys import PROGRAM_FAMILY, PROGRAM_FUNCTIONS_FAMILY, Namespace
 from farm.core.model import Artifact, Key
