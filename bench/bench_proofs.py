@@ -12,8 +12,10 @@ binaries in MinIO (put there once, untimed, by another "node"):
   manifest).
 
 Peers for each: ``fresh node`` (a new ``FARM_HOME``, empty driver caches in folders of
-its own: its proofs are made, in a child), ``fresh node, book known`` (the same, but its
-``proofs`` folder is a copy of a node that proved the same binaries, nothing else: the
+its own: its proofs are made, for the programs by the prover ahead while the application
+starts (farm/programs/ahead.py), for the families in a child), ``fresh node, book
+known`` (the same, but its ``proofs`` folder is a copy of a node that proved the same
+binaries, nothing else: the
 difference between the two is what proving adds), and ``same node`` (the fresh node
 again: its book, its local tier and its driver caches). Drivers' caches are the
 defaults (on), as a user has them.
@@ -36,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_pyopencl_app import base_env, farm_cmd, fill, machine, node_caches, run_app
+from bench_pyopencl_app import APPS, base_env, farm_cmd, fill, machine, node_caches, run_app
 
 PEERS = ("fresh node", "fresh node, book known", "same node")
 
@@ -79,7 +81,7 @@ def one_round(work: Path, i: int, args: argparse.Namespace, store_env: dict[str,
 def _run(workload: str, env: dict[str, str], args: argparse.Namespace,
          counts: Path) -> dict[str, Any]:
     if workload == "programs":
-        return run_app(env, args.device, farm=counts)
+        return run_app(APPS["array"], env, args.device, farm=counts)
     return warm(env, args.manifest, args.device)
 
 
@@ -99,7 +101,7 @@ def main() -> None:
                          "FARM_MINIO_ACCESS_KEY": minio.access_key,
                          "FARM_MINIO_SECRET_KEY": minio.secret_key,
                          "FARM_MINIO_BUCKET": "bench-proofs"}
-            fill(work, args.device, store_env)
+            fill(work, "array", args.device, store_env)
             subprocess.run([*farm_cmd(), "build", args.manifest, "--local",
                             *(["--device", args.device] if args.device else [])],
                            check=True, capture_output=True, env=base_env(

@@ -4,6 +4,10 @@
 # limit of its own so that a slow step cannot take the others' time, and writes its log
 # to $OUT (the device tool's folder, which comes back even when the call runs out of
 # time) or /tmp/h200-round; each step's last lines are printed as it ends.
+#   bench/h200_round.sh probe-served pyapp-nvidia pyapp-pocl  # about 6 minutes (issue 30)
+#   bench/h200_round.sh pyapp-30m                             # at most 5 minutes (issue 30
+#       merged with 29: the quick path under the trust rule, proving ahead; NVIDIA 2
+#       rounds, then PoCL 5 one round)
 #   bench/h200_round.sh gpu-test pyapp-nvidia ready-pocl      # about 9 minutes
 #   bench/h200_round.sh fanout-nvidia pyapp-pocl              # about 9 minutes
 #   bench/h200_round.sh control-plane                         # about 4 minutes
@@ -15,6 +19,9 @@
 #       this tree beside 624c62d and a bare Celery round trip; carry .base too)
 #   bench/h200_round.sh control-plane-31-128                  # a machine of 32+ cores
 #   bench/h200_round.sh capture-pocl                          # about 4 minutes (issue 30)
+#   bench/h200_round.sh gpu-test pyapp-final                  # at most 7.5 minutes: the
+#       GPU tests, the three applications on NVIDIA (2 rounds), then on PoCL 5 (1 round,
+#       with the capture-prepared node)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/h200-round}"
@@ -36,11 +43,23 @@ for name in "$@"; do
             tests/test_nvidia.py tests/test_programs_gpu.py -v -s ;;
         fanout-nvidia) step fanout-nvidia 320 $host python3 bench/bench_fanout.py \
             --manifest large --workers 16 --device nvidia --no-loads --repeat 4 --peer-load ;;
-        pyapp-nvidia) step pyapp-nvidia 150 $host python3 bench/bench_pyopencl_app.py \
-            --device nvidia --rounds 2 ;;
+        pyapp-nvidia) step pyapp-nvidia 240 $host python3 bench/bench_pyopencl_app.py \
+            --device nvidia --rounds 3 ;;
+        probe-served) step probe-served 120 $host python3 bench/probe_served_start.py \
+            --device nvidia ;;
         ready-pocl) step ready-pocl 240 env FARM_DEVICE=pocl $host python3 bench/bench_ready.py \
             --manifest medium --workers 16 --device pocl --repeat 1 --no-before ;;
-        pyapp-pocl) step pyapp-pocl 240 env FARM_DEVICE=pocl $host python3 \
+        # issue 30 after issue 29 (i30m): the three applications, a signed store, on NVIDIA
+        # (2 rounds) then PoCL 5 (1 round), one device call; each part bounded so both fit
+        pyapp-30m) step pyapp-30m 300 $host sh -c \
+            'timeout 170 python3 bench/bench_pyopencl_app.py --device nvidia --rounds 2;
+             FARM_DEVICE=pocl timeout 110 python3 bench/bench_pyopencl_app.py --device pocl \
+                 --rounds 1' ;;
+        pyapp-final) step pyapp-final 320 $host sh -c \
+            'timeout 170 python3 bench/bench_pyopencl_app.py --device nvidia --rounds 2;
+             FARM_DEVICE=pocl timeout 140 python3 bench/bench_pyopencl_app.py --device pocl \
+                 --rounds 1 --capture-row' ;;
+        pyapp-pocl) step pyapp-pocl 300 env FARM_DEVICE=pocl $host python3 \
             bench/bench_pyopencl_app.py --device pocl --rounds 2 ;;
         gpu-cluster-bench) step gpu-cluster-bench 560 $host python3 \
             bench/bench_gpu_cluster.py --manifest large --workers 16 ;;

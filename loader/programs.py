@@ -66,11 +66,10 @@ class LoadedProgram:
     @classmethod
     def of(cls, program: cl.Program, family: str, key: Key) -> LoadedProgram:
         """The entry of a program a batch loaded (its kernels' names read from it)."""
-        import pyopencl as cl
+        from farm.compilation.load import program_kernels
 
-        names = str(program.get_info(cl.program_info.KERNEL_NAMES))
         return cls(program=program, family=family, key=key,
-                   kernel_names=tuple(n for n in names.split(";") if n))
+                   kernel_names=program_kernels(program))
 
 
 class InFlight:

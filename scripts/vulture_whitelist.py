@@ -127,3 +127,5 @@ measured_at  # unused variable (farm/tuning/model.py:104): when, for people and 
 _.tune_task  # unused method (worker/app.py:124)
 _._bounded  # unused method (farm/tuning/keys.py): a pydantic validator
 bare_chunk  # unused function (bench/cp_bare.py: a Celery task, registered by its decorator)
+before_pyopencl  # unused function (farm/programs/autoinstall.py): the shim's sitecustomize calls it by name
+install_from_env  # unused function (farm/programs/autoinstall.py): the shim's sitecustomize calls it by name

@@ -194,8 +194,10 @@ def test_farm_run_refuses_what_it_cannot_run_in_one_line(tmp_path: Path) -> None
 def test_farm_runs_own_process_imports_none_of_the_heavy_modules() -> None:
     """``farm run``'s own process is paid on every run of an application: it must not
     import pydantic, typing, dataclasses, tenacity or importlib.abc (each was there
-    once, 60 ms in all; docs/BENCHMARKS.md, "the farm's start-up trimmed")."""
-    heavy = ("pydantic", "typing", "dataclasses", "tenacity", "importlib.abc")
+    once, 60 ms in all; docs/BENCHMARKS.md, "the farm's start-up trimmed"), nor
+    subprocess, tempfile or pathlib (20 to 30 ms more; farm.programs.runner)."""
+    heavy = ("pydantic", "typing", "dataclasses", "tenacity", "importlib.abc", "subprocess",
+             "tempfile", "pathlib")
     probe = ("import sys, farm.cli.entry, farm.programs.runner\n"
              f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}

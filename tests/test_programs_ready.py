@@ -52,13 +52,13 @@ from farm.compilation.poclbin import (
 )
 from farm.core.keys import PROGRAM_FUNCTIONS_FAMILY, Namespace, program_functions_key
 from farm.core.model import Artifact, Key
+from farm.programs.prepared import merge
 from farm.programs.supplements import (
     MAGIC,
     SlotReader,
     SupplementError,
     decode,
     encode,
-    merge,
     read_records,
 )
 from farm.store.memory import MemoryStore

@@ -32,7 +32,8 @@ from farm.store import PutResult
 from farm.store.minio import MinioStore
 from farm.store.open import open_store
 from farm.store.s3_failures import ClientOptions, describe, is_transient
-from farm.store.s3_put import S3Unreachable, S3Writer
+from farm.store.s3_put import S3Writer
+from farm.store.s3_request import S3Unreachable
 
 pytestmark = pytest.mark.integration
 

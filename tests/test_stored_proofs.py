@@ -21,7 +21,8 @@ from farm.store import SQLiteStore
 
 
 def test_the_book_keeps_definite_verdicts_by_what_was_proven(tmp_path: Path) -> None:
-    from farm.compilation.proofs import Claim, ProofBook, Prover, Verdict
+    from farm.compilation.proofs import Claim, ProofBook, Prover
+    from farm.compilation.verdict import Verdict
 
     book = ProofBook(tmp_path)
     claim = Claim("program", "pocl-x", "a" * 64, names=("f",))

@@ -18,15 +18,14 @@ help and its usage errors.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 _OPTIONS = ("--json", "--capture")
 
 
-def plain_run(args: list[str]) -> tuple[list[str], dict[str, Path]] | None:
+def plain_run(args: list[str]) -> tuple[list[str], dict[str, str]] | None:
     """(command, {"--json"|"--capture": path}) for ``farm run``'s plain form, else
     ``None`` (``args`` follow ``run``)."""
-    options: dict[str, Path] = {}
+    options: dict[str, str] = {}
     i = 0
     while i < len(args):
         arg = args[i]
@@ -43,7 +42,7 @@ def plain_run(args: list[str]) -> tuple[list[str], dict[str, Path]] | None:
             value = args[i]
         if not value or value.startswith("-"):
             return None
-        options[name] = Path(value)
+        options[name] = value
         i += 1
     return None
 

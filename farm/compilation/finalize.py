@@ -303,11 +303,12 @@ def _spent(built: FinalizeResult, start: float, error: str) -> FinalizeResult:
 def _kernel_names(program: BuiltProgram) -> tuple[str, ...]:
     import pyopencl as cl
 
+    from farm.compilation.load import program_kernels
+
     try:
-        names = str(program.get_info(cl.program_info.KERNEL_NAMES))
+        return program_kernels(program)
     except cl.Error:
         return ()
-    return tuple(n for n in names.split(";") if n)
 
 
 def _build_log(program: BuiltProgram, device: cl.Device) -> str:

@@ -19,12 +19,19 @@ refused, never run as this one.
 Kernel names come from ``CL_PROGRAM_KERNEL_NAMES`` rather than by making every
 ``Kernel`` object (``all_kernels()``): pyopencl generates the argument-setting code of
 each kernel it makes, 1 to 4 ms a program on PoCL, more than the load itself. Kernels are
-made when an application asks for one.
+made when an application asks for one. Every part of the farm reads a built program's
+kernels through :func:`program_kernels` (the compile's record of them, this load's
+check, the program server, the proof's child, the served quick path), which leaves out
+names reserved to the implementation (:func:`reserved`): NVIDIA's driver lists CUDA's
+internal helpers (``__cuda_sm20_div_u64``, ``__cuda_sm20_dblrcp_rn_slowpath_v3``) among
+the kernels of a program loaded from a cubin, and not among those of the same program
+built from source.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -49,6 +56,33 @@ class BuiltProgram(Protocol):
 
     def get_build_info(self, device: cl.Device, param: cl.program_build_info, /
                        ) -> object: ...
+
+
+def reserved(name: str) -> bool:
+    """Whether ``name`` is reserved to the implementation: OpenCL C takes C99's rule
+    (7.1.3: every identifier that begins with two underscores, or with one and a capital
+    letter, is reserved for any use), and drivers use such names for their own code
+    (NVIDIA's ``__cuda_*`` helpers, listed as kernels of a program loaded from a cubin).
+    Only the two-underscore form is left out of a program's kernels (that is the form
+    drivers use); a kernel an application names so anyway is still built and served, the
+    farm only does not check it by name."""
+    return name.startswith("__")
+
+
+def listed_kernels(program: BuiltProgram) -> tuple[str, ...]:
+    """Every name the driver lists in ``CL_PROGRAM_KERNEL_NAMES``, in its order."""
+    import pyopencl as cl
+
+    return tuple(n for n in str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")
+                 if n)
+
+
+def program_kernels(program: BuiltProgram, declared: Iterable[str] = ()) -> tuple[str, ...]:
+    """The kernels of a built ``program``, in the driver's order, without the names
+    reserved to the implementation (:func:`reserved`) unless ``declared`` names them (a
+    family may declare any valid name). The one reader of a program's kernel names."""
+    keep = frozenset(declared)
+    return tuple(n for n in listed_kernels(program) if n in keep or not reserved(n))
 
 
 @dataclass(frozen=True)
@@ -107,8 +141,7 @@ def _load_one(ctx: cl.Context, device: cl.Device, binary: bytes,
     check_target(binary, device)
     try:
         program = cl.Program(ctx, [device], [binary]).build()
-        names = tuple(n for n in str(program.get_info(cl.program_info.KERNEL_NAMES))
-                      .split(";") if n)
+        names = program_kernels(program, kernel_names)
     except cl.Error as exc:
         raise LoadError(f"the device refused the binary: {str(exc).splitlines()[0]}") from None
     if not names and require_kernel:

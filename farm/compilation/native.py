@@ -29,16 +29,16 @@ conversion, fallback and routing on machines with no GPU.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import struct
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from farm.core.device import device_arch, nv_attribute
 from farm.core.errors import LoadError
+from farm.core.fingerprint import device_arch, nv_attribute
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -66,16 +66,29 @@ class NativeLinker(Protocol):
         ...
 
 
-class NativeHeader(BaseModel):
-    """What the container says about its two parts (validated: it comes from a store)."""
+#: what a container's header holds (it comes from a store: checked field by field)
+_ARCH = re.compile(r"[a-z0-9_]{1,32}")
+_HEADER_FIELDS = frozenset({"v", "arch", "native_format", "native_size", "portable_size"})
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    v: int = Field(default=1, ge=1, le=1)
-    arch: str = Field(pattern=r"^[a-z0-9_]{1,32}$")
-    native_format: str = Field(default="cubin", pattern=r"^[a-z0-9_]{1,32}$")
-    native_size: int = Field(ge=1)
-    portable_size: int = Field(ge=1)
+def _header(raw: bytes) -> tuple[str, int, int]:
+    """``(arch, native size, portable size)`` of a container's JSON header, checked:
+    version 1, no other field, names of the allowed form, sizes at least 1. Checked by
+    hand rather than by a pydantic model so that a served application's load imports
+    no pydantic (:mod:`farm.programs.quick`)."""
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise LoadError("native container has a malformed header") from None
+    if not isinstance(header, dict) or not header.keys() <= _HEADER_FIELDS \
+            or header.get("v", 1) != 1 or header.get("v", 1) is True:
+        raise LoadError("native container has a malformed header")
+    arch, form = header.get("arch"), header.get("native_format", "cubin")
+    sizes = header.get("native_size"), header.get("portable_size")
+    if not (isinstance(arch, str) and _ARCH.fullmatch(arch) and isinstance(form, str)
+            and _ARCH.fullmatch(form) and all(type(n) is int and n >= 1 for n in sizes)):
+        raise LoadError("native container has a malformed header")
+    return arch, sizes[0], sizes[1]  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -89,8 +102,11 @@ class NativeParts:
 
 def pack(arch: str, native: bytes, portable: bytes) -> bytes:
     """One artifact binary holding ``native`` (tried first) and ``portable``."""
-    header = NativeHeader(arch=arch, native_size=len(native),
-                          portable_size=len(portable)).model_dump_json().encode()
+    if not _ARCH.fullmatch(arch):
+        raise ValueError(f"not an architecture name: {arch!r:.60}")
+    header = json.dumps({"v": 1, "arch": arch, "native_format": "cubin",
+                         "native_size": len(native), "portable_size": len(portable)},
+                        separators=(",", ":")).encode()
     return MAGIC + _LENGTH.pack(len(header)) + header + native + portable
 
 
@@ -105,15 +121,12 @@ def unpack(binary: bytes) -> NativeParts | None:
     (length,) = _LENGTH.unpack_from(binary, len(MAGIC))
     if length > _MAX_HEADER or len(binary) < start + length:
         raise LoadError("native container has a malformed header")
-    try:
-        header = NativeHeader.model_validate_json(binary[start:start + length])
-    except ValidationError:
-        raise LoadError("native container has a malformed header") from None
+    arch, native_size, portable_size = _header(binary[start:start + length])
     body = start + length
-    if len(binary) != body + header.native_size + header.portable_size:
+    if len(binary) != body + native_size + portable_size:
         raise LoadError("native container sizes do not add up")
-    mid = body + header.native_size
-    return NativeParts(arch=header.arch, native=binary[body:mid], portable=binary[mid:])
+    mid = body + native_size
+    return NativeParts(arch=arch, native=binary[body:mid], portable=binary[mid:])
 
 
 def open_linker(cl_device: cl.Device) -> NativeLinker | None:

@@ -34,12 +34,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from farm.compilation.validate import Verdict
+from farm.compilation.verdict import Verdict
 
 if TYPE_CHECKING:
-    from farm.compilation.validate import IsolatedValidator, Request
+    from typing import Protocol
+
+    from farm.compilation.validate import Request
     from farm.core.device import DeviceInfo
     from farm.core.model import Artifact
+
+    class Checker(Protocol):
+        """What loads a binary where its crash harms nobody: the isolated child
+        (:class:`farm.compilation.validate.IsolatedValidator`), or a process that is
+        itself such a child (:mod:`farm.programs.ahead`)."""
+
+        started: int
+
+        def start(self) -> None: ...
+
+        def check(self, binary: bytes, request: Request) -> Verdict: ...
+
+        def close(self) -> None: ...
 
 #: bump when what a proof checks changes: every verdict kept before is then unknown
 PROOF_VERSION = 1
@@ -141,13 +156,15 @@ class Prover:
     (started on first need, or early with :meth:`start`). Thread-safe."""
 
     def __init__(self, device: DeviceInfo, book: ProofBook,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, checker: Checker | None = None) -> None:
+        """``checker``: what loads the binaries (default: an isolated child, started on
+        first need)."""
         self.device = device
         self.book = book
         self.stats = ProofStats()
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._validator: IsolatedValidator | None = None
+        self._validator: Checker | None = checker
 
     def known(self, claim: Claim) -> str | None:
         """The node's verdict on ``claim`` ("" proven, why refused), ``None``: unknown."""
@@ -185,7 +202,7 @@ class Prover:
             self.book.note(claim, verdict.why)
             self.stats.bump("refused" if verdict.why else "proven")
 
-    def _child(self) -> IsolatedValidator:
+    def _child(self) -> Checker:
         from farm.compilation.validate import DEFAULT_TIMEOUT_S, IsolatedValidator
 
         with self._lock:

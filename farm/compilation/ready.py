@@ -256,10 +256,9 @@ def program_binary(program: BuiltProgram, since: float) -> ReadyBinary:
     """The binary of ``program`` (built after ``since`` with :func:`private_option`)
     without PoCL generating any generic work-group function, under a content-hash name;
     the plain binary, with ``error``, where its folder cannot be told for certain."""
-    import pyopencl as cl
+    from farm.compilation.load import listed_kernels
 
-    names = tuple(n for n in str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")
-                  if n)
+    names = listed_kernels(program)  # every kernel PoCL holds, reserved names too
     if not names:  # PoCL generates nothing for a program without kernels
         return _named(_binary(program))
     folder = built_folder(since, names)

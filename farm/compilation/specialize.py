@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 from farm.compilation.elfstub import exports
 from farm.compilation.poclbin import GENERIC
 from farm.compilation.poclcache import KERNEL, SPEC
-from farm.compilation.proofs import Verdict
 from farm.compilation.validate import IsolatedValidator
+from farm.compilation.verdict import Verdict
 from farm.core.hashing import sha256_hex
 
 if TYPE_CHECKING:

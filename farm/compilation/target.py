@@ -12,7 +12,7 @@ writer, a bundle or a copy between prefixes can put any bytes under any key:
   that is not a ``poclbin`` is refused on PoCL: the farm stores nothing else there, and
   PoCL's own parser trusts the bytes it reads (a truncated binary crashes it).
 * **NVIDIA**'s binary is PTX, whose ``.target sm_XY`` line names the architecture; the
-  device's is its compute capability (:func:`farm.core.device.device_arch`). A
+  device's is its compute capability (:func:`farm.core.fingerprint.device_arch`). A
   cubin (a native container's machine code) is checked by the container's header.
 * Other devices: their binaries are opaque here (``None``), and the driver decides.
 
@@ -84,7 +84,7 @@ def device_target(cl_device: cl.Device) -> str | None:
     with _targets_lock:
         if handle in _targets:
             return _targets[handle]
-    from farm.core.device import device_arch
+    from farm.core.fingerprint import device_arch
 
     try:
         version = str(cl_device.version)

@@ -43,7 +43,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from farm.compilation.verdict import Verdict
 from farm.core.device import DeviceInfo
+from farm.core.runenv import unserved_environment
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -54,17 +56,16 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 120.0
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """A proof's answer: ``why`` "" when proven; ``definite`` False when nothing was
-    decided (no child could start, or it did not answer in time)."""
-
-    why: str = ""
-    definite: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return not self.why
+def private_caches(folder: str) -> dict[str, str]:
+    """The environment of a process that proves binaries: every driver cache in
+    ``folder`` (made for that process, removed with it), so that what a load the driver
+    dies in leaves behind never reaches the node's own caches. Made here."""
+    out = {"POCL_CACHE_DIR": os.path.join(folder, "pocl"),
+           "CUDA_CACHE_PATH": os.path.join(folder, "cuda"),
+           "XDG_CACHE_HOME": os.path.join(folder, "xdg"), "PYOPENCL_NO_CACHE": "1"}
+    for key in ("POCL_CACHE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME"):
+        os.makedirs(out[key], exist_ok=True)
+    return out
 
 
 class ValidatorError(Exception):
@@ -171,12 +172,7 @@ class IsolatedValidator:
         if self._child is not None and self._child.poll() is None:
             return self._child
         self._cache = tempfile.mkdtemp(prefix="farm-validate-")
-        env = {**os.environ, "POCL_CACHE_DIR": os.path.join(self._cache, "pocl"),
-               "CUDA_CACHE_PATH": os.path.join(self._cache, "cuda"),
-               "XDG_CACHE_HOME": os.path.join(self._cache, "xdg"), "PYOPENCL_NO_CACHE": "1",
-               **self.child_env}
-        for sub in ("pocl", "cuda", "xdg"):
-            os.mkdir(os.path.join(self._cache, sub))
+        env = {**unserved_environment(), **private_caches(self._cache), **self.child_env}
         child = subprocess.Popen(
             [sys.executable, "-m", self.module],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -255,7 +251,8 @@ Handler = Callable[["cl.Context", "cl.Device", DeviceInfo, bytes, dict[str, Any]
 
 def _answer_check(ctx: cl.Context, cl_device: cl.Device, info: DeviceInfo, binary: bytes,
                   request: dict[str, Any]) -> dict[str, Any]:
-    return {"error": " ".join(_check(ctx, cl_device, info, binary, request).split())[:500]}
+    error = check_binary(ctx, cl_device, info.native_arch, binary, request)
+    return {"error": " ".join(error.split())[:500]}
 
 
 def serve(handler: Handler = _answer_check) -> int:
@@ -282,9 +279,11 @@ def serve(handler: Handler = _answer_check) -> int:
     return 0
 
 
-def _check(ctx: cl.Context, cl_device: cl.Device, info: DeviceInfo, binary: bytes,
-           request: dict[str, Any]) -> str:
-    """"" when ``binary`` passes every check of ``request`` here, else why not."""
+def check_binary(ctx: cl.Context, cl_device: cl.Device, arch: str, binary: bytes,
+                 request: dict[str, Any]) -> str:
+    """"" when ``binary`` passes every check of ``request`` here (``arch``: the device's
+    native architecture), else why not. Run only where a crash harms nobody: the child,
+    or a prover that is itself one (:mod:`farm.programs.ahead`)."""
     import pyopencl as cl
 
     from farm.compilation.load import load_binary
@@ -294,7 +293,7 @@ def _check(ctx: cl.Context, cl_device: cl.Device, info: DeviceInfo, binary: byte
     try:
         loaded = load_binary(ctx, cl_device, binary,
                              tuple(names) if names is not None else (),
-                             arch=info.native_arch,
+                             arch=arch,
                              require_kernel=bool(request.get("require_kernel", True)))
     except FarmError as exc:
         return str(exc)

@@ -32,7 +32,12 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from farm.core.errors import DeviceChoiceError, DeviceError, InputError, printable
-from farm.core.hashing import stable_hash
+from farm.core.fingerprint import (
+    compiles_at_launch,
+    device_identity,
+    fingerprint_of,
+    identity_of,
+)
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -83,92 +88,35 @@ class DeviceInfo(BaseModel):
 
     @property
     def compiles_at_launch(self) -> bool:
-        """PoCL's CPU drivers (``pthread``/``basic`` in 3.x, ``cpu``/``cpu-minimal`` in 5.x)
-        make a kernel's machine code at its first launch, per local size and grid class:
-        its artifacts are made ready for a declared launch (:mod:`farm.compilation.ready`)."""
-        return (self.platform_name == "Portable Computing Language"
-                and self.device_name.startswith(("pthread-", "basic-", "cpu-")))
+        """:func:`farm.core.fingerprint.compiles_at_launch` (PoCL's CPU drivers)."""
+        return compiles_at_launch(self.platform_name, self.device_name)
 
     def identity(self) -> dict[str, str]:
-        """The fields a binary's validity depends on.
-
-        ``native_arch`` joins them only where it is known (NVIDIA), so that a cubin is
-        served only to its architecture while every other device keeps the fingerprint
-        it always had; the driver version is already here, so a driver upgrade starts a
-        new namespace rather than serving code an older driver made.
-        """
-        identity = {
-            "platform_name": self.platform_name,
-            "platform_version": self.platform_version,
-            "device_name": self.device_name,
-            "vendor": self.vendor,
-            "device_version": self.device_version,
-            "driver_version": self.driver_version,
-            "opencl_c_version": self.opencl_c_version,
-        }
-        if self.native_arch:
-            identity["native_arch"] = self.native_arch
-        return identity
+        """The fields a binary's validity depends on (:func:`farm.core.fingerprint.
+        identity_of`)."""
+        return identity_of(self.platform_name, self.platform_version, self.device_name,
+                           self.vendor, self.device_version, self.driver_version,
+                           self.opencl_c_version, self.native_arch)
 
     @property
     def fingerprint(self) -> str:
         """Readable slug plus a hash of :meth:`identity`; stable from run to run."""
-        platform = "pocl" if "pocl" in self.platform_name.lower() or "portable" in \
-            self.platform_name.lower() else _slug(self.platform_name)[:16]
-        name = _slug(self.device_name)[:40]
-        return f"{platform}-{name}-{stable_hash(self.identity(), 12)}"
-
-
-_SLUG = re.compile(r"[^a-z0-9]+")
-
-
-def _slug(text: str) -> str:
-    return _SLUG.sub("-", text.lower()).strip("-")
+        return fingerprint_of(self.identity())
 
 
 def info_from_device(platform_index: int, device_index: int, dev: cl.Device) -> DeviceInfo:
     """Read a pyopencl device's identity and limits."""
-    platform = dev.platform
     return DeviceInfo(
         platform_index=platform_index,
         device_index=device_index,
-        platform_name=platform.name.strip(),
-        platform_version=platform.version.strip(),
-        device_name=dev.name.strip(),
-        vendor=dev.vendor.strip(),
-        device_version=dev.version.strip(),
-        driver_version=dev.driver_version.strip(),
-        opencl_c_version=dev.opencl_c_version.strip(),
+        **device_identity(dev),
         max_work_group_size=int(dev.max_work_group_size),
         max_work_item_sizes=tuple(int(x) for x in dev.max_work_item_sizes),
         local_mem_size=int(dev.local_mem_size),
         global_mem_size=int(dev.global_mem_size),
         max_compute_units=int(dev.max_compute_units),
         extensions=tuple(sorted(dev.extensions.split())),
-        native_arch=device_arch(dev),
     )
-
-
-def device_arch(cl_device: cl.Device) -> str:
-    """``sm_XY`` for an NVIDIA device (from ``cl_nv_device_attribute_query``), else ``""``:
-    the architecture native code is stored for (:mod:`farm.compilation.native`)."""
-    major, minor = nv_attribute(cl_device, "COMPUTE_CAPABILITY_MAJOR_NV"), \
-        nv_attribute(cl_device, "COMPUTE_CAPABILITY_MINOR_NV")
-    return f"sm_{major}{minor}" if major is not None and minor is not None else ""
-
-
-def nv_attribute(cl_device: cl.Device, name: str) -> int | None:
-    import pyopencl as cl
-
-    if "cl_nv_device_attribute_query" not in str(getattr(cl_device, "extensions", "")):
-        return None
-    param = getattr(cl.device_info, name, None)
-    if param is None:
-        return None
-    try:
-        return int(cl_device.get_info(param))  # type: ignore[call-overload]
-    except (cl.Error, TypeError, ValueError):
-        return None
 
 
 def probe_devices() -> list[DeviceInfo]:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 
+#: a 64-digit lowercase hex SHA-256 (source hashes, digests)
+SHA256_HEX = r"^[0-9a-f]{64}$"
+
 
 def canonical_json(value: object) -> str:
     """Serialize ``value`` to JSON with sorted keys and no insignificant whitespace."""

@@ -121,11 +121,27 @@ what keeps a binary from ever reaching the wrong device, in a store or in a bund
 from __future__ import annotations
 
 import re
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from dataclasses import dataclass
 
 from farm.core.hashing import sha256_hex
-from farm.core.model import Key
+
+#: typing.TYPE_CHECKING without importing typing: this module imports nothing of pydantic
+#: (a served application's quick path names its objects with it; farm.programs.quick)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from farm.core.model import Key
+
+    class KeyLike(Protocol):
+        """A :class:`~farm.core.model.Key`, or anything else naming one (the quick path's
+        keys are plain tuples: :mod:`farm.programs.quick`)."""
+
+        @property
+        def id_hash(self) -> str: ...
+
+        @property
+        def build_id(self) -> str: ...
 
 BACKEND = "opencl"
 STORE_FORMAT = "v1"
@@ -135,21 +151,26 @@ _FINGERPRINT = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-class Namespace(BaseModel):
-    """Where artifacts for one device live; compared and hashed as a value."""
+_BACKEND = re.compile(r"[a-z0-9]{1,32}")
+_FORMAT = re.compile(r"v[0-9]{1,6}")
 
-    model_config = ConfigDict(frozen=True)
 
-    backend: str = Field(default=BACKEND, pattern=r"^[a-z0-9]{1,32}$")
-    format: str = Field(default=STORE_FORMAT, pattern=r"^v[0-9]{1,6}$")
+@dataclass(frozen=True, kw_only=True)
+class Namespace:
+    """Where artifacts for one device live; compared and hashed as a value. A dataclass
+    checked when made, not a pydantic model, so that naming a stored object imports no
+    pydantic (it never crosses a boundary as a model: it is text, parsed here)."""
+
+    backend: str = BACKEND
+    format: str = STORE_FORMAT
     fingerprint: str
 
-    @field_validator("fingerprint")
-    @classmethod
-    def _slug(cls, value: str) -> str:
-        if not isinstance(value, str) or not _FINGERPRINT.fullmatch(value):
-            raise ValueError(f"not a device fingerprint: {value!r}")
-        return value
+    def __post_init__(self) -> None:
+        for value, rule, what in ((self.backend, _BACKEND, "a backend name"),
+                                  (self.format, _FORMAT, "a store format version"),
+                                  (self.fingerprint, _FINGERPRINT, "a device fingerprint")):
+            if not isinstance(value, str) or not rule.fullmatch(value):
+                raise ValueError(f"not {what}: {value!r:.120}")
 
     def __str__(self) -> str:
         return f"{self.backend}/{self.format}/{self.fingerprint}"
@@ -176,7 +197,7 @@ def namespace_prefix(ns: Namespace | None) -> str:
     return f"{ns}/" if ns is not None else f"{BACKEND}/{STORE_FORMAT}/"
 
 
-def artifact_object(ns: Namespace, key: Key) -> str:
+def artifact_object(ns: Namespace, key: KeyLike) -> str:
     return f"{ns}/artifacts/{key.id_hash}/{key.build_id}"
 
 
@@ -221,6 +242,8 @@ def key_from_artifact_object(ns: Namespace, name: str) -> Key | None:
     parts = name[len(prefix):].split("/")
     if len(parts) != 2:
         return None
+    from farm.core.model import Key
+
     try:
         return Key(id_hash=parts[0], build_id=parts[1])
     except ValueError:
@@ -242,10 +265,18 @@ def program_functions_key(program: Key, slot: int) -> Key:
     on the program's key alone, so a reader asks for the first slots while the program's
     own artifact is still on its way (each record names the binary it belongs to). Every
     slot of a program shares the first 62 digits: one listing of that prefix finds them."""
+    from farm.core.model import Key
+
+    return Key(id_hash=program_functions_id(str(program), slot), build_id=program.build_id)
+
+
+def program_functions_id(program: str, slot: int) -> str:
+    """The ``id`` of :func:`program_functions_key` (``program``: the key as text), without
+    the key's model (a served application's quick path)."""
     if not 0 <= slot < PROGRAM_FUNCTION_SLOTS:
         raise ValueError(f"slot {slot} outside 0..{PROGRAM_FUNCTION_SLOTS - 1}")
     digest = sha256_hex(f"{PROGRAM_FUNCTIONS_FAMILY}\n{program}")
-    return Key(id_hash=f"{digest[:62]}{slot:02x}", build_id=program.build_id)
+    return f"{digest[:62]}{slot:02x}"
 
 
 #: the family name tuning results are stored under (farm.tuning; never a registered
@@ -253,9 +284,12 @@ def program_functions_key(program: Key, slot: int) -> Key:
 TUNING_FAMILY = "tune"
 #: the family name of a problem's latest tuning, whatever its candidate list
 TUNING_INDEX_FAMILY = "tune-index"
+#: the family of an application's plan: the programs it builds on a device fingerprint
+#: (farm.programs.plan), in that fingerprint's namespace
+PLAN_FAMILY = "program-plan"
 #: stored families whose bytes are data, not a binary: never loaded on a device (a
 #: bundle import does not validate them in a child), read and checked by their reader
-DATA_FAMILIES = frozenset({TUNING_FAMILY, TUNING_INDEX_FAMILY})
+DATA_FAMILIES = frozenset({TUNING_FAMILY, TUNING_INDEX_FAMILY, PLAN_FAMILY})
 
 
 def blob_object(digest: str) -> str:
@@ -365,6 +399,9 @@ STORE_FILE = "store.sqlite"
 RECORDS_FILE = "records.sqlite"
 #: the MinIO bucket when FARM_MINIO_BUCKET does not name one
 DEFAULT_BUCKET = "kernel-farm"
+
+#: FARM_ENVIRONMENT unless set
+DEFAULT_ENVIRONMENT = "default"
 
 
 # -- records ---------------------------------------------------------------------------------

@@ -21,15 +21,12 @@ from pydantic import (
     field_validator,
 )
 
-from farm.core.hashing import canonical_json, sha256_hex, stable_hash
+from farm.core.hashing import SHA256_HEX, canonical_json, sha256_hex, stable_hash
 from farm.core.outcomes import Fate
 
 #: the largest integer every storage takes (SQLite and PostgreSQL BIGINT): an integer
 #: from outside beyond it is refused where it enters, not by a database later
 INT64_MAX = 2**63 - 1
-
-#: a 64-digit lowercase hex SHA-256 (source hashes, digests)
-SHA256_HEX = r"^[0-9a-f]{64}$"
 
 NonNegInt64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
 """A count, a size, a sequence number."""
@@ -314,9 +311,9 @@ class ArtifactMeta(Frozen):
         namespace binds the device (its fingerprint), so a signed binary can be replayed
         neither under another kernel's key nor under another device's namespace.
         """
-        return canonical_json({"v": 2, "namespace": namespace, "key": str(self.key),
-                               "family": self.family, "digest": self.digest,
-                               "size": self.size}).encode()
+        from farm.core.signatures import signed_message
+
+        return signed_message(namespace, str(self.key), self.family, self.digest, self.size)
 
     def signed_bytes_v1(self) -> bytes:
         """What a version 1 signature (farm before issue 19) covers: key, family, digest

@@ -143,9 +143,13 @@ class Waiter:
     """
 
     def __init__(self, what: str, limit_s: float, *, is_down: Callable[[BaseException], bool],
-                 say: Say | None = None, max_wait_s: float = 2.0) -> None:
+                 say: Say | None = None, max_wait_s: float = 2.0,
+                 attempt_s: float | None = None) -> None:
         self.what = what
         self.limit_s = limit_s
+        #: the longest one attempt can take (its socket timeout), when known: then no
+        #: attempt starts that could end past the limit, so the wait is bounded by it
+        self.attempt_s = attempt_s
         self._is_down = is_down
         self._say = say or (lambda line: log.warning("%s", line))
         self._max_wait_s = max_wait_s
@@ -196,12 +200,34 @@ class Waiter:
         """For callers that retry on their own: note the failure (of an attempt that
         began at ``started``, monotonic), raise past the limit."""
         since = self._mark_down(exc, started)
-        if time.monotonic() - since >= self.limit_s:
+        if self._spent(since):
             raise OutageError(self._gave_up(exc)) from None
 
+    def _spent(self, since: float) -> bool:
+        """Whether the outage begun at ``since`` has used its time: past the limit, or
+        (where an attempt's longest time is known) too near it for another attempt."""
+        return time.monotonic() - since + (self.attempt_s or 0.0) >= self.limit_s
+
+    def _next_wait(self, attempt: int) -> float:
+        """The wait before the attempt after ``attempt`` failed ones (doubling from
+        :data:`_FIRST_WAIT_S`, at most ``max_wait_s``); where an attempt's longest time
+        is known, never so long that the next attempt could end past the limit."""
+        wait = min(_FIRST_WAIT_S * 2 ** attempt, self._max_wait_s)
+        since = self._down_since
+        if since is None or self.attempt_s is None:
+            return wait
+        left = self.limit_s - (time.monotonic() - since) - self.attempt_s
+        return max(0.0, min(wait, left))
+
     def _gave_up(self, exc: BaseException) -> str:
-        return (f"{self.what} unreachable for more than {self.limit_s:g} s "
-                f"(FARM_OUTAGE_LIMIT): {_short(exc)}")
+        since = self._down_since
+        lasted = (f"more than {self.limit_s:g} s" if self.attempt_s is None or since is None
+                  else f"{time.monotonic() - since:.1f} s")
+        return f"{self.what} unreachable for {lasted} ({self.limit_setting}): {_short(exc)}"
+
+    #: the setting that sets the limit, named in the line that gives up (an application's
+    #: served builds wait a fixed time instead: farm.programs.serve)
+    limit_setting = "FARM_OUTAGE_LIMIT"
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn()``, waiting out an outage of the service; OutageError past the limit.
@@ -224,12 +250,12 @@ class Waiter:
         """The attempts after a first one that found the service down (begun at
         ``started[0]``): exponential backoff from :data:`_FIRST_WAIT_S`, the same waits
         as one tenacity loop over every attempt."""
-        from tenacity import Retrying, retry_if_exception, wait_exponential
+        from tenacity import Retrying, retry_if_exception
 
         since = self._mark_down(first, started[0])
-        if time.monotonic() - since >= self.limit_s:
+        if self._spent(since):
             raise OutageError(self._gave_up(first)) from None
-        time.sleep(min(_FIRST_WAIT_S, self._max_wait_s))
+        time.sleep(self._next_wait(0))
 
         def attempt() -> T:
             started[0] = time.monotonic()
@@ -238,12 +264,11 @@ class Waiter:
         def stop(state: RetryCallState) -> bool:
             exc = state.outcome.exception() if state.outcome else None
             since = self._mark_down(exc, started[0]) if exc is not None else self._down_since
-            return since is not None and time.monotonic() - since >= self.limit_s
+            return since is not None and self._spent(since)
 
         # the first wait is behind us: the next ones are 2, 4, 8... times it
         retrying = Retrying(retry=retry_if_exception(self._is_down), stop=stop,
-                            wait=wait_exponential(multiplier=2 * _FIRST_WAIT_S,
-                                                  max=self._max_wait_s),
+                            wait=lambda state: self._next_wait(state.attempt_number),
                             reraise=True)
         try:
             return retrying(attempt)

@@ -19,8 +19,9 @@ from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farm.core.errors import SettingsError, first_error
-from farm.core.keys import DEFAULT_BUCKET, RECORDS_FILE, STORE_FILE
+from farm.core.keys import DEFAULT_BUCKET, DEFAULT_ENVIRONMENT, RECORDS_FILE, STORE_FILE
 from farm.core.model import INT64_MAX, RecordLevel
+from farm.core.runenv import default_home
 
 #: a dotted Python module name (FARM_FAMILY_MODULES entries)
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -30,7 +31,7 @@ _MAX_SECONDS = 86_400.0
 
 
 def _default_home() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kernel-farm"
+    return Path(default_home(os.environ))
 
 
 class Settings(BaseSettings):
@@ -43,7 +44,7 @@ class Settings(BaseSettings):
     home: Path = Field(default_factory=_default_home)
     #: named environment: one store plus one records storage (FARM_ENVIRONMENT); a
     #: folder name under FARM_HOME/envs, so never ``.`` or ``..``
-    environment: str = Field(default="default",
+    environment: str = Field(default=DEFAULT_ENVIRONMENT,
                              pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     #: the artifact store's URL, its scheme naming the backend (FARM_STORE_URL):
     #: ``sqlite:///<file>``, ``memory://``, ``minio://host:port/bucket``,
@@ -100,6 +101,13 @@ class Settings(BaseSettings):
     signing_key: SecretStr | None = Field(default=None, max_length=200)
     #: Ed25519 public key (base64): refuse artifacts not signed by its private key
     verify_key: str | None = Field(default=None, max_length=200)
+    #: whose generated code (pyopencl's and loopy's cached Python, pickles: code that
+    #: runs in the application) a served application takes from the store
+    #: (FARM_GENERATED_CODE; farm/programs/generated.py, docs/SECURITY.md): ``signed``
+    #: only from a store this node verifies, stored only by a signing writer; ``any``
+    #: also unsigned (every writer of the store may run Python in every served
+    #: application); ``off`` never
+    generated_code: Literal["signed", "any", "off"] = "signed"
 
     # -- cluster -------------------------------------------------------------------------
     redis_url: str | None = Field(default=None, max_length=2000)

@@ -6,9 +6,11 @@ loopy) and calls ``pyopencl.Program(ctx, src).build(options)``. The farm serves 
 builds too, as opaque *programs*: keyed by the source, the normalised options and the
 contents of every header the source can include (:mod:`.spec`, :mod:`.options`,
 :mod:`.includes`), obtained by the farm's own tiers and compile path on the
-application's own context (:mod:`.serve`, :mod:`.assemble`), hooked in with one line or
-none (:mod:`.hook`, :mod:`.autoinstall` for ``farm run``), and captured for the fleet to
-build ahead of time (:mod:`.capture`). docs/PYOPENCL.md is the user's guide.
+application's own context (:mod:`.serve`, :mod:`.assemble`; a stored binary by the
+quick path first, :mod:`.quick`, with nothing heavy imported), hooked in with one line or
+none (:mod:`.hook`, :mod:`.autoinstall` for ``farm run``), with the code pyopencl and
+loopy generate served too (:mod:`.generated`), and captured for the fleet to build
+ahead of time (:mod:`.capture`). docs/PYOPENCL.md is the user's guide.
 
     from farm.programs import install
     install()            # every pyopencl Program.build of this process is served

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from farm.compilation.load import BuiltProgram
 from farm.compilation.native import unpack
@@ -80,9 +80,42 @@ def _build(ctx: cl.Context, devices: Sequence[cl.Device], binaries: list[bytes],
     raise LoadError(f"the device refused the binary: {first}")
 
 
-def kernel_names(program: BuiltProgram) -> tuple[str, ...]:
-    """The kernels of a built program, as the driver lists them."""
+def put_in_place(program: Any, built: BuiltProgram, logs: dict[int, str], *, loaded: bool,
+                 seconds: float) -> None:
+    """Make the application's ``program`` what pyopencl's build would have made: ``built``
+    in its ``_prg``, the source build's ``logs`` (device ``int_ptr`` -> log) for
+    ``get_build_info(LOG)``, and, for a program ``loaded`` from a binary, pyopencl's
+    warning about a non-empty log said as its own source build would have said it."""
+    program._prg = built
+    program._build_duration_info = ("kernel-farm load" if loaded else "kernel-farm compile",
+                                    loaded, seconds)
+    program._farm_build_logs = logs
+    if loaded:
+        _say_log(built, logs)
+
+
+def escaped_log(log: str) -> str:
+    """A stored build log as the application may see it: its lines kept, every other
+    control character shown as an escape (``\\x1b``), like every text the farm echoes
+    from input (``farm.core.errors.printable``): a log from the store moves no cursor."""
+    from farm.core.errors import printable
+
+    return "\n".join(printable(line, 1 << 30) for line in log.splitlines())
+
+
+def _say_log(built: BuiltProgram, logs: dict[int, str]) -> None:
+    """pyopencl warns about a source build's non-empty log (``compiler_output``); a
+    program served from a binary says what its source build said, the same way, each
+    line indented (``    | ``, as ``farm build`` prints a log): no line of it can pass
+    for one of the farm's or the application's own."""
     import pyopencl as cl
 
-    return tuple(n for n in str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")
-                 if n)
+    devices: list[cl.Device] = built.get_info(cl.program_info.DEVICES)  # type: ignore[assignment]
+    said = [(dev, logs.get(dev.int_ptr, "")) for dev in devices]
+    message = ("=" * 75 + "\n").join(
+        f"Build on {dev} succeeded, but said:\n\n"
+        + "".join(f"    | {line}\n" for line in log.splitlines())
+        for dev, log in said if log and log.strip())
+    if message:
+        cl.compiler_output("From-source build succeeded, but resulted in non-empty logs:\n"
+                           f"{message}")

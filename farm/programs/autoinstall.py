@@ -13,35 +13,63 @@ too.
 
 Each process writes its counts (and, with ``FARM_RUN_CAPTURE=1``, its capture) into
 ``FARM_RUN_DIR`` at exit; ``farm run`` sums them into the run's one line.
+
+The moment the process *starts* importing ``pyopencl`` (before the import itself, 0.2 to
+0.5 s), :func:`before_pyopencl` starts the prover ahead of the application on a node that
+has not proven its programs yet (:mod:`farm.programs.ahead`), so that the proofs overlap
+the application's own start.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-RUN_DIR = "FARM_RUN_DIR"
-RUN_CAPTURE = "FARM_RUN_CAPTURE"
+from farm.core.runenv import RUN_CAPTURE, RUN_DIR
+
+#: typing.TYPE_CHECKING without importing typing (see farm.core.errors)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from farm.programs.ahead import Ahead
 
 
-def shim_dir() -> Path:
+def shim_folder() -> str:
     """The folder ``farm run`` puts first on ``PYTHONPATH`` (holds ``sitecustomize``)."""
-    return Path(__file__).resolve().parent / "shim"
+    return os.path.join(os.path.dirname(os.path.realpath(__file__)), "shim")
+
+
+#: the prover ahead :func:`before_pyopencl` started (or found), for the hook
+_AHEAD: list[Ahead | None] = []
+
+
+def before_pyopencl() -> None:
+    """Start the prover ahead of this application (see the module docstring), where the
+    quick path will serve it: no capture asked, settings it reads."""
+    try:
+        if os.environ.get(RUN_CAPTURE) == "1":
+            return
+        from farm.programs.ahead import start
+        from farm.programs.plan import application_digest
+        from farm.programs.rows import Config
+
+        config = Config(dict(os.environ))
+        if not config.declined:
+            _AHEAD[:] = [start(config.home, application_digest())]
+    except Exception as exc:  # never break the application: it is proven later
+        print(f"kernel-farm: warning: the prover ahead is not started ({exc})",
+              file=sys.stderr)
 
 
 def install_from_env() -> None:
-    """Install the hook as ``farm run`` asked (``FARM_RUN_DIR``, ``FARM_RUN_CAPTURE``)."""
-    from farm.core.gcpause import cyclic_gc_paused
+    """Install the hook as ``farm run`` asked (``FARM_RUN_DIR``, ``FARM_RUN_CAPTURE``):
+    :func:`farm.programs.hook.arm`, which imports nothing of the program server."""
+    from pathlib import Path
 
-    with cyclic_gc_paused():  # the hook's modules: pydantic, settings (farm.core.gcpause)
-        from farm.programs.hook import install, run_dir_paths
+    from farm.programs.hook import arm
 
-        run_dir = Path(os.environ[RUN_DIR])
-        counts, capture = run_dir_paths(run_dir)
-        try:
-            install(json_path=counts, summary=False,
-                    capture=capture if os.environ.get(RUN_CAPTURE) == "1" else None)
-        except Exception as exc:  # never break the application: it runs unserved
-            print(f"kernel-farm: warning: the farm's hook is not installed ({exc}); "
-                  "programs are built the plain way", file=sys.stderr)
+    try:
+        arm(Path(os.environ[RUN_DIR]), capture=os.environ.get(RUN_CAPTURE) == "1",
+            ahead=_AHEAD[0] if _AHEAD else None)
+    except Exception as exc:  # never break the application: it runs unserved
+        print(f"kernel-farm: warning: the farm's hook is not installed ({exc}); "
+              "programs are built the plain way", file=sys.stderr)

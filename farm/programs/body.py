@@ -21,7 +21,6 @@ is a writer who makes a whole new body: that is what a signing key is for (docs/
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -29,30 +28,27 @@ from pydantic import Field, StringConstraints, ValidationError
 
 from farm.core.keys import PROGRAM_FAMILY
 from farm.core.model import Artifact, Frozen, Key, LogText
+from farm.programs.headers import BODY_MAGIC as MAGIC
+from farm.programs.headers import DEVICE_PATTERN, KERNEL_PATTERN, MAX_KERNELS, PROGRAM_PATTERN
+from farm.programs.headers import LENGTH as _LEN
+from farm.programs.headers import MAX_BODY_HEADER as MAX_HEADER
+from farm.programs.headers import BodyError as BodyError
 
 if TYPE_CHECKING:
     from farm.compilation.finalize import FinalizeResult
 
-MAGIC = b"KFPROG01"
-_LEN = struct.Struct(">I")
-#: the header's largest size: a log of 4 MiB (escaped in JSON up to six times) and names
-MAX_HEADER = 32 * 1024 * 1024
-#: kernels one program may hold
-MAX_KERNELS = 4096
-
-ProgramKernel = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")]
+ProgramKernel = Annotated[str, StringConstraints(pattern=KERNEL_PATTERN)]
 
 
 class BodyHeader(Frozen):
+    """What a body says it is (the patterns and limits: :mod:`farm.programs.headers`,
+    whose reader accepts exactly what this model does)."""
+
     format: Literal[1] = 1
-    program: str = Field(pattern=r"^[0-9a-f]{8,64}\.[0-9a-f]{8,64}$")
-    device: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,99}$")
+    program: str = Field(pattern=PROGRAM_PATTERN)
+    device: str = Field(pattern=DEVICE_PATTERN)
     kernels: tuple[ProgramKernel, ...] = Field(default=(), max_length=MAX_KERNELS)
     log: LogText = ""
-
-
-class BodyError(ValueError):
-    """Stored bytes that are not the body of the program and device being served."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,13 @@
 
 ``programs == loaded + compiled + fallbacks + failed``. The line and the JSON hold
 exactly these keys (``farm run --json FILE``), so scripts can rely on them.
+
+Under ``farm run`` each served process keeps its own counts file in the run's folder
+(:func:`write_process`), written when the hook is installed, again after every build and
+once more, ``closed``, when the process ends as the farm expects (at exit, at the end
+of a multiprocessing child, on the SIGTERM a pool sends its workers). So a process
+killed outright still counts every build it finished, and ``farm run`` can say how many
+processes ended without closing (:func:`read_process`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from farm.core.outcomes import Fate
 #: process imports this module, and each import is paid on every run
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from pathlib import Path
+    from os import PathLike
     from typing import Literal
 
     Count = Literal["programs", Fate.LOADED, Fate.COMPILED, "fallbacks", Fate.FAILED]
@@ -61,16 +68,36 @@ def summary_line(counts: dict[str, int]) -> str:
     return "kernel-farm: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in KEYS)
 
 
-def write_json(path: Path, counts: dict[str, int]) -> None:
+def write_json(path: str | PathLike[str], counts: dict[str, int]) -> None:
     """``counts`` as a JSON object with exactly :data:`KEYS`, written atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({k: int(counts.get(k, 0)) for k in KEYS}) + "\n")
-    tmp.replace(path)
+    _write(path, {k: int(counts.get(k, 0)) for k in KEYS})
 
 
-def read_json(path: Path) -> dict[str, int]:
-    """Counts a process wrote with :func:`write_json` (unknown keys ignored)."""
-    raw = json.loads(path.read_text())
+def write_process(path: str | PathLike[str], counts: dict[str, int], closed: bool) -> None:
+    """One process's counts, and whether it ended as expected, written atomically (a
+    temporary file per process and thread: threads of one process may write at once)."""
+    record: dict[str, object] = {k: int(counts.get(k, 0)) for k in KEYS}
+    record["closed"] = bool(closed)
+    _write(path, record)
+
+
+def _write(path: str | PathLike[str], record: dict[str, object]) -> None:
+    import os
+
+    target = os.fspath(path)
+    folder, name = os.path.split(target)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+    os.replace(tmp, target)
+
+
+def read_process(path: str | PathLike[str]) -> tuple[dict[str, int], bool]:
+    """What :func:`write_process` wrote: the counts, and whether the process closed."""
+    with open(path, encoding="utf-8") as fh:
+        raw = json.load(fh)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: not a JSON object")
-    return {k: int(raw.get(k, 0)) for k in KEYS}
+    return {k: int(raw.get(k, 0)) for k in KEYS}, raw.get("closed") is True
+
+

@@ -14,7 +14,7 @@ meanwhile is not stored twice.
 
 What it stores is only what PoCL made in this node from a binary the node proved: the
 folder it reads is the one of the binary the application loaded, named by that binary's
-own content (:func:`farm.programs.supplements.merge`), so nothing in it came from another
+own content (:func:`farm.programs.prepared.merge`), so nothing in it came from another
 binary, and what the binary itself carried (records merged in) is known and never
 stored again. :func:`store_functions` is the one writer of records; a build process that
 made functions by launching recorded settings calls it with those launches.
@@ -29,25 +29,26 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from farm.compilation.elfstub import exports
 from farm.compilation.poclcache import loaded_folder, work_group_functions
+from farm.compilation.proofs import Claim, ProofBook
 from farm.core.errors import FarmError
 from farm.core.keys import PROGRAM_FUNCTION_SLOTS, Namespace, program_functions_key
-from farm.core.model import Key, ReadyLaunch
-from farm.programs.supplements import (
-    MAX_FUNCTIONS,
-    MAX_RECORD_BYTES,
-    Pair,
-    Prepared,
-    SupplementError,
-    read_slot,
-    record,
-)
-from farm.store.base import ArtifactStore, PutResult
+from farm.programs.headers import MAX_FUNCTIONS, MAX_RECORD_BYTES, SupplementError
+from farm.programs.prepared import Pair, Prepared
+
+#: typing.TYPE_CHECKING without importing typing: a served process imports this module
+#: at its first PoCL build, and the records' models, the store and the MinIO SDK only
+#: when a harvest has something to store (:func:`store_functions`)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from farm.core.model import Artifact, Key, ReadyLaunch
+    from farm.store.base import ArtifactStore
 
 #: seconds between two harvests of a running process
 INTERVAL_S = 20.0
@@ -63,10 +64,13 @@ class Watched:
     """One program (per fingerprint) this process loaded, as the harvest sees it."""
 
     ns: Namespace
-    program: Key
+    #: the program's key, as text (``id.build``: its model is loaded only to store)
+    program: str
     prepared: Prepared
     #: the program artifact's source hash (a record names the same spec)
     source_hash: str
+    #: the program artifact's digest (a record is proven merged into it)
+    program_digest: str = ""
     folder: Path | None = None
     #: the built programs kept alive until the last harvest (only held, never used)
     held: list[object] = field(default_factory=list)
@@ -79,26 +83,32 @@ class Harvester:
     and stores the work-group functions their launches made. Thread-safe."""
 
     def __init__(self, store: Callable[[], ArtifactStore], warn: Callable[[str], None],
-                 interval: float = INTERVAL_S) -> None:
+                 interval: float = INTERVAL_S, book: ProofBook | None = None) -> None:
+        """``book``: the node's proof book, where what this harvest stores is noted as
+        proven on this node (PoCL made and ran these functions here, from a binary the
+        node proved: the next process merges them without a child)."""
         self._store = store
         self._warn = warn
+        self._book = book
         self._interval = interval
         self._lock = threading.Lock()  # the watch list
         self._harvesting = threading.Lock()  # one harvest at a time
-        self._watched: dict[tuple[Namespace, Key], Watched] = {}
+        self._watched: dict[tuple[Namespace, str], Watched] = {}
         self._held = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: functions stored by this process (for tests and summaries)
         self.stored = 0
 
-    def watch(self, ns: Namespace, program: Key, prepared: Prepared, source_hash: str,
-              handle: object) -> None:
-        """Harvest ``program`` (loaded from ``prepared``; ``handle`` its built program)."""
+    def watch(self, ns: Namespace, program: str, prepared: Prepared, source_hash: str,
+              handle: object, program_digest: str = "") -> None:
+        """Harvest ``program`` (its key as text; loaded from ``prepared``; ``handle`` its
+        built program; ``program_digest``: its artifact's)."""
         with self._lock:
             w = self._watched.get((ns, program))
             if w is None:
-                w = self._watched[(ns, program)] = Watched(ns, program, prepared, source_hash)
+                w = self._watched[(ns, program)] = Watched(ns, program, prepared, source_hash,
+                                                           program_digest)
             if self._held < MAX_HELD:
                 w.held.append(handle)
                 self._held += 1
@@ -134,7 +144,8 @@ class Harvester:
         with self._harvesting:
             for w in watched:
                 _look(w)
-                out.setdefault((w.program.id_hash, w.ns.fingerprint), set()).update(w.seen)
+                out.setdefault((w.program.partition(".")[0], w.ns.fingerprint),
+                               set()).update(w.seen)
         return out
 
     def harvest(self) -> int:
@@ -158,13 +169,23 @@ class Harvester:
 
     def _store_new(self, w: Watched, new: dict[Pair, bytes]) -> int:
         """Put ``new`` into the program's next free slots (see :func:`store_functions`)."""
+        from farm.core.model import Key
+
         prep = w.prepared
-        made = Made(program=w.program, base=prep.base, kernels=frozenset(prep.kernels),
+        made = Made(program=Key.parse(w.program), base=prep.base, kernels=frozenset(prep.kernels),
                     source_hash=w.source_hash)
-        done = store_functions(self._store(), w.ns, made, new, first_slot=prep.next_slot)
+        done = store_functions(self._store(), w.ns, made, new, first_slot=prep.next_slot,
+                               noted=lambda art: self._note(w, art))
         prep.known.update(done.known)
         prep.next_slot = done.next_slot
         return done.stored
+
+
+    def _note(self, w: Watched, art: Artifact) -> None:
+        """A record this harvest stored, noted as proven merged into its program."""
+        if self._book is not None and w.program_digest:
+            self._book.note(Claim("functions", w.ns.fingerprint, art.meta.digest,
+                                  merged=(w.program_digest,)), "")
 
 
 @dataclass(frozen=True)
@@ -191,7 +212,8 @@ class Stored:
 
 def store_functions(store: ArtifactStore, ns: Namespace, made: Made,
                     functions: Mapping[Pair, bytes], *, first_slot: int = 0,
-                    launches: Mapping[Pair, ReadyLaunch] | None = None) -> Stored:
+                    launches: Mapping[Pair, ReadyLaunch] | None = None,
+                    noted: Callable[[Artifact], None] | None = None) -> Stored:
     """Store ``functions``, made on ``ns``'s device by PoCL from the binary ``made``
     names, in the program's free record slots from ``first_slot`` on, as few records as
     their size allows; ``launches``: the launch that made a function, where the maker
@@ -201,7 +223,10 @@ def store_functions(store: ArtifactStore, ns: Namespace, made: Made,
     Who may call it: a process that made these functions itself, from a binary it loaded
     after its proof (a harvest of an application's launches, or a build process that
     launched them). Before writing a slot it reads it: what another process stored there
-    meanwhile is not stored twice."""
+    meanwhile is not stored twice. ``noted`` is told of each record stored."""
+    from farm.programs.supplements import read_slot, record
+    from farm.store.base import PutResult
+
     out = Stored(next_slot=first_slot)
     new = dict(functions)
     rounds = 2 * PROGRAM_FUNCTION_SLOTS  # a slot refused and then not found, forever
@@ -224,6 +249,8 @@ def store_functions(store: ArtifactStore, ns: Namespace, made: Made,
                      {p: launch for p, launch in (launches or {}).items() if p in chunk})
         if store.put(ns, art) is PutResult.REFUSED:
             continue  # another harvest took the slot: read it next round
+        if noted is not None:
+            noted(art)
         out.known.update(chunk)
         out.next_slot += 1
         out.stored += len(chunk)

@@ -36,29 +36,22 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from farm.compilation.poclbin import (
-    GENERIC,
     PoclBinaryError,
     build_hash,
-    function_folder,
     kernel_files,
     named_by_content,
     rewrite,
 )
-from farm.compilation.proofs import Claim, ProofBook, Prover, Verdict, prove_family
+from farm.compilation.proofs import Claim, ProofBook, Prover, prove_family
+from farm.compilation.verdict import Verdict
 from farm.core.errors import DeviceError
 from farm.core.keys import PROGRAM_FAMILY, PROGRAM_FUNCTIONS_FAMILY, Namespace
 from farm.core.model import Artifact, Key
 from farm.core.outcomes import Outcome
 from farm.programs.body import Body, BodyError, program_artifact, read_body
-from farm.programs.supplements import (
-    Candidate,
-    Found,
-    Prepared,
-    Refused,
-    SlotReader,
-    merge,
-    read_records,
-)
+from farm.programs.prepared import Prepared, merge
+from farm.programs.prepared import structure as program_structure
+from farm.programs.supplements import Candidate, Found, Refused, SlotReader, read_records
 from farm.store.base import set_aside
 from farm.store.tiers import Tier
 
@@ -69,22 +62,8 @@ if TYPE_CHECKING:
 
 
 def structure(binary: bytes, info: DeviceInfo) -> str:
-    """Why ``binary`` is not a program binary the farm stores for ``info``'s device (""
-    when it may be one; the driver decides the rest, in the child)."""
-    if not info.compiles_at_launch:
-        return "" if binary else "the body holds no binary"
-    try:
-        files = kernel_files(binary)
-        if not named_by_content(binary):
-            return "the binary is not named by its content (not one the farm made)"
-    except PoclBinaryError as exc:
-        return f"the binary does not walk: {exc}"
-    for kernel, paths in files.items():
-        for path in paths:
-            if function_folder(path) != GENERIC:
-                return (f"the binary carries a work-group function ({kernel}/"
-                        f"{function_folder(path)}); a program's never does")
-    return ""
+    """:func:`farm.programs.prepared.structure` on ``info``'s device."""
+    return program_structure(binary, info.compiles_at_launch)
 
 
 #: what a served binary's warnings go through: (kind said once a run, the line)

@@ -33,7 +33,7 @@ service that fails), the program is built the plain way and one warning line say
 store that failed once is not asked again in this process (an outage would otherwise
 stall every build). A stored program that is refused is built again by the farm from
 the source the application just gave, and the repair stored. A stored build log is shown
-escaped (:func:`escaped_log`).
+escaped (:func:`~farm.programs.assemble.escaped_log`).
 """
 
 from __future__ import annotations
@@ -45,39 +45,41 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from farm.compilation.compiling import farm_compiling
+from farm.compilation.load import program_kernels
 from farm.core.device import DeviceInfo, info_from_device
-from farm.core.errors import FarmError, LoadError, StoreError, printable
+from farm.core.errors import FarmError, LoadError, StoreError
 from farm.core.gcpause import cyclic_gc_paused
 from farm.core.generation import GenerationCache
 from farm.core.keys import PROGRAM_FAMILY, Namespace
 from farm.core.model import Artifact, Key, Lowered
 from farm.core.outcomes import Fate, Outcome
 from farm.core.settings import Settings, load_settings
-from farm.programs.assemble import Assembled, assemble, kernel_names
+from farm.programs.assemble import Assembled, assemble, escaped_log, put_in_place
 from farm.programs.counts import RunCounts
 from farm.programs.harvest import Harvester
+from farm.programs.plain import build_plain, driver_output_held, unavailable, warn, why
+from farm.programs.prepared import Pair, Prepared
+from farm.programs.program_key import PROGRAM_BUILD_ID, Unserved
 from farm.programs.proving import UNSTORED, Got, Proving, compiled_here
-from farm.programs.spec import Described, Unserved, describe
-from farm.programs.supplements import READ_AHEAD, Pair, Prepared, SlotReader, fill_front
+from farm.programs.rows import APP_ATTEMPT_S, APP_OUTAGE_LIMIT_S, app_waiter
+from farm.programs.spec import Described, describe
+from farm.programs.supplements import READ_AHEAD, SlotReader, fill_front
 from farm.records.model import Trip
 from farm.store.base import ArtifactStore, PutResult
 from farm.store.tiers import tiers_of
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyopencl as cl
 
     from farm.programs.capture import CaptureLog
+    from farm.programs.quick import Observed
     from farm.programs.remote import Remote
     from farm.records import Recorder
-
-#: seconds a store outage is waited out inside an application (the farm's default of a
-#: minute would stall the application; past this its programs are built the plain way)
-APP_OUTAGE_LIMIT_S = 2.0
 
 #: the tier index :meth:`ProgramServer._obtain` gives a binary compiled here, not stored
 _UNSTORED = -1
@@ -108,9 +110,11 @@ class ProgramServer:
 
     def __init__(self, settings: Settings | None = None, *,
                  store: ArtifactStore | None = None, recorder: Recorder | None = None,
-                 label: str = "", capture: CaptureLog | None = None) -> None:
+                 label: str = "", capture: CaptureLog | None = None,
+                 counts: RunCounts | None = None) -> None:
         self.settings = settings
-        self.counts = RunCounts()
+        #: the hook's counts when it made this server after its quick path served some
+        self.counts = counts if counts is not None else RunCounts()
         self.capture = capture
         self._store = store
         self._recorder = recorder
@@ -128,6 +132,8 @@ class ProgramServer:
         self._warned: set[str] = set()
         self._blobs_put: set[str] = set()
         self._remote: Remote | None = None
+        #: told of each program served or compiled, per fingerprint (the hook's plan)
+        self.built: Callable[[str, str], None] = lambda fingerprint, key: None
         if capture is not None:  # the launches it records: what the harvest saw (PoCL)
             capture.follow(self._launched)
 
@@ -162,14 +168,18 @@ class ProgramServer:
             self.capture.add(described, [self._info(d).fingerprint for d in devs])
         return result
 
+    @property
+    def broken(self) -> str:
+        """Why the farm is unavailable for the rest of this process ("" while it is not)."""
+        return self._broken
+
     def _cannot_help(self, plain: PlainBuild, exc: BaseException) -> cl.Program:
-        why = " ".join(str(exc).split())[:300]
+        reason = why(exc)
         if isinstance(exc, LoadError):  # this program's binary: the next may load
-            return self._fallback(plain, f"the farm could not serve a program ({why}); "
+            return self._fallback(plain, f"the farm could not serve a program ({reason}); "
                                          "built the plain way")
-        self._broken = why
-        return self._fallback(plain, f"the farm is unavailable ({why}); this run's "
-                                     "programs are built the plain way from now on")
+        self._broken = reason
+        return self._fallback(plain, unavailable(reason))
 
     def close(self) -> None:
         """Store what the watched programs' launches made (PoCL), then close the store
@@ -205,15 +215,9 @@ class ProgramServer:
         ``after`` one said only once the plain build succeeded."""
         if why:
             self._warn(why)
-        try:
-            with farm_compiling():
-                result = plain()
-        except BaseException:
-            self.counts.bump(Fate.FAILED)
-            raise
+        result = build_plain(plain, self.counts)
         if after:
             self._warn(after)
-        self.counts.bump("fallbacks")
         return result
 
     def _warn_once(self, what: str, text: str) -> None:
@@ -229,7 +233,7 @@ class ProgramServer:
             if text in self._warned:
                 return
             self._warned.add(text)
-        print(f"kernel-farm: warning: {text}", file=sys.stderr, flush=True)
+        warn(text)
 
     # -- obtaining -----------------------------------------------------------------------------
     def _serve(self, ctx: cl.Context, devs: list[cl.Device], described: Described) -> Served:
@@ -251,13 +255,14 @@ class ProgramServer:
             logs[dev.int_ptr] = escaped_log(got.body.log)
         archs = [self._info(d).native_arch for d in devs]
         assembled = assemble(ctx, devs, binaries, described.options, archs)
-        names = sorted(kernel_names(assembled.program))
+        names = sorted(program_kernels(assembled.program))
         for fp, got in by_fp.items():
             if got.tier == UNSTORED:  # it loaded: now it may be stored
                 if not self._keep(infos[fp], described, got, names):
                     got.prepared = None  # another binary won: harvest for that one
         seconds = time.perf_counter() - start
         for fp, got in by_fp.items():
+            self.built(fp, key.id_hash)
             ns = Namespace.for_fingerprint(fp)
             self._fill_front(ns, got.art, got.tier)
             if got.prepared is not None and self._settings().pocl_ready:
@@ -275,6 +280,10 @@ class ProgramServer:
             return None
         with self._lock:
             if self._pool is None:
+                # imported here: a server made at the process's exit (a harvest, the
+                # generated code's store) cannot import it then (it registers an atexit)
+                from concurrent.futures import ThreadPoolExecutor
+
                 self._pool = ThreadPoolExecutor(2 * READ_AHEAD,
                                                 thread_name_prefix="kernel-farm records")
             pool = self._pool
@@ -283,11 +292,12 @@ class ProgramServer:
 
     def _watch(self, ns: Namespace, key: Key, prep: Prepared, art: Artifact,
                handle: object) -> None:
+        book = self._proving().book  # (takes the server's lock)
         with self._lock:
             if self._harvester is None:
-                self._harvester = Harvester(self._harvest_store, self._warn)
+                self._harvester = Harvester(self._harvest_store, self._warn, book=book)
             harvester = self._harvester
-        harvester.watch(ns, key, prep, art.meta.source_hash, handle)
+        harvester.watch(ns, str(key), prep, art.meta.source_hash, handle, art.meta.digest)
 
     def _launched(self) -> dict[tuple[str, str], set[Pair]]:
         """Each watched program's work-group functions (:meth:`Harvester.launched`)."""
@@ -367,9 +377,12 @@ class ProgramServer:
         from farm.compilation.finalize import RawSource, finalize_and_validate
 
         settings = self._settings()
-        built = finalize_and_validate(ctx, dev, RawSource(described.source, described.options),
-                                      "auto" if settings.native_binaries else None,
-                                      ready=settings.pocl_ready, validate=False)
+        with driver_output_held() as held:  # said once: see farm.programs.plain
+            built = finalize_and_validate(ctx, dev, RawSource(described.source,
+                                                              described.options),
+                                          "auto" if settings.native_binaries else None,
+                                          ready=settings.pocl_ready, validate=False)
+            held.keep = built.ok or built.error_kind != "compile"
         if not built.ok:
             if built.error_kind == "compile":
                 raise _CompileRefused(built.error)
@@ -394,9 +407,17 @@ class ProgramServer:
         self._proving().note_compiled(info, got.art, got.body.kernels)
         return True
 
-    def _record(self, key: Key, outcome: Outcome, seconds: float, described: Described,
+    def adopt(self, observed: Sequence[Observed]) -> None:
+        """Record the loads the hook's quick path served before this server existed, as
+        if this server had served them (they are written with the session, if anything
+        of this process changes the environment)."""
+        for id_hash, seconds, fallback in observed:
+            self._record(Key(id_hash=id_hash, build_id=PROGRAM_BUILD_ID), Outcome.LOADED,
+                         seconds, None, fallback)
+
+    def _record(self, key: Key, outcome: Outcome, seconds: float, described: Described | None,
                 native_fallback: str) -> None:
-        code = None if outcome is Outcome.LOADED else Lowered(
+        code = None if outcome is Outcome.LOADED or described is None else Lowered(
             source=described.source.decode("utf-8", "replace"),
             options=described.spec.options, kernel_names=())
         try:
@@ -429,7 +450,9 @@ class ProgramServer:
                 with cyclic_gc_paused():  # imports the MinIO SDK: see farm.core.gcpause
                     from farm.store import open_store
 
-                    self._store = open_store(_capped(self._settings()))
+                    settings = _store_settings(self._settings())
+                    self._store = open_store(settings, remote_reads=app_waiter(
+                        f"MinIO at {settings.minio_endpoint}"))
             return self._store
 
     @property
@@ -449,43 +472,15 @@ def _capped(settings: Settings) -> Settings:
         "outage_limit": min(settings.outage_limit, APP_OUTAGE_LIMIT_S)})
 
 
+def _store_settings(settings: Settings) -> Settings:
+    """:func:`_capped`, and each request to the store bounded by :data:`APP_ATTEMPT_S`,
+    so that a store that stops answering is given up within the wait (a request blocked
+    for the default socket timeout alone would outlast it)."""
+    return _capped(settings).model_copy(update={
+        "socket_timeout": min(settings.socket_timeout, APP_ATTEMPT_S)})
+
+
 def _install(program: Any, served: Served, options: bytes) -> None:
     """Make ``program`` what pyopencl's build would have made (see ``assemble``)."""
-    program._prg = served.assembled.program
-    descr = ("kernel-farm load" if served.outcome is Outcome.LOADED
-             else "kernel-farm compile")
-    program._build_duration_info = (descr, served.outcome is Outcome.LOADED, served.seconds)
-    program._farm_build_logs = served.log
-    if served.outcome is Outcome.LOADED:
-        _say_log(program, served.log)
-
-
-def escaped_log(log: str) -> str:
-    """A stored build log as the application may see it: its lines kept, every other
-    control character shown as an escape (``\\x1b``), like every text the farm echoes
-    from input (``farm.core.errors.printable``): a log from the store moves no cursor."""
-    return "\n".join(printable(line, 1 << 30) for line in log.splitlines())
-
-
-def _say_log(program: Any, logs: dict[int, str]) -> None:
-    """pyopencl warns about a source build's non-empty log (``compiler_output``); a
-    program served from a binary says what its source build said, the same way, each
-    line indented (``    | ``, as ``farm build`` prints a log): no line of it can pass
-    for one of the farm's or the application's own."""
-    said = [(dev, logs.get(dev.int_ptr, "")) for dev in program._prg.get_info(
-        _program_info().DEVICES)]
-    message = ("=" * 75 + "\n").join(
-        f"Build on {dev} succeeded, but said:\n\n"
-        + "".join(f"    | {line}\n" for line in log.splitlines())
-        for dev, log in said if log and log.strip())
-    if message:
-        from pyopencl import compiler_output
-
-        compiler_output("From-source build succeeded, but resulted in non-empty logs:\n"
-                        f"{message}")
-
-
-def _program_info() -> Any:
-    import pyopencl as cl
-
-    return cl.program_info
+    put_in_place(program, served.assembled.program, served.log,
+                 loaded=served.outcome is Outcome.LOADED, seconds=served.seconds)

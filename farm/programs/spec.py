@@ -12,7 +12,8 @@ its kernels' names from the built program. Its key (the ``id`` part of a store
 
 and the device fingerprint is the namespace, as for every artifact. The build id is
 :data:`PROGRAM_BUILD_ID`: it changes only when the farm changes what it makes of a
-program (bump :data:`PROGRAM_FORMAT`), not with every farm release, because the binary
+program (bump :data:`~farm.programs.program_key.PROGRAM_FORMAT`), not with every farm
+release, because the binary
 depends on the source and the driver, not on the farm's code.
 
 A :class:`ProgramSpec` travels in tasks and captures; the bytes travel by digest (store
@@ -28,8 +29,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from farm.core.hashing import canonical_json, sha256_hex, stable_hash
-from farm.core.keys import PROGRAM_FAMILY
+from farm.core.hashing import canonical_json, sha256_hex
 from farm.core.model import SHA256_HEX, Frozen, Key
 from farm.programs.includes import (
     MAX_HEADERS,
@@ -47,13 +47,7 @@ from farm.programs.options import (
     portable_options,
     unfollowed,
 )
-
-#: bump when the farm changes what it stores for a program (every key changes with it)
-PROGRAM_FORMAT = 2  # 2: the stored bytes are a body (farm.programs.body)
-PROGRAM_BUILD_ID = stable_hash({"kind": PROGRAM_FAMILY, "format": PROGRAM_FORMAT}, 24)
-
-#: the largest source or header the farm keeps (a bigger one is built the plain way)
-MAX_SOURCE_BYTES = 64 * 1024 * 1024
+from farm.programs.program_key import MAX_SOURCE_BYTES, PROGRAM_BUILD_ID, Unserved, program_id
 
 Digest = Annotated[str, StringConstraints(pattern=SHA256_HEX)]
 Token = Annotated[str, StringConstraints(min_length=1, max_length=8192)]
@@ -123,11 +117,8 @@ class ProgramSpec(Frozen):
     @property
     def key(self) -> Key:
         """The store key: a SHA-256 of source, options and include lines."""
-        id_hash = stable_hash({"format": self.format, "source": self.source,
-                               "options": list(self.options),
-                               "includes": [[n, q, list(d)] for n, q, d in self.includes]},
-                              64)
-        return Key(id_hash=id_hash, build_id=PROGRAM_BUILD_ID)
+        return Key(id_hash=program_id(self.source, self.options, self.includes),
+                   build_id=PROGRAM_BUILD_ID)
 
     def digests(self) -> list[str]:
         """The blobs a compile elsewhere needs: the source, then every header."""
@@ -158,10 +149,6 @@ class ProgramSpec(Frozen):
     def layout(self) -> tuple[HeaderFile, ...]:
         """The headers as :func:`farm.programs.includes.lay_out` writes them."""
         return tuple(HeaderFile(h.root, h.path, h.digest) for h in self.headers)
-
-
-class Unserved(ValueError):
-    """A build the farm does not serve (it is built the plain way); the message says why."""
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ program declares no launch, so its stored binary holds none: without more, every
 compiles them again at every first launch. So the functions an application's launches
 made are *harvested* (:mod:`farm.programs.harvest`) and stored as **records** beside the
 program's artifact, and a node that loads the program merges the records it has proven
-into the binary before PoCL unpacks it (:func:`merge`), so the first launch of a known
-geometry finds its function and compiles nothing.
+into the binary before PoCL unpacks it (:func:`farm.programs.prepared.merge`), so the
+first launch of a known geometry finds its function and compiles nothing.
 
 A record is an ordinary artifact (digest-verified, signed where signing is configured,
 bound to its namespace). Its key is slot ``n`` of the program's records
@@ -37,10 +37,8 @@ and grid class. A record that passes is then *proven* like every stored binary
 isolated child with a private PoCL cache, each function ``dlopen``\\ ed there, its
 recorded launch run. Only then does a function reach the application's PoCL cache.
 
-The binary an application loads is named by its own content (:func:`merge`:
-:func:`farm.compilation.poclbin.renamed`), so the node's PoCL folder for it holds only
-what those very bytes held and what PoCL made from them: once a record is gone from the
-store, no later process loads a binary with its function, nor harvests it from a folder.
+The binary an application loads is named by its own content
+(:mod:`farm.programs.prepared`).
 """
 
 from __future__ import annotations
@@ -49,7 +47,6 @@ import json
 import os
 import socket
 import sqlite3
-import struct
 from collections.abc import Mapping
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -58,14 +55,6 @@ from typing import Annotated, Literal
 from pydantic import Field, StrictBool, StringConstraints, ValidationError
 
 from farm.compilation.elfstub import MAX_FUNCTION_BYTES, exports
-from farm.compilation.poclbin import (
-    add_files,
-    build_hash,
-    function_folder,
-    function_path,
-    kernel_file_data,
-    renamed,
-)
 from farm.compilation.poclcache import FARM_NAMED, KERNEL, SPEC
 from farm.compilation.ready import GRID_LIMIT, grid_width
 from farm.core.errors import FarmError
@@ -77,36 +66,36 @@ from farm.core.keys import (
     program_functions_key,
 )
 from farm.core.model import SHA256_HEX, Artifact, Frozen, Key, ReadyLaunch
-from farm.store.tiers import Tier
+from farm.programs.headers import (
+    DEVICE_PATTERN,
+    MAX_FUNCTIONS,
+    MAX_LOCAL,
+    MAX_RECORD_HEADER,
+    PROGRAM_PATTERN,
+    StaleRecord,
+    SupplementError,
+    spec_name,
+)
+from farm.programs.headers import LENGTH as _LEN
+from farm.programs.headers import RECORD_MAGIC as MAGIC
+from farm.programs.prepared import Pair
 
-MAGIC = b"KFWGSUP2"
-_LEN = struct.Struct(">I")
-#: functions one record holds at most; a harvest with more writes several records
-MAX_FUNCTIONS = 256
-#: bytes of functions one record holds at most
-MAX_RECORD_BYTES = 64 * 1024 * 1024
-_MAX_HEADER = 1024 * 1024
+#: typing.TYPE_CHECKING without importing typing for it: the tiers are read through, not
+#: made here (a served process's quick path reads with tiers of its own, and imports no
+#: store module for them: farm.programs.quick_pocl)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from farm.store.tiers import Tier
+
 #: slots read at once (most programs have one record: the first two answer in one trip)
 READ_AHEAD = 2
-#: a local size PoCL specialises for, per dimension, at most
-MAX_LOCAL = 4096
-#: the tag of the name a merged binary is loaded under (:func:`merge`)
-LOADED_TAG = b"kernel-farm loaded program 2\n"
 #: what a store may raise that only means "no records this time"
 _UNAVAILABLE = (FarmError, OSError, sqlite3.Error)
 
-#: (kernel, specialisation folder name, e.g. ``16-1-1-goffs0-smallgrid``)
-Pair = tuple[str, str]
 #: strict: ``"16"`` or ``16.0`` is not a local size (records and captures are input)
 Local = tuple[Annotated[int, Field(ge=1, le=MAX_LOCAL, strict=True)],
               Annotated[int, Field(ge=1, le=MAX_LOCAL, strict=True)],
               Annotated[int, Field(ge=1, le=MAX_LOCAL, strict=True)]]
-
-
-def spec_name(local: tuple[int, int, int], zero_offset: bool, small_grid: bool) -> str:
-    """PoCL's folder name of a work-group function's specialisation."""
-    return (f"{local[0]}-{local[1]}-{local[2]}" + ("-goffs0" if zero_offset else "")
-            + ("-smallgrid" if small_grid else ""))
 
 
 def parse_spec(spec: str) -> tuple[tuple[int, int, int], bool, bool] | None:
@@ -159,18 +148,10 @@ class Function(Launched):
 
 class Header(Frozen):
     format: Literal[2] = 2
-    program: str = Field(pattern=r"^[0-9a-f]{8,64}\.[0-9a-f]{8,64}$")
+    program: str = Field(pattern=PROGRAM_PATTERN)
     base: str = Field(pattern=FARM_NAMED.pattern)
-    device: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,99}$")
+    device: str = Field(pattern=DEVICE_PATTERN)
     functions: tuple[Function, ...] = Field(min_length=1, max_length=MAX_FUNCTIONS)
-
-
-class SupplementError(ValueError):
-    """A record that is not one this reader accepts (see the module docstring)."""
-
-
-class StaleRecord(SupplementError):
-    """A record of another binary of the same program."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +187,7 @@ def decode(data: bytes, program: Key, base: str, device: str, kernels: frozenset
         raise SupplementError("not a work-group function record of this format")
     size = _LEN.unpack_from(data, len(MAGIC))[0]
     start = len(MAGIC) + _LEN.size
-    if size > _MAX_HEADER or start + size > len(data):
+    if size > MAX_RECORD_HEADER or start + size > len(data):
         raise SupplementError("record header runs past the record")
     try:
         header = Header.model_validate(json.loads(data[start:start + size]))
@@ -324,6 +305,10 @@ class Candidate:
     art: Artifact
     decoded: Decoded
 
+    @property
+    def functions(self) -> dict[Pair, bytes]:
+        return self.decoded.functions
+
 
 @dataclass(frozen=True)
 class Refused:
@@ -368,52 +353,6 @@ def read_records(reader: SlotReader, program: Key, base: str, device: str,
             continue
         out.candidates.append(Candidate(slot, tier, art, decoded))
     return out
-
-
-@dataclass
-class Prepared:
-    """A program's binary as a PoCL node loads it: the stored one with its proven
-    records' functions merged in, under a name of its own content, and what a harvest
-    needs to know about it."""
-
-    binary: bytes
-    #: the build hash of the stored binary (what records name)
-    base: str
-    #: the build hash ``binary`` is loaded under (the folder PoCL unpacks it into)
-    folder: str
-    kernels: tuple[str, ...]
-    #: (kernel, specialisation) pairs the loaded binary carries
-    known: set[Pair] = field(default_factory=set)
-    #: the first slot no reader found (where a harvest writes next)
-    next_slot: int = 0
-    #: functions merged from records
-    merged: int = 0
-    #: records to copy into the tiers in front of the one that served them
-    fills: list[tuple[int, Artifact]] = field(default_factory=list)
-
-
-def merge(binary: bytes, base: str, records: list[Candidate], next_slot: int) -> Prepared:
-    """``binary`` (a program's stored one, named ``base``) with the functions of
-    ``records`` (proven) added, under a name of the merged content
-    (:data:`LOADED_TAG`); :class:`~farm.compilation.poclbin.PoclBinaryError` when it
-    cannot be walked (the caller proved it walks)."""
-    files = kernel_file_data(binary)
-    known = {(k, function_folder(p)) for k, held in files.items() for p in held
-             if SPEC.match(function_folder(p))}
-    adding: dict[str, dict[str, bytes]] = {}
-    fills = []
-    for rec in records:
-        if rec.tier:
-            fills.append((rec.tier, rec.art))
-        for (kernel, spec), data in rec.decoded.functions.items():
-            if (kernel, spec) not in known:
-                adding.setdefault(kernel, {})[function_path(kernel, spec)] = data
-                known.add((kernel, spec))
-    merged = add_files(binary, adding) if adding else binary
-    loaded = renamed(merged, LOADED_TAG)
-    return Prepared(binary=loaded, base=base, folder=build_hash(loaded), kernels=tuple(files),
-                    known=known, next_slot=next_slot,
-                    merged=sum(len(v) for v in adding.values()), fills=fills)
 
 
 def fill_front(tiers: list[Tier], ns: Namespace, fills: list[tuple[int, Artifact]]) -> None:

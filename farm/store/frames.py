@@ -27,10 +27,12 @@ import json
 import struct
 from urllib.parse import quote
 
-from pydantic import ValidationError
-
-from farm.core.model import Artifact, ArtifactMeta
-from farm.store.base import Quarantined
+#: typing.TYPE_CHECKING without importing typing: :func:`split_artifact` serves readers
+#: that import no pydantic (farm.store.s3_get); the models load where frames become them
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from farm.core.model import Artifact
+    from farm.store.base import Quarantined
 
 MAGIC = b"KFARTIF1"
 _LEN = struct.Struct(">I")
@@ -62,20 +64,32 @@ def encode_artifact(artifact: Artifact) -> bytes:
     return MAGIC + _LEN.pack(len(meta)) + meta + artifact.binary
 
 
-def decode_artifact(data: bytes) -> Artifact | None:
-    """Inverse of :func:`encode_artifact`; ``None`` for anything that is not a whole,
-    well-formed frame (verification of the digest is the caller's)."""
+def split_artifact(data: bytes) -> tuple[bytes, bytes] | None:
+    """(metadata JSON, binary) of a whole frame; ``None`` for anything else."""
     if len(data) < _HEADER or not data.startswith(MAGIC):
         return None
     (length,) = _LEN.unpack_from(data, len(MAGIC))
     end = _HEADER + length
     if end > len(data):
         return None
+    return data[_HEADER:end], data[end:]
+
+
+def decode_artifact(data: bytes) -> Artifact | None:
+    """Inverse of :func:`encode_artifact`; ``None`` for anything that is not a whole,
+    well-formed frame (verification of the digest is the caller's)."""
+    from pydantic import ValidationError
+
+    from farm.core.model import Artifact, ArtifactMeta
+
+    parts = split_artifact(data)
+    if parts is None:
+        return None
     try:
-        meta = ArtifactMeta.model_validate_json(data[_HEADER:end])
+        meta = ArtifactMeta.model_validate_json(parts[0])
     except ValidationError:
         return None
-    return Artifact(meta=meta, binary=data[end:])
+    return Artifact(meta=meta, binary=parts[1])
 
 
 def encode_quarantined(artifact: Artifact, reason: str, at: dt.datetime) -> bytes:
@@ -97,6 +111,8 @@ def decode_quarantined(data: bytes) -> Quarantined | None:
     artifact = decode_artifact(data[_HEADER + length:])
     if artifact is None:
         return None
+    from farm.store.base import Quarantined
+
     return Quarantined(key=artifact.meta.key, artifact=artifact, reason=reason, at=at)
 
 

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from farm.core.errors import SettingsError
+from farm.store.s3_request import parse_endpoint
 from farm.store.url import TIER_SEPARATOR, Opening, StoreURL
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from farm.core.outage import Waiter
     from farm.core.settings import Settings
     from farm.store.base import ArtifactStore
 
@@ -40,11 +42,18 @@ BACKENDS: dict[str, str] = {
     "s3": "farm.store.minio:MinioStore",
     "tiered": "farm.store.tiered:TieredStore",
 }
+#: scheme -> the backend of a process that mostly reads (an :class:`Opening` with
+#: ``reads``): MinIO's artifacts read with signed GETs, its SDK imported at first other use
+READERS: dict[str, str] = {
+    "minio": "farm.store.minio_reads:MinioReads",
+    "s3": "farm.store.minio_reads:MinioReads",
+}
 
 
-def backend_of(url: StoreURL) -> type[ArtifactStore]:
-    """The backend class ``url``'s scheme names (imported now)."""
-    target = BACKENDS.get(url.scheme)
+def backend_of(url: StoreURL, *, reads: bool = False) -> type[ArtifactStore]:
+    """The backend class ``url``'s scheme names (imported now); ``reads``: the one of a
+    process that mostly reads, where the scheme has one."""
+    target = (reads and READERS.get(url.scheme)) or BACKENDS.get(url.scheme)
     if target is None:
         raise url.error(f"no store backend for scheme {url.scheme!r} (known: "
                         f"{', '.join(sorted(BACKENDS))})")
@@ -60,20 +69,23 @@ def backend_of(url: StoreURL) -> type[ArtifactStore]:
 def open_url(url: str | StoreURL, opening: Opening) -> ArtifactStore:
     """The store ``url`` names, opened by its backend."""
     parsed = url if isinstance(url, StoreURL) else StoreURL.parse(url)
-    return backend_of(parsed).from_url(parsed, opening)
+    return backend_of(parsed, reads=opening.reads is not None).from_url(parsed, opening)
 
 
 def open_store(settings: Settings, *, shared: bool = False, create: bool = True,
-               probe: bool = False, signed: bool = True) -> ArtifactStore:
+               probe: bool = False, signed: bool = True,
+               remote_reads: Waiter | None = None) -> ArtifactStore:
     """The store a process uses (:func:`store_url`; ``shared``: only the store the
     cluster's processes share, :func:`shared_url`, a worker's), wrapped by the signing
     rules the settings ask for (``signed``: a readiness probe or the access set-up reads
     no artifact, and needs none); ``create`` and ``probe`` as
-    :class:`~farm.store.url.Opening` says."""
+    :class:`~farm.store.url.Opening` says; ``remote_reads``: MinIO is read with signed
+    GETs waited out by this waiter, and its SDK imported only for what else is asked
+    (:mod:`farm.store.minio_reads`: a served application, which mostly reads)."""
     from farm.store.signing import with_signatures
 
     store = open_url(shared_url(settings) if shared else store_url(settings),
-                     Opening(settings, create=create, probe=probe))
+                     Opening(settings, create=create, probe=probe, reads=remote_reads))
     return with_signatures(store, settings) if signed else store
 
 
@@ -118,12 +130,8 @@ def minio_url(settings: Settings) -> str:
     raw = settings.minio_endpoint
     if not raw:
         raise SettingsError("setting FARM_MINIO_ENDPOINT: not set")
-    endpoint, secure = raw, settings.minio_secure
-    if "://" in raw:
-        url = urlsplit(raw)
-        if url.scheme not in ("http", "https") or not url.netloc \
-                or url.path not in ("", "/") or url.query:
-            raise SettingsError(f"setting FARM_MINIO_ENDPOINT: not host:port or "
-                                f"http(s)://host:port: {raw!r}")
-        endpoint, secure = url.netloc, url.scheme == "https"
+    try:
+        endpoint, secure = parse_endpoint(raw, settings.minio_secure)
+    except ValueError as exc:
+        raise SettingsError(f"setting FARM_MINIO_ENDPOINT: {exc}") from None
     return f"minio://{endpoint}/{settings.minio_bucket}" + ("?secure=true" if secure else "")

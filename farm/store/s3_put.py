@@ -28,7 +28,6 @@ store reads as what it is: the object is there).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import re
 import select
@@ -42,6 +41,7 @@ from urllib.parse import quote
 import certifi
 
 from farm.store.s3_failures import ClientOptions, answer_error
+from farm.store.s3_request import S3Unreachable, sign, signing_key
 
 #: the longest answer read back (an error's XML is a few hundred bytes)
 _MAX_ANSWER_BYTES = 1 << 20
@@ -53,41 +53,6 @@ _MAX_HEADERS = 100
 #: the header early and start another)
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEADER_VALUE = re.compile(r"[ -~]*")
-
-
-class S3Unreachable(ConnectionError):
-    """The service did not answer (refused, reset, timed out, a broken answer)."""
-
-
-def _hmac(key: bytes, text: str) -> bytes:
-    return hmac.new(key, text.encode("utf-8"), hashlib.sha256).digest()
-
-
-def signing_key(secret_key: str, day: str, region: str) -> bytes:
-    """Signature Version 4's key of one day (``YYYYMMDD``) and region for ``s3``."""
-    return _hmac(_hmac(_hmac(_hmac(f"AWS4{secret_key}".encode(), day), region), "s3"),
-                 "aws4_request")
-
-
-def sign(method: str, path: str, headers: Mapping[str, str], payload_sha256: str, *,
-         access_key: str, key: bytes, stamp: str, region: str) -> dict[str, str]:
-    """``headers`` (``host`` among them; names in lower case) with the date, the
-    payload's hash and the ``authorization`` of a Signature Version 4 request of
-    ``method`` on ``path`` (URI-encoded, no query) at ``stamp`` (``YYYYMMDDTHHMMSSZ``),
-    ``key`` being :func:`signing_key` of that day. Every header is signed; a value's runs
-    of spaces count as one, as S3 canonicalises them."""
-    signed = {**headers, "x-amz-content-sha256": payload_sha256, "x-amz-date": stamp}
-    names = sorted(signed)
-    canonical = "\n".join([
-        method, path, "", *(f"{n}:{' '.join(signed[n].split())}" for n in names), "",
-        ";".join(names), payload_sha256])
-    scope = f"{stamp[:8]}/{region}/s3/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope,
-                         hashlib.sha256(canonical.encode("utf-8")).hexdigest()])
-    signature = hmac.new(key, to_sign.encode("utf-8"), hashlib.sha256).hexdigest()
-    signed["authorization"] = (f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
-                               f"SignedHeaders={';'.join(names)}, Signature={signature}")
-    return signed
 
 
 class _Connection:

@@ -23,20 +23,17 @@ writer that stores the kernel again.
 from __future__ import annotations
 
 import base64
-import binascii
 import logging
 
 from farm.core.errors import SettingsError
 from farm.core.keys import Namespace
 from farm.core.model import Artifact, ArtifactMeta, Key, Lowered
 from farm.core.settings import Settings
+from farm.core.signatures import SIGNATURE_V2, raw_key, valid
 from farm.store.base import ArtifactStore, PutResult, WrappedStore
 
 log = logging.getLogger(__name__)
 
-#: prefix of a version 2 signature (over :meth:`ArtifactMeta.signed_bytes`, namespace
-#: included); a signature without it is version 1
-SIGNATURE_V2 = "v2:"
 
 
 # cryptography is imported where a key is made or used: a process that neither signs
@@ -56,12 +53,9 @@ def generate_keypair() -> tuple[str, str]:
 
 def _raw(text: str, setting: str) -> bytes:
     try:
-        raw = base64.b64decode(text.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        raise SettingsError(f"setting {setting}: not base64") from None
-    if len(raw) != 32:
-        raise SettingsError(f"setting {setting}: an Ed25519 key is 32 bytes, not {len(raw)}")
-    return raw
+        return raw_key(text)
+    except ValueError as exc:
+        raise SettingsError(f"setting {setting}: {exc}") from None
 
 
 class Signer:
@@ -84,9 +78,7 @@ class Signer:
 
 class Verifier:
     def __init__(self, public_b64: str) -> None:
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-        self._key = Ed25519PublicKey.from_public_bytes(_raw(public_b64, "FARM_VERIFY_KEY"))
+        self._key = _raw(public_b64, "FARM_VERIFY_KEY")
 
     def verify(self, meta: ArtifactMeta, ns: Namespace) -> bool:
         """Whether ``meta`` carries this key's version 2 signature for namespace ``ns``."""
@@ -106,13 +98,7 @@ class Verifier:
         return "wrongly signed"
 
     def _valid(self, text: str, message: bytes) -> bool:
-        from cryptography.exceptions import InvalidSignature
-
-        try:
-            self._key.verify(base64.b64decode(text, validate=True), message)
-        except (InvalidSignature, binascii.Error, ValueError):
-            return False
-        return True
+        return valid(self._key, text, message)
 
 
 class SigningStore(WrappedStore):

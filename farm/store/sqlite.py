@@ -56,31 +56,12 @@ from farm.store.base import (
     log_refused,
     quarantine_reason,
 )
+from farm.store.sqlite_file import BLOBS, FORMAT, ROW, VERSION, connect, create, initialise
 
 if TYPE_CHECKING:
     from farm.store.url import Opening, StoreURL
 
 log = logging.getLogger(__name__)
-
-FORMAT = "kernel-farm-store"
-VERSION = "1"
-
-#: also run on older files when they are opened (CREATE ... IF NOT EXISTS)
-_BLOBS = """
-CREATE TABLE IF NOT EXISTS blobs (
-    digest TEXT PRIMARY KEY, size INTEGER NOT NULL, data BLOB NOT NULL);
-"""
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS artifacts (
-    namespace TEXT NOT NULL, id_hash TEXT NOT NULL, build_id TEXT NOT NULL,
-    digest TEXT NOT NULL, size INTEGER NOT NULL, meta TEXT NOT NULL, binary BLOB NOT NULL,
-    PRIMARY KEY (namespace, id_hash, build_id));
-CREATE TABLE IF NOT EXISTS sources (
-    namespace TEXT NOT NULL, source_hash TEXT NOT NULL,
-    id_hash TEXT NOT NULL, build_id TEXT NOT NULL,
-    PRIMARY KEY (namespace, source_hash));
-""" + _BLOBS
 
 _QUARANTINE = """
 CREATE TABLE IF NOT EXISTS quarantine (
@@ -114,6 +95,8 @@ class SQLiteStore(ArtifactStore):
         path = self.path
         if path.exists() and not path.is_file():
             raise ForeignStoreError(f"{path}: not a kernel-farm store (not a file)")
+        if not path.exists():
+            create(path)  # whole before anyone opens it (see sqlite_file.create)
         fresh = not path.exists() or path.stat().st_size == 0
         header = b""
         if not fresh:
@@ -134,24 +117,18 @@ class SQLiteStore(ArtifactStore):
                              "read-only FARM_HOME?); the store needs write access")
         conn: sqlite3.Connection | None = None
         try:
-            conn = sqlite3.connect(path, check_same_thread=False, timeout=30,
-                                   isolation_level=None)
-            # damaged text is not UTF-8: read it as U+FFFD, which then fails validation
-            conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
-            if not fresh:
+            conn = connect(path)
+            if fresh:
+                initialise(conn)
+            else:
                 self._check_format(conn)
                 # bytes 18-19 are 2 in WAL mode: the switch below rewrites a file in
                 # another mode, so check first that it is whole
                 if header[18:20] != b"\x02\x02":
                     self._check_integrity(conn)
-            enable_wal(conn)
-            conn.execute("PRAGMA synchronous=NORMAL")
-            if not fresh:
-                conn.executescript(_BLOBS)
-            if fresh:
-                conn.executescript(_SCHEMA)
-                conn.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
-                                 [("format", FORMAT), ("version", VERSION)])
+                enable_wal(conn)
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(BLOBS)
         except (ForeignStoreError, StoreError):
             if conn is not None:
                 conn.close()
@@ -201,9 +178,7 @@ class SQLiteStore(ArtifactStore):
     def _read(self, ns: Namespace, key: Key) -> Artifact | bool | None:
         """The artifact, ``None`` if absent, ``False`` if present but unreadable."""
         with self._lock, self._guard("reading an artifact"):
-            row = self._conn.execute(
-                "SELECT meta, binary FROM artifacts WHERE namespace=? AND id_hash=? "
-                "AND build_id=?", (str(ns), key.id_hash, key.build_id)).fetchone()
+            row = self._conn.execute(ROW, (str(ns), key.id_hash, key.build_id)).fetchone()
         if row is None:
             return None
         try:

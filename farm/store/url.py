@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from farm.core.errors import SettingsError
+from farm.core.outage import Waiter
 from farm.core.settings import Settings
 
 #: what separates the tiers of a ``tiered:`` URL (a path holding one is percent-encoded)
@@ -31,11 +32,14 @@ class Opening:
     missing now (MinIO's bucket); ``False`` sends nothing at opening (a worker's pool
     process: its main process checked, and a process start must not wait on MinIO).
     ``probe``: one attempt per request, no outage waited out (a readiness check must
-    answer now)."""
+    answer now). ``reads``: a process that mostly reads (a served application): MinIO is
+    opened as :class:`~farm.store.minio_reads.MinioReads`, its GETs waited out by this
+    waiter."""
 
     settings: Settings
     create: bool = True
     probe: bool = False
+    reads: Waiter | None = None
 
 
 @dataclass(frozen=True)

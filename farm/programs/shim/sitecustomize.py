@@ -12,14 +12,26 @@ import os
 import sys
 
 
-def _install() -> None:
+def _farm(name):
+    """``farm.programs.autoinstall``'s function ``name``, or ``None`` (said once)."""
     try:
-        from farm.programs.autoinstall import install_from_env
+        from farm.programs import autoinstall
     except Exception as exc:  # never break the application: it runs unserved
-        print(f"kernel-farm: warning: the farm cannot be imported here ({exc}); programs "
-              "are built the plain way", file=sys.stderr)
-        return
-    install_from_env()
+        if not _SAID:
+            _SAID.append(exc)
+            print(f"kernel-farm: warning: the farm cannot be imported here ({exc}); "
+                  "programs are built the plain way", file=sys.stderr)
+        return None
+    return getattr(autoinstall, name)
+
+
+_SAID: list = []
+
+
+def _install() -> None:
+    install = _farm("install_from_env")
+    if install is not None:
+        install()
 
 
 class _WatchPyopencl:
@@ -34,6 +46,9 @@ class _WatchPyopencl:
         if fullname != "pyopencl":
             return None
         sys.meta_path.remove(self)  # one use; and the search below must not find us
+        early = _farm("before_pyopencl")
+        if early is not None:
+            early()  # the prover ahead, while pyopencl imports
         import importlib.util
 
         spec = importlib.util.find_spec(fullname)
