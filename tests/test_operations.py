@@ -248,7 +248,7 @@ def test_build_writes_its_summary_as_metrics(built: dict[str, Any]) -> None:
 
 
 def test_build_metrics_file_in_a_missing_folder_is_one_line(ops: Ops, tmp_path: Path) -> None:
-    manifest = write_manifest(tmp_path / "m.toml", salt=35, count=1)
+    manifest = write_manifest(tmp_path / "m.toml", salt=3101, count=1)
     proc = farm(ops.cluster.env(tmp_path / "c"), "build", str(manifest), "--cluster",
                 "--metrics-file", str(tmp_path / "no" / "such" / "dir" / "b.prom"))
     assert proc.returncode == 2  # bad input
