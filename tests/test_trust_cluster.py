@@ -119,6 +119,37 @@ def test_a_client_verifying_with_another_key_counts_what_it_refused_as_failed(
     store.close()
 
 
+def test_a_capture_built_by_a_client_verifying_with_another_key_fails_what_it_refused(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    """Issue 33 item 1, for an application's programs (``farm build CAPTURE --cluster``):
+    a held program counted Loaded unread, and one the workers built was never read back
+    either. With another key: failed (``untrusted``), exit 1; with the right key, the
+    programs the workers stored are counted Loaded."""
+    from test_capture_trust import _capture
+
+    fp = json.loads(farm(cluster.env(), "workers", "--json").stdout)
+    [fingerprint] = list(fp)
+    sources = [f"__kernel void f(__global int *a) {{ a[0] = {4300 + i}; }}\n"
+               for i in range(2)]
+    path = _capture(tmp_path / "c.json", fingerprint, sources)
+    wrong = cluster.env(tmp_path / "wrong", FARM_VERIFY_KEY=generate_keypair()[1])
+    for answered in ("Compiled", "Loaded"):
+        proc = farm(wrong, "build", str(path), "--cluster", "--json")
+        assert proc.returncode == 1, proc.stderr
+        [built] = json.loads(proc.stdout)["builds"]
+        s = built["summary"]
+        assert s["failed"] == 2 and s["loaded"] + s["compiled"] == 0, (answered, s)
+        assert {f["kind"] for f in built["failures"]} == {"untrusted"}, built
+        if answered == "Compiled":
+            assert all("a worker answered Compiled" in f["message"]
+                       for f in built["failures"]), built
+    right = farm(cluster.env(tmp_path / "right", FARM_VERIFY_KEY=KEYS[1]), "build",
+                 str(path), "--cluster", "--json")
+    assert right.returncode == 0, right.stderr
+    [built] = json.loads(right.stdout)["builds"]
+    assert built["summary"]["loaded"] == 2 and built["summary"]["failed"] == 0, built
+
+
 BROKEN_FAMILY = '''
 """A family whose source no compiler takes (the metrics test's compile failure)."""
 from farm.families.base import KernelFamily, Params

@@ -18,7 +18,7 @@ only the misses are sent, in chunks of ``FARM_CHUNK_SIZE``, to the fingerprint's
 A stored key counts as Loaded without being read, unless ``verify``. With a verify key
 (``FARM_VERIFY_KEY``) the client counts only what it verified itself: every stored key
 is read before it counts as Loaded, and every kernel a worker answered for is read back
-after the reply (:meth:`ClusterClient._read_back`); what this key refuses fails as
+after the reply (:meth:`ClusterClient.check_replies`); what this key refuses fails as
 ``untrusted``. Kernels the target
 device cannot run (its limits are published by its workers) are counted unsupported
 without being sent: they are never stored, so otherwise every build would send them
@@ -202,7 +202,8 @@ class ClusterClient:
         finally:
             gather.close()
         if self.settings.verify_key:
-            self._read_back(Namespace.for_fingerprint(fingerprint), [r for r, _ in misses])
+            self.check_replies(Namespace.for_fingerprint(fingerprint),
+                               [r for r, _ in misses])
         farms = sum(1 for r in results if r.failure is not None and r.failure.infrastructure)
         if farms:
             self.say(f"{farms} kernel(s) failed for the farm's reasons, not their own (see "
@@ -295,7 +296,7 @@ class ClusterClient:
         # verify key every held artifact is read (the store refuses an unsigned or
         # wrongly signed one) before it counts as Loaded, as with --verify.
         verify = options.verify or bool(self.settings.verify_key)
-        checked = self._checked_store() if verify else self.store
+        checked = self.checked_store() if verify else self.store
         misses: list[tuple[KernelResult, KernelRequest]] = []
         for res, req in requests:
             t = time.perf_counter()
@@ -310,7 +311,7 @@ class ClusterClient:
                 misses.append((res, req))
         return misses
 
-    def _checked_store(self) -> ArtifactStore:
+    def checked_store(self) -> ArtifactStore:
         """Where a verified read asks: the cluster's own store (the shared tier of a
         tiered one) behind the same signature rules. So a good copy in this machine's
         local tier never stands for a tampered one in MinIO (which would then never be
@@ -324,7 +325,7 @@ class ClusterClient:
                 store, SigningStore) and isinstance(store.inner, TieredStore) else store
         return self._checked
 
-    def _read_back(self, ns: Namespace, sent: list[KernelResult]) -> None:
+    def check_replies(self, ns: Namespace, sent: list[KernelResult]) -> None:
         """A client with a verify key counts only what it verified itself: every kernel a
         worker answered for (Loaded, Rekeyed or Compiled: the worker verified it with
         its own key) is read back here; one this client refuses (another signing key,
@@ -332,7 +333,7 @@ class ClusterClient:
         them up. No worker can give it a form this key accepts: they sign with theirs."""
         from farm.store.signing import SigningStore
 
-        store = self._checked_store()
+        store = self.checked_store()
         refused: dict[str, int] = {}
         for res in sent:
             if res.outcome is None or res.key is None:
