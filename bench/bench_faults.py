@@ -13,6 +13,12 @@ fault is injected by hand, as an operator would:
 * ``redis-past-sigterm``, ``redis-past-sigstop``, ``redis-past-sigkill``: Redis away
   for good with ``FARM_OUTAGE_LIMIT=--limit``: when the first worker and the client exit
   after the fault, the worker's log lines after it, and its tracebacks;
+* ``ingester-sigkill``: a ``farm ingest`` beside the workers; Redis killed for
+  ``--outage`` seconds (within the limit) once the first chunk is done, then started
+  again: the ingester waits it out, stays up, and every record of the build arrives;
+* ``ingester-past-sigkill``: the same with Redis killed for good and
+  ``FARM_OUTAGE_LIMIT=--limit``: when the ingester exits after the fault, its exit
+  status and its one ``error:`` line (it used to retry for ever);
 * ``worker-kill``: the whole of one worker (main process and pool) SIGKILLed once it
   received a task; the client re-sends its chunk after ``FARM_DEAD_WORKER_GRACE``;
 * ``broken-workers``: next to the good workers, one with a wrong MinIO secret, one with
@@ -53,7 +59,8 @@ FAULTS = ROOT / "tests" / "faults"
 CACHES_OFF = {"PYOPENCL_NO_CACHE": "1", "POCL_KERNEL_CACHE": "0", "CUDA_CACHE_DISABLE": "1"}
 SIGNALS = ("sigterm", "sigstop", "sigkill")
 SCENARIOS = ("baseline", *(f"{s}-{g}" for s in ("redis", "minio") for g in SIGNALS),
-             *(f"redis-past-{g}" for g in SIGNALS), "worker-kill", "broken-workers",
+             *(f"redis-past-{g}" for g in SIGNALS), "ingester-sigkill",
+             "ingester-past-sigkill", "worker-kill", "broken-workers",
              "orphans", "crash-loop", "poison")
 #: how a server fails and comes back (farm.devservices.server.LocalServer's methods)
 BREAK = {"sigterm": ("halt", "resume"), "sigstop": ("freeze", "thaw"),
@@ -104,7 +111,7 @@ def scenario(kind: str, args: argparse.Namespace, redis: Any, minio: Any,
 
     env = {"PYTHONPATH": str(FAULTS), "FARM_FAULT_INJECT": "1",
            "FARM_FAMILY_MODULES": '["faultfam"]'}
-    if kind.startswith("redis-past"):
+    if kind.startswith(("redis-past", "ingester-past")):
         env["FARM_OUTAGE_LIMIT"] = f"{args.limit:g}"
     with local_cluster(work / kind, redis=redis, minio=minio,
                        bucket=f"bench-{uuid.uuid4().hex[:12]}", redis_db=db, **env) as c:
@@ -115,6 +122,8 @@ def scenario(kind: str, args: argparse.Namespace, redis: Any, minio: Any,
             return _broken_workers(c, manifest, minio, work)
         if kind == "orphans":
             return _orphans(c, manifest, workers, work)
+        if kind.startswith("ingester"):
+            return _ingester(c, manifest, args, redis, work / kind, kind)
         extra: dict[str, Any] = {}
         if kind == "poison":
             extra = _poison(c)
@@ -156,6 +165,60 @@ def _past_limit(worker: Any, client: Any, before: int, failed_at: float) -> dict
             "worker_lines_after": len(after),
             "worker_tracebacks": sum("Traceback" in line for line in after),
             "worker_error_lines": sum("error: Redis at" in line for line in after)}
+
+
+def _ingester(c: Any, manifest: str, args: argparse.Namespace, redis: Any, work: Path,
+              kind: str) -> dict[str, Any]:
+    """Redis killed under a running ``farm ingest`` during a build: for ``--outage``
+    seconds (it must heal: every record arrives), or for good (it must exit 1 with one
+    line after the limit)."""
+    records_url = f"sqlite:///{work / 'records.sqlite'}"
+    c.extra_env["FARM_RECORDS_URL"] = records_url
+    ingester = c.start_ingester(records_url)
+    _wait_for(ingester.log, " -> ")
+    start = time.perf_counter()
+    proc = _build(c, manifest, work / "client")
+    _wait_for(c.workers[0].log, "chunk ")
+    before = ingester.log.read_text(errors="replace").count("\n")
+    failed_at = time.monotonic()
+    redis.kill()
+    extra: dict[str, Any] = {}
+    if kind == "ingester-past-sigkill":
+        try:
+            code = ingester.process.wait(timeout=args.limit + 120)
+        except subprocess.TimeoutExpired:
+            code = None  # the bug: it retried for ever
+        extra["ingester_exit_s"] = round(time.monotonic() - failed_at, 1)
+        extra["ingester_exit"] = code
+        redis.resume()
+    else:
+        time.sleep(args.outage)
+        extra["outage_s"] = args.outage
+        redis.resume()
+    out, err = proc.communicate(timeout=3600)
+    row = _row(kind, proc, out, err, time.perf_counter() - start, c)
+    if kind == "ingester-sigkill":
+        label = json.loads(out)["summary"]["kernels"] if out.strip() else 0
+        extra |= _records_arrived(c, label)
+        extra["ingester_alive"] = ingester.process.poll() is None
+    after = ingester.log.read_text(errors="replace").splitlines()[before:]
+    said = [line for line in after if line.startswith("error:")]
+    return {**row, **extra, "ingester_lines_after": len(after),
+            "ingester_error_lines": len(said), "ingester_said": said[:1]}
+
+
+def _records_arrived(c: Any, kernels: int) -> dict[str, Any]:
+    """Wait (a minute at most) for the build's records: kernels counted, none missing."""
+    found: dict[str, Any] = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        shown = subprocess.run([sys.executable, "-m", "farm", "records", "summary", "--json"],
+                               env=c.env(), capture_output=True, text=True, check=False)
+        found = json.loads(shown.stdout) if shown.returncode == 0 and shown.stdout else {}
+        if found.get("kernels") == kernels and found.get("missing") == 0:
+            break
+        time.sleep(0.5)
+    return {"records_kernels": found.get("kernels"), "records_missing": found.get("missing")}
 
 
 def _broken_workers(c: Any, manifest: str, minio: Any, work: Path) -> dict[str, Any]:

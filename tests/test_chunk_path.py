@@ -153,3 +153,45 @@ def test_a_build_is_remembered_alive_for_a_second_and_gone_never(client: Any) ->
     assert watch.avoided(client, "b2", "host:1") and not watch.avoided(client, "b2", "host:2")
     client.delete("farm:build:b2:avoid")
     assert watch.avoided(client, "b2", "host:1")  # once shut out, always
+
+
+@pytest.mark.parametrize("cause", ["pool process died", "redis away", "neither"])
+def test_a_chunk_a_live_worker_no_longer_holds_is_resent_with_its_real_cause(
+        client: Any, redis_url: str, cause: str) -> None:
+    """Issue 33 item 5: every such chunk was said lost "while Redis was away". The
+    holder's crash note (its pool process died on the task) comes first; an outage this
+    client lived through next; otherwise the line says Redis was not away."""
+    from farm.cluster.holders import HolderWatch
+    from farm.cluster.workers import WorkerInfo
+    from farm.core.keys import CRASHES_STATUS, task_crashes_key, task_holder_key, workers_key
+
+    fp, task = "pocl-holders-0123456789ab", str(uuid.uuid4())
+    waiter = redis_waiter(redis_url, 60, say=lambda line: None)
+    now = [100.0]
+    watch = HolderWatch(client, waiter, fingerprint=fp, grace_s=3, settle_s=1,
+                        clock=lambda: now[0])
+    worker = WorkerInfo(host="h", pid=7, fingerprint=fp, device_name="d", processes=1,
+                        version="v", queues=[], tasks=[])
+    client.set(task_holder_key(task), worker.field)
+    if cause == "pool process died":
+        client.hset(task_crashes_key(task), CRASHES_STATUS, "signal 9 (SIGKILL)")
+    elif cause == "redis away":  # an outage this client waited out, now over
+        waiter.check(ConnectionError("refused"))
+        waiter.mark_up()
+    lost = []
+    for beat in range(6):  # the worker beats every second and never lists the task
+        client.hset(workers_key(fp), worker.field,
+                    worker.model_copy(update={"heartbeat": float(beat)}).model_dump_json())
+        lost = watch.look([task]).lost
+        if lost:
+            break
+        now[0] += 1.0
+    [(task_id, holder, why)] = lost
+    assert task_id == task and holder == "h:7"
+    if cause == "pool process died":
+        assert "pool process of worker h:7 died on it (signal 9 (SIGKILL))" in why, why
+        assert "Redis" not in why
+    elif cause == "redis away":
+        assert "while Redis was away" in why, why
+    else:
+        assert "Redis was not away" in why and "while Redis was away" not in why, why

@@ -261,6 +261,32 @@ def test_a_kernel_that_kills_its_compiler_fails_as_crashed_and_the_rest_build(
     print(f"crash loop settled in {took:.1f} s")
 
 
+def test_a_pool_process_killed_is_named_as_the_cause_not_redis(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    """Issue 33 item 5: after a pool process was SIGKILLed the client said the worker
+    "lost it while Redis was away", though Redis never was. The kernel kills its own
+    pool process (SIGKILL, as the OOM killer would); Celery puts its chunk back at the
+    end of the queue, behind thirty others, so the client sees the live worker no longer
+    hold it for longer than the grace (3 s) and sends it again, with the real cause."""
+    manifest = tmp_path / "m.toml"
+    modes = [("kill", 3401)] + [("none", 3402 + i) for i in range(30)]
+    manifest.write_text('format = 1\nname = "pool-kill"\n' + "".join(
+        f'\n[[kernels]]\nfamily = "fault"\nparams = {{ mode = "{mode}", salt = {salt} }}\n'
+        for mode, salt in modes))
+    proc = farm(cluster.env(tmp_path / "client"), "build", str(manifest), "--cluster",
+                "--json")
+    assert proc.returncode == 1, proc.stderr  # the killing kernel fails, in the end
+    report = json.loads(proc.stdout)
+    assert report["summary"]["compiled"] + report["summary"]["loaded"] == 30, report
+    resent = [line for line in proc.stderr.splitlines() if line.startswith("re-sent a chunk")]
+    assert resent, proc.stderr
+    assert not any("Redis" in line for line in resent), resent
+    assert any("pool process of worker" in line and "signal 9 (SIGKILL)" in line
+               for line in resent), resent
+    assert "waiting for Redis" not in proc.stderr
+    _workers_alive(cluster)
+
+
 def test_embedded_pool_survives_a_kernel_that_kills_its_process(tmp_path: Path) -> None:
     manifest = tmp_path / "m.toml"
     manifest.write_text('format = 1\nname = "crashy-local"\n' + "".join(

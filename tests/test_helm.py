@@ -945,25 +945,73 @@ def test_helm_test_builds_against_the_release(rendered: dict[str, list[dict]]) -
     assert pod["spec"]["restartPolicy"] == "Never"
 
 
-def test_nvidia_pools_keep_the_cuda_cache_on_the_node(rendered: dict[str, list[dict]]) -> None:
-    values = chart_values(EXAMPLE_SCENARIO)
+def _cuda_cache(docs: list[dict], values: dict[str, Any]) -> dict[str, dict]:
+    """Each pool's ``cuda-cache`` volume (or ``{}``), after checking that nvidia pools
+    point CUDA_CACHE_PATH at it and other pools have none."""
+    found = {}
     for pool in values["workers"]["pools"]:
-        dep = named(rendered[EXAMPLE_SCENARIO], "Deployment",
-                    f"{FULLNAME}-worker-{pool['name']}")
+        dep = named(docs, "Deployment", f"{FULLNAME}-worker-{pool['name']}")
         spec = dep["spec"]["template"]["spec"]
         (container,) = spec["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         volumes = {v["name"]: v for v in spec["volumes"]}
-        if pool["type"] == "nvidia":
+        assert "initContainers" not in spec  # nothing to hand over as root
+        if pool.get("type") == "nvidia":
             mount = next(m for m in container["volumeMounts"] if m["name"] == "cuda-cache")
             assert env["CUDA_CACHE_PATH"] == mount["mountPath"]
-            assert volumes["cuda-cache"]["hostPath"] == {
-                "path": values["cudaCache"]["hostPath"], "type": "DirectoryOrCreate"}
-            (init,) = spec["initContainers"]
-            assert init["command"][:2] == ["chown", "10001:10001"]
-            assert init["securityContext"]["capabilities"]["add"] == ["CHOWN"]
+            found[pool["name"]] = volumes["cuda-cache"]
         else:
             assert "CUDA_CACHE_PATH" not in env and "cuda-cache" not in volumes
+            found[pool["name"]] = {}
+    return found
+
+
+def test_nvidia_pools_keep_the_cuda_cache_in_the_pod(rendered: dict[str, list[dict]]) -> None:
+    """By default an emptyDir, which the worker's uid writes through the pod's fsGroup:
+    no root step to own it (issue 33 item 6)."""
+    found = _cuda_cache(rendered[EXAMPLE_SCENARIO], chart_values(EXAMPLE_SCENARIO))
+    assert found["h200"] == {"name": "cuda-cache", "emptyDir": {}}
+    assert found["cpu-pocl"] == {}
+
+
+def test_a_node_folder_for_the_cuda_cache_is_used_never_made(helm_bin: str,
+                                                            tmp_path: Path) -> None:
+    """With cudaCache.hostPath the folder must exist (type Directory: a pod waits for it
+    rather than writing into one the kubelet made for root), and no container chowns
+    it."""
+    values = yaml.safe_load(EXAMPLE.read_text())
+    values["cudaCache"] = {"hostPath": "/var/cache/kernel-farm/cuda"}
+    result = template(values, tmp_path)
+    assert result.returncode == 0, result.stderr
+    docs = parse(result.stdout)
+    found = _cuda_cache(docs, chart_values(EXAMPLE_SCENARIO))
+    assert found["h200"]["hostPath"] == {"path": "/var/cache/kernel-farm/cuda",
+                                         "type": "Directory"}
+    _assert_no_root(docs, "cudaCache.hostPath")
+
+
+def _assert_no_root(docs: list[dict], scenario: str) -> None:
+    """Every container's effective security context (its own over its pod's) says
+    non-root with a non-zero uid."""
+    checked = 0
+    for name, spec in pod_specs(docs, every=True):
+        pod = spec.get("securityContext") or {}
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            effective = {**pod, **(c.get("securityContext") or {})}
+            where = f"{scenario}: {name}/{c['name']}"
+            assert effective.get("runAsNonRoot") is True, where
+            assert isinstance(effective.get("runAsUser"), int), where
+            assert effective["runAsUser"] != 0, where
+            assert "add" not in (effective.get("capabilities") or {}), where
+            checked += 1
+    assert checked, f"{scenario}: no container rendered"
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_no_container_runs_as_root(scenario: str, rendered: dict[str, list[dict]]) -> None:
+    """Every container of every scenario and example, init containers, Jobs and the
+    helm test Pod included (issue 33 item 6: an init container ran as uid 0)."""
+    _assert_no_root(rendered[scenario], scenario)
 
 
 def test_celery_args_pass_through(rendered: dict[str, list[dict]]) -> None:

@@ -355,6 +355,65 @@ def test_ingest_without_redis_is_one_line(tmp_path: Path) -> None:
         assert not (tmp_path / "r.sqlite").exists()
 
 
+# -- Redis away: the outage limit, as workers and clients keep it --------------------------
+
+OUTAGE_LIMIT_S = 3
+
+
+def test_redis_killed_past_the_outage_limit_ends_the_ingester_with_one_line(
+    tmp_path: Path, ingesters: list[IngesterProcess]
+) -> None:
+    """Issue 33 item 4: it logged "Redis unreachable ...; retrying" every 5 s for ever."""
+    from farm.devservices import RedisServer
+
+    with RedisServer(tmp_path / "redis") as redis_own:
+        url = f"sqlite:///{tmp_path / 'records.sqlite'}"
+        ingester = IngesterProcess(
+            service_env(redis_own.url, url, tmp_path, FARM_OUTAGE_LIMIT=str(OUTAGE_LIMIT_S),
+                        FARM_SOCKET_TIMEOUT="1"), tmp_path / "i.log", "--block-ms", "200")
+        ingesters.append(ingester)
+        ingester.wait_started()
+        redis_own.kill()
+        killed = time.monotonic()
+        code = ingester.process.wait(timeout=120)
+        took = time.monotonic() - killed
+    text = ingester.text()
+    assert code == 1, text
+    assert "Traceback" not in text, text
+    [line] = [x for x in text.splitlines() if x.startswith("error:")]
+    assert "Redis at 127.0.0.1" in line and "unreachable" in line, line
+    assert f"more than {OUTAGE_LIMIT_S} s (FARM_OUTAGE_LIMIT)" in line, line
+    assert text.count("waiting for Redis at") == 1, text  # said once, not every retry
+    assert "retrying" not in text, text
+    # not before the limit; generously after it (a socket timeout, a loaded machine)
+    assert OUTAGE_LIMIT_S - 0.5 <= took < OUTAGE_LIMIT_S + 30, (took, text)
+
+
+def test_redis_back_within_the_outage_limit_the_ingester_goes_on(
+    tmp_path: Path, ingesters: list[IngesterProcess]
+) -> None:
+    from farm.devservices import RedisServer
+
+    with RedisServer(tmp_path / "redis") as redis_own:
+        url = f"sqlite:///{tmp_path / 'records.sqlite'}"
+        ingester = IngesterProcess(
+            service_env(redis_own.url, url, tmp_path, FARM_OUTAGE_LIMIT="60",
+                        FARM_SOCKET_TIMEOUT="1"), tmp_path / "i.log", "--block-ms", "200")
+        ingesters.append(ingester)
+        ingester.wait_started()
+        redis_own.kill()
+        wait_for(lambda: "waiting for Redis at" in ingester.text(), 60, "the outage line")
+        redis_own.resume()
+        producer = Producer(redis_own.url, 30, 0)
+        producer.finish()
+        wait_for(lambda: count_in(url, producer.session) == 30, 60, "the records")
+        assert ingester.process.poll() is None, ingester.text()
+        counts = ingester.terminate()
+    text = ingester.text()
+    assert "is back after" in text and "error:" not in text, text
+    assert counts["records"] == 30 and counts["failures"] >= 1, counts
+
+
 # -- the whole path: a real cluster build --------------------------------------------------
 
 CLUSTER_LIMITS = {"FARM_COMPILE_SOFT_TIME_LIMIT": "60", "FARM_COMPILE_HARD_TIME_LIMIT": "90",

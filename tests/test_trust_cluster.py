@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 import uuid
@@ -17,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import build_json, minio_store, namespace, next_redis_db, write_manifest
+from cluster_helpers import (
+    build_json,
+    farm,
+    minio_store,
+    namespace,
+    next_redis_db,
+    write_manifest,
+)
 
 from farm.core.model import Artifact, Key
 from farm.devservices.cluster import LocalCluster, local_cluster
@@ -73,6 +81,73 @@ def test_a_cluster_build_with_a_verify_key_counts_nothing_unverified_as_loaded(
         repaired = store.get(ns, key)
         assert repaired is not None and Verifier(KEYS[1]).verify(repaired.meta, ns)
     store.close()
+
+
+def test_a_client_verifying_with_another_key_counts_what_it_refused_as_failed(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    """Issue 33 item 1: the cluster signs with one key, the client verifies with another:
+    every kernel was "wrongly signed ... refused" and still counted Loaded (the workers,
+    verifying with their own key, answered Loaded), exit 0. Whatever the workers
+    answered (Compiled on a first build, Loaded on the next), the client trusts only
+    what it verified: failed, with the reason, exit 1; the right key then loads all."""
+    manifest = write_manifest(tmp_path / "m.toml", salt=43, count=3)
+    other_key = generate_keypair()[1]
+    wrong = cluster.env(tmp_path / "wrong", FARM_VERIFY_KEY=other_key)
+    for answered in ("Compiled", "Loaded"):  # nothing stored yet; then all stored
+        proc = farm(wrong, "build", str(manifest), "--cluster", "--json")
+        assert proc.returncode == 1, proc.stderr
+        report = json.loads(proc.stdout)
+        s = report["summary"]
+        assert s["failed"] == 3 and s["loaded"] + s["compiled"] + s["rekeyed"] == 0, s
+        for failure in report["failures"]:
+            assert failure["kind"] == "untrusted", failure
+            assert f"a worker answered {answered}" in failure["message"], failure
+            assert "wrongly signed" in failure["message"], failure
+        summed = [line for line in proc.stderr.splitlines()
+                  if "refused by this client's FARM_VERIFY_KEY" in line]
+        assert len(summed) == 1 and summed[0].startswith("3 kernel(s)"), proc.stderr
+        assert "Traceback" not in proc.stderr
+    right = build_json(cluster.env(tmp_path / "right", FARM_VERIFY_KEY=KEYS[1]),
+                       str(manifest))
+    assert right["summary"]["loaded"] == 3 and right["summary"]["failed"] == 0, right
+    # the refusals changed nothing stored: still the cluster's, signed with its key
+    store = minio_store(cluster)
+    ns = namespace(right["fingerprint"])
+    for key in _keys(manifest):
+        held = store.get(ns, key)
+        assert held is not None and Verifier(KEYS[1]).verify(held.meta, ns)
+    store.close()
+
+
+def test_a_capture_built_by_a_client_verifying_with_another_key_fails_what_it_refused(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    """Issue 33 item 1, for an application's programs (``farm build CAPTURE --cluster``):
+    a held program counted Loaded unread, and one the workers built was never read back
+    either. With another key: failed (``untrusted``), exit 1; with the right key, the
+    programs the workers stored are counted Loaded."""
+    from test_capture_trust import _capture
+
+    fp = json.loads(farm(cluster.env(), "workers", "--json").stdout)
+    [fingerprint] = list(fp)
+    sources = [f"__kernel void f(__global int *a) {{ a[0] = {4300 + i}; }}\n"
+               for i in range(2)]
+    path = _capture(tmp_path / "c.json", fingerprint, sources)
+    wrong = cluster.env(tmp_path / "wrong", FARM_VERIFY_KEY=generate_keypair()[1])
+    for answered in ("Compiled", "Loaded"):
+        proc = farm(wrong, "build", str(path), "--cluster", "--json")
+        assert proc.returncode == 1, proc.stderr
+        [built] = json.loads(proc.stdout)["builds"]
+        s = built["summary"]
+        assert s["failed"] == 2 and s["loaded"] + s["compiled"] == 0, (answered, s)
+        assert {f["kind"] for f in built["failures"]} == {"untrusted"}, built
+        if answered == "Compiled":
+            assert all("a worker answered Compiled" in f["message"]
+                       for f in built["failures"]), built
+    right = farm(cluster.env(tmp_path / "right", FARM_VERIFY_KEY=KEYS[1]), "build",
+                 str(path), "--cluster", "--json")
+    assert right.returncode == 0, right.stderr
+    [built] = json.loads(right.stdout)["builds"]
+    assert built["summary"]["loaded"] == 2 and built["summary"]["failed"] == 0, built
 
 
 BROKEN_FAMILY = '''

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm.cluster.lease import kernel_note, read_kernel_note, release_lease
 from farm.core.keys import (
+    CRASHES_STATUS,
     TASK_STATE_TTL_S,
     task_crashes_key,
     task_deliveries_key,
@@ -49,9 +50,6 @@ if TYPE_CHECKING:
     import redis
 
 log = logging.getLogger(__name__)
-
-STATUS_FIELD = "status"
-
 
 _STATUS = re.compile(r"prematurely:\s*(.*?)(?:\s+Job:\s*\d+)?\.?$")
 
@@ -130,7 +128,7 @@ class TaskLedger:
         for name, value in crashes.items():
             field = name.decode() if isinstance(name, bytes) else str(name)
             text = value.decode() if isinstance(value, bytes) else str(value)
-            if field == STATUS_FIELD:
+            if field == CRASHES_STATUS:
                 self.status = text
             elif text.isdigit():
                 self.crashes[field] = int(text)
@@ -189,7 +187,7 @@ def record_crash(client: redis.Redis, task_id: str, status: str,
     pipe = client.pipeline(transaction=False)
     if id_hash:
         pipe.hincrby(task_crashes_key(task_id), id_hash, 1)
-    pipe.hset(task_crashes_key(task_id), STATUS_FIELD, status)
+    pipe.hset(task_crashes_key(task_id), CRASHES_STATUS, status)
     pipe.expire(task_crashes_key(task_id), TASK_STATE_TTL_S)
     pipe.execute()
     return id_hash or None

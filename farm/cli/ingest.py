@@ -2,9 +2,11 @@
 
 Needs ``FARM_REDIS_URL``; writes into ``FARM_RECORDS_URL`` (PostgreSQL in a cluster).
 Runs until SIGTERM or SIGINT, then finishes the batch in hand (written and acknowledged)
-and exits 0; ``--drain`` exits instead once nothing is left to read. Several may run at
-once (one per node, or a Deployment with replicas): they share the work through the
-consumer group and never store a record twice. See ``farm.records.ingest``.
+and exits 0; ``--drain`` exits instead once nothing is left to read. Redis away for
+longer than ``FARM_OUTAGE_LIMIT`` ends it with one ``error:`` line and exit 1, as it ends
+a worker (what it read and had not written stays pending for the next one). Several may
+run at once (one per node, or a Deployment with replicas): they share the work through
+the consumer group and never store a record twice. See ``farm.records.ingest``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import typer
 from farm.cli.console import err, print_json
 from farm.core.defaults import INGEST_BATCH, INGEST_BLOCK_MS, INGEST_CLAIM_IDLE_MS
 from farm.core.errors import SettingsError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from farm.cluster.health import HealthFiles
@@ -76,6 +80,7 @@ def ingest(
     SIGTERM or SIGINT after the batch in hand, or with --drain when nothing is left.
     """
     from farm.cluster.health import HealthFiles
+    from farm.core.outage import redis_waiter
     from farm.core.settings import load_settings
     from farm.records.ingest import Pacing, default_consumer_name
     from farm.records.stream import connect
@@ -89,8 +94,8 @@ def ingest(
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        logging.getLogger(__name__).info("%s: finishing the batch in hand, then stopping",
-                                         signal.Signals(signum).name)
+        log.info("%s: finishing the batch in hand, then stopping",
+                 signal.Signals(signum).name)
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -104,7 +109,12 @@ def ingest(
                 client, storage, consumer=consumer,
                 pacing=Pacing(batch=batch, block_ms=block_ms, claim_idle_ms=claim_idle_ms),
                 keep_sessions=keep_sessions if keep_sessions is not None
-                else settings.keep_sessions)
+                else settings.keep_sessions,
+                # an outage past FARM_OUTAGE_LIMIT ends it with one line and exit 1, as
+                # it ends a worker: an orchestrator restarts it, and an operator is told
+                waiter=redis_waiter(settings.redis_url, settings.outage_limit,
+                                    say=lambda line: log.warning("ingester %s: %s",
+                                                                 consumer, line)))
             if settings.health_dir is not None:
                 ingester.health = HealthFiles(settings.health_dir)
                 ingester.health.reset()

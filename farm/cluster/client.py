@@ -15,7 +15,11 @@ The build: every key is computed here (:func:`farm.compilation.obtain.store_key`
 this process's build ids), the store is asked which it holds in one bulk listing, and
 only the misses are sent, in chunks of ``FARM_CHUNK_SIZE``, to the fingerprint's queue
 (:mod:`farm.cluster.gather` gathers the replies and re-sends a dead worker's chunks).
-A stored key counts as Loaded without being read, unless ``verify``. Kernels the target
+A stored key counts as Loaded without being read, unless ``verify``. With a verify key
+(``FARM_VERIFY_KEY``) the client counts only what it verified itself: every stored key
+is read before it counts as Loaded, and every kernel a worker answered for is read back
+after the reply (:meth:`ClusterClient.check_replies`); what this key refuses fails as
+``untrusted``. Kernels the target
 device cannot run (its limits are published by its workers) are counted unsupported
 without being sent: they are never stored, so otherwise every build would send them
 again.
@@ -112,6 +116,7 @@ class ClusterClient:
         self._redis: redis.Redis | None = None
         self._app: Celery | None = None
         self._served: tuple[str, list[WorkerInfo], float] | None = None
+        self._checked: ArtifactStore | None = None
 
     # -- the connections -------------------------------------------------------------------
     def say(self, line: str) -> None:
@@ -196,6 +201,9 @@ class ClusterClient:
             gather.run(options.timeout_s)
         finally:
             gather.close()
+        if self.settings.verify_key:
+            self.check_replies(Namespace.for_fingerprint(fingerprint),
+                               [r for r, _ in misses])
         farms = sum(1 for r in results if r.failure is not None and r.failure.infrastructure)
         if farms:
             self.say(f"{farms} kernel(s) failed for the farm's reasons, not their own (see "
@@ -241,6 +249,7 @@ class ClusterClient:
         if self._redis is not None:
             self._redis.close()
             self._redis = None
+        self._checked = None  # a view of the store: closed with it
         if self._owns_store and self._store is not None:
             self._store.close()
             self._store = None
@@ -287,10 +296,11 @@ class ClusterClient:
         # verify key every held artifact is read (the store refuses an unsigned or
         # wrongly signed one) before it counts as Loaded, as with --verify.
         verify = options.verify or bool(self.settings.verify_key)
+        checked = self.checked_store() if verify else self.store
         misses: list[tuple[KernelResult, KernelRequest]] = []
         for res, req in requests:
             t = time.perf_counter()
-            if res.key in held and (not verify or self.store.get(ns, res.key) is not None):
+            if res.key in held and (not verify or checked.get(ns, res.key) is not None):
                 res.outcome = Outcome.LOADED
                 res.add_part("fetch", time.perf_counter() - t)
                 notify(res)
@@ -300,6 +310,51 @@ class ClusterClient:
             else:
                 misses.append((res, req))
         return misses
+
+    def checked_store(self) -> ArtifactStore:
+        """Where a verified read asks: the cluster's own store (the shared tier of a
+        tiered one) behind the same signature rules. So a good copy in this machine's
+        local tier never stands for a tampered one in MinIO (which would then never be
+        rebuilt), and checking a build fills no local tier with what it checked."""
+        if self._checked is None:
+            from farm.store.signing import SigningStore
+            from farm.store.tiered import TieredStore
+
+            store = self.store
+            self._checked = store.reading(store.inner.shared) if isinstance(
+                store, SigningStore) and isinstance(store.inner, TieredStore) else store
+        return self._checked
+
+    def check_replies(self, ns: Namespace, sent: list[KernelResult]) -> None:
+        """A client with a verify key counts only what it verified itself: every kernel a
+        worker answered for (Loaded, Rekeyed or Compiled: the worker verified it with
+        its own key) is read back here; one this client refuses (another signing key,
+        unsigned, damaged) fails as ``untrusted`` with the reason, and one line sums
+        them up. No worker can give it a form this key accepts: they sign with theirs."""
+        from farm.store.signing import SigningStore
+
+        store = self.checked_store()
+        refused: dict[str, int] = {}
+        for res in sent:
+            if res.outcome is None or res.key is None:
+                continue
+            t = time.perf_counter()
+            if store.get(ns, res.key) is not None:
+                res.add_part("fetch", time.perf_counter() - t)
+                continue
+            why = store.refusal(ns, res.key) if isinstance(store, SigningStore) else ""
+            why = why or "not in the store, or damaged"
+            refused[why] = refused.get(why, 0) + 1
+            res.failure = KernelFailure(kind="untrusted", message=(
+                f"a worker answered {res.outcome}, but this client refuses the stored "
+                f"artifact: {why} (FARM_VERIFY_KEY: is it the public key of the "
+                "cluster's FARM_SIGNING_KEY?)"))
+            res.outcome = None
+        if refused:
+            reasons = "; ".join(f"{n} {why}" for why, n in sorted(refused.items()))
+            self.say(f"{sum(refused.values())} kernel(s) the workers answered for are "
+                     f"refused by this client's FARM_VERIFY_KEY ({reasons}): counted as "
+                     "failed")
 
     def _unsupported(self, res: KernelResult, device: DeviceInfo) -> bool:
         """Lower for the target's limits; True (and the failure set) when it cannot run."""

@@ -19,9 +19,10 @@ Faults (docs/RELIABILITY.md): every Redis round trip goes through the client's
 :class:`~farm.core.outage.Waiter`, so an outage shorter than ``FARM_OUTAGE_LIMIT`` only
 pauses the build (one line says what is waited for); after one, the reply stream is
 made again (a restarted Redis may have lost it). A chunk lost without a reply (its
-holder died, its holder dropped it while Redis was away, a restarted Redis lost it:
-:mod:`farm.cluster.holders`) is sent again as a new task (first writer wins makes a
-duplicate compile harmless), instead of waiting for the broker's visibility timeout. The
+holder died, its holder's pool process died on it, its holder dropped it while Redis was
+away, a restarted Redis lost it: :mod:`farm.cluster.holders`, whose line names which) is
+sent again as a new task (first writer wins makes a duplicate compile harmless), instead
+of waiting for the broker's visibility timeout. The
 build keeps a heartbeat key alive (``farm:build:<token>:alive``): once its client is
 gone, workers drop its chunks instead of compiling them for nobody (``worker.chunks``).
 A worker whose chunks of this build all go back for infrastructure reasons is sent no

@@ -8,11 +8,15 @@ duplicate harmless; docs/RELIABILITY.md):
   by the worker's main process when Celery hands it the message) has not heartbeaten for
   ``FARM_DEAD_WORKER_GRACE``, judged on this client's clock (clock skew does not matter,
   and heartbeats missed while Redis was away do not count);
-* **its holder dropped it**: a live worker whose heartbeat lists the tasks it holds
-  (``WorkerInfo.tasks``) has not listed this one for the grace. Celery drops the
-  messages a worker reserved but had not started when its broker connection breaks,
-  counting on putting them back in the queue, which it cannot do while Redis is away:
-  the message then waits for the broker's visibility timeout (900 s);
+* **its holder no longer holds it**: a live worker whose heartbeat lists the tasks it
+  holds (``WorkerInfo.tasks``) has not listed this one for the grace, and no reply came.
+  Two causes, told apart in the re-send's line: its pool process died on it (the
+  worker's main process notes the exit status, ``task_crashes_key``, and Celery puts
+  the message back at the end of the queue, where it may wait longer than the grace),
+  or Redis was away during the build (Celery drops the messages a worker reserved but
+  had not started when its broker connection breaks, counting on putting them back in
+  the queue, which it cannot do while Redis is away: the message then waits for the
+  broker's visibility timeout, 900 s). Neither: the line says so rather than guess;
 * **Redis lost it**: a Redis that was killed and restarted (its ``run_id`` changed)
   keeps what its append-only file had, up to a second short: a chunk neither in its
   queue nor held by a live worker, once the workers have beaten since, was lost.
@@ -27,7 +31,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from farm.cluster.workers import WorkerInfo
-from farm.core.keys import queue_name, task_holder_key, workers_key
+from farm.core.keys import (
+    CRASHES_STATUS,
+    queue_name,
+    task_crashes_key,
+    task_holder_key,
+    workers_key,
+)
 from farm.core.outage import Waiter
 
 if TYPE_CHECKING:
@@ -63,6 +73,7 @@ class HolderWatch:
         #: worker field -> (heartbeat last seen, when this client saw it change)
         self._beats: dict[str, tuple[float, float]] = {}
         self._outages_seen = waiter.outages
+        self._outages_at_start = waiter.outages  # was Redis away during this build?
         #: task id -> since when its live holder has not listed it
         self._unlisted: dict[str, float] = {}
         self._run_id: str | None = None
@@ -114,10 +125,23 @@ class HolderWatch:
         if info.tasks is not None and task_id not in info.tasks:
             since = self._unlisted.setdefault(task_id, now)
             if now - since > self._grace_s:
-                return f"worker {holder} no longer holds it (it lost it while Redis was away)"
+                return self._why_unlisted(task_id, holder)
             return None
         self._unlisted.pop(task_id, None)
         return None
+
+    def _why_unlisted(self, task_id: str, holder: str) -> str:
+        """Why a live ``holder`` no longer holds ``task_id`` (see the module docstring):
+        the real cause, never an outage of Redis that did not happen."""
+        status = self._waiter.call(
+            lambda: self._client.hget(task_crashes_key(task_id), CRASHES_STATUS))
+        if status:
+            return (f"the pool process of worker {holder} died on it ({_text(status)}); "
+                    "the worker is alive and no longer holds it")
+        if self._waiter.outages != self._outages_at_start:
+            return f"worker {holder} no longer holds it (it dropped it while Redis was away)"
+        return (f"worker {holder} is alive but no longer holds it and sent no reply "
+                "(Redis was not away; a process of the worker may have died)")
 
     def _workers(self, now: float) -> dict[str, tuple[WorkerInfo, bool]]:
         """Worker field -> (its registration, alive on this client's clock)."""

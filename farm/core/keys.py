@@ -357,6 +357,12 @@ def task_crashes_key(task_id: str) -> str:
     return f"farm:task:{task_id}:crashes"
 
 
+#: the field of ``task_crashes_key``'s hash that holds the exit status of the last pool
+#: process that died on the task (``signal 9 (SIGKILL)``); the other fields count crashes
+#: by kernel
+CRASHES_STATUS = "status"
+
+
 def task_holder_key(task_id: str) -> str:
     return f"farm:task:{task_id}:holder"
 

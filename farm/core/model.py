@@ -261,8 +261,10 @@ class RecordLevel(StrEnum):
     FULL = "full"
 
 
+#: ``untrusted``: the workers answered for it, but the artifact they left is one this
+#: client's FARM_VERIFY_KEY refuses (``farm.cluster.client``)
 FailureKind = Literal[Fate.UNSUPPORTED, "validation", "compile", "load", "version-skew", "crashed",
-                      "store", "infrastructure", "error"]
+                      "store", "infrastructure", "untrusted", "error"]
 
 #: failures that are the farm's, not the kernel's (``farm.core.errors.InfrastructureError``):
 #: a cluster never ends a kernel with one while a worker can still build it elsewhere

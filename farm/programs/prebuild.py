@@ -88,14 +88,16 @@ def put_blobs(store: ArtifactStore, capture: CaptureFile, specs: list[ProgramSpe
 
 
 def _results(store: ArtifactStore, ns: Namespace, specs: list[ProgramSpec],
-             notify: Progress) -> tuple[list[KernelResult], list[tuple[KernelResult,
-                                                                        ProgramSpec]]]:
-    """Every program's result, and the misses (the store lacks their key)."""
+             notify: Progress, checked: ArtifactStore | None = None
+             ) -> tuple[list[KernelResult], list[tuple[KernelResult, ProgramSpec]]]:
+    """Every program's result, and the misses (the store lacks their key; with
+    ``checked``, a client's verifying store, also those it holds but ``checked`` refuses:
+    a held program counts Loaded only once read and verified)."""
     results = [KernelResult(artifact=handle(s), key=s.key) for s in specs]
     held = store.existing(ns, [s.key for s in specs])
     misses = []
     for res, spec in zip(results, specs, strict=True):
-        if spec.key in held:
+        if spec.key in held and (checked is None or checked.get(ns, spec.key) is not None):
             res.outcome = Outcome.LOADED
             notify(res)
         elif not spec.portable:
@@ -240,7 +242,10 @@ def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: s
     notify = progress or (lambda r: None)
     specs = targets(capture, fingerprint).get(fingerprint, [])
     ns = Namespace.for_fingerprint(fingerprint)
-    results, misses = _results(client.store, ns, specs, notify)
+    # with a verify key the client counts only what it verified itself (issue 33)
+    verify = bool(client.settings.verify_key)
+    results, misses = _results(client.store, ns, specs, notify,
+                               checked=client.checked_store() if verify else None)
     if misses:
         put_blobs(client.store, capture, [s for _, s in misses])
     want = wanted(capture, fingerprint)
@@ -259,6 +264,8 @@ def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: s
         for i in range(0, len(todo), size)]
     sent = client.send(fingerprint, chunks, status=status,
                        progress=lambda r: notify(r) if id(r) in counted else None)
+    if verify:
+        client.check_replies(ns, [r for r, _ in misses])
     report = BatchReport(results=results, wall_s=time.perf_counter() - start,
                          parallelism=len({r.worker for r in results if r.worker}) or 1,
                          compiler_invocations=sum(1 for r in results

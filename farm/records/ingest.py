@@ -58,7 +58,7 @@ from farm.core.keys import (
     RECORDS_SESSIONS_STREAM,
     records_stream_for,
 )
-from farm.core.outage import describe_refusal
+from farm.core.outage import Waiter, describe_refusal
 from farm.records.entries import Entry, flatten_reply, places, set_aside, unstorable
 from farm.records.group import check_group, ensure_groups, stream_id, text
 from farm.records.model import RECORD_KINDS, Record
@@ -146,7 +146,8 @@ class Ingester:
 
     def __init__(self, client: redis.Redis, storage: SessionStorage, *,
                  consumer: str | None = None, pacing: Pacing | None = None,
-                 keep_sessions: int | None = None, maxlen: int = STREAM_MAXLEN) -> None:
+                 keep_sessions: int | None = None, maxlen: int = STREAM_MAXLEN,
+                 waiter: Waiter | None = None) -> None:
         pacing = pacing or Pacing()
         if pacing.batch < 1 or pacing.block_ms < 0 or pacing.claim_idle_ms < 0:
             raise ValueError("batch must be >= 1, block_ms and claim_idle_ms >= 0")
@@ -167,6 +168,10 @@ class Ingester:
         self._deferred_logged: set[str] = set()
         self._horizon: int | None = None  # after a prune: the oldest session kept
         self._stop = threading.Event()
+        #: Redis's outages (``farm ingest`` passes one with FARM_OUTAGE_LIMIT): ``run()``
+        #: raises its OutageError once an outage outlasts the limit; without one it
+        #: retries for ever (a test's in-process ingester)
+        self.waiter = waiter
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -178,19 +183,25 @@ class Ingester:
 
     def run(self, stop: threading.Event | None = None, *, drain: bool = False) -> IngestStats:
         """Ingest until ``stop`` is set (or, with ``drain``, until nothing is left to read
-        now). Failures of Redis or storage are logged and retried, never raised."""
+        now). Failures of Redis or storage are logged and retried; with a ``waiter``, an
+        outage of Redis longer than its limit raises its
+        :class:`~farm.core.outage.OutageError` (as a worker and a client give up: the
+        entries read and not yet acknowledged stay pending for the next ingester)."""
         import redis
 
         stop = stop if stop is not None else self._stop
         delay = 0.1
         groups_ok = False
         while not stop.is_set():
+            started = time.monotonic()  # an outage starts with the attempt that failed
             try:
                 if not groups_ok:
                     self.ensure_groups()
                     groups_ok = True
                 handled = self.step()
                 delay = 0.1
+                if self.waiter is not None:
+                    self.waiter.mark_up()
             except redis.ResponseError as exc:
                 if "NOGROUP" in str(exc):  # streams deleted (or Redis lost them): recreate
                     log.warning("ingester %s: %s; creating the group again", self.consumer, exc)
@@ -203,11 +214,15 @@ class Ingester:
                 continue
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 told = describe_refusal("Redis", exc, "FARM_REDIS_URL")  # not "unreachable"
-                log.warning("ingester %s: %s; retrying", self.consumer,
-                            told or f"Redis unreachable ({exc})")
                 self.stats.failures += 1
                 self._backlog_cursor = "0"
-                stop.wait(delay)
+                if told is None and self.waiter is not None:
+                    self.waiter.check(exc, started)  # one line; OutageError past the limit
+                    stop.wait(self._outage_pause(delay))
+                else:
+                    log.warning("ingester %s: %s; retrying", self.consumer,
+                                told or f"Redis unreachable ({exc})")
+                    stop.wait(delay)
                 delay = min(RETRY_MAX_S, delay * 2)
                 continue
             except StoreError as exc:
@@ -220,6 +235,14 @@ class Ingester:
             if drain and handled == 0 and self._backlog_cursor is None:
                 break
         return self.stats
+
+    def _outage_pause(self, delay: float) -> float:
+        """``delay``, cut short so that the attempt after it is made by the outage
+        limit: the end comes within one attempt (a socket timeout) of the limit."""
+        since = self.waiter.down_since if self.waiter is not None else None
+        if since is None or self.waiter is None:
+            return delay
+        return max(0.05, min(delay, since + self.waiter.limit_s - time.monotonic()))
 
     def stop(self) -> None:
         """Ask ``run()`` (without an event of its own) to return."""

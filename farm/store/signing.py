@@ -104,11 +104,16 @@ class Verifier:
 class SigningStore(WrappedStore):
     """Signs what goes in (with a signer) and refuses what fails (with a verifier)."""
 
+    #: refusals said (namespace, key, why) kept to say each once (a cluster build reads
+    #: a refused key before sending it and again once a worker answered for it)
+    TOLD_MAX = 4096
+
     def __init__(self, inner: ArtifactStore, signer: Signer | None,
                  verifier: Verifier | None) -> None:
         super().__init__(inner)
         self.signer = signer
         self.verifier = verifier
+        self._told: set[tuple[str, Key, str]] = set()
 
     def _trusted(self, ns: Namespace, art: Artifact | None) -> Artifact | None:
         if art is None or self.verifier is None:
@@ -117,12 +122,31 @@ class SigningStore(WrappedStore):
         if not why:
             return art
         self.stats.bump("unsigned")
-        log.warning("store %s: artifact %s/%s is %s; refused", self.location, ns,
-                    art.meta.key, why)
+        told = (str(ns), art.meta.key, why)
+        if told not in self._told:  # said once per process, as every refusal is
+            if len(self._told) < self.TOLD_MAX:
+                self._told.add(told)
+            log.warning("store %s: artifact %s/%s is %s; refused", self.location, ns,
+                        art.meta.key, why)
         return None
 
     def get(self, ns: Namespace, key: Key) -> Artifact | None:
         return self._trusted(ns, self.inner.get(ns, key))
+
+    def reading(self, inner: ArtifactStore) -> SigningStore:
+        """This store's verifier in front of ``inner`` (e.g. a tiered store's shared
+        tier), for reads only: it signs nothing."""
+        return SigningStore(inner, None, self.verifier)
+
+    def refusal(self, ns: Namespace, key: Key) -> str:
+        """Why :meth:`get` gives nothing for ``key``: the verifier's reason for the
+        artifact stored there, else "not in the store, or damaged" (the inner store
+        said so when it read it). "" when it is there and trusted. For a caller's
+        message after a refused read; it reads the artifact again."""
+        art = self.inner.get(ns, key)
+        if art is None:
+            return "not in the store, or damaged"
+        return self.verifier.check(art.meta, ns) if self.verifier is not None else ""
 
     def put(self, ns: Namespace, artifact: Artifact, *,
             source: Lowered | None = None) -> PutResult:
