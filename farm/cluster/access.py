@@ -11,9 +11,12 @@ Three kinds of credentials, none of them the MinIO root user:
 * **the repair role's** (``kernel-farm-repair``): read, write and delete every object
   and every version of the bucket. ``farm gc`` and an operator's repairs run with it
   (``FARM_MINIO_REPAIR_ACCESS_KEY``/``_SECRET_KEY``); no worker holds it.
-* **a reader's** (``kernel-farm-read``): list and read the bucket. Loaders and build
-  clients work with it: what they compile on a miss stays in their local tier (one line
-  says so, see :mod:`farm.store.tiered`).
+* **a reader's** (``kernel-farm-read``): list and read the bucket. Loaders work with
+  it: what they compile on a miss stays in their local tier (one line says so, see
+  :mod:`farm.store.tiered`).
+* **a build client's** (``kernel-farm-client``): a reader's, and create program sources
+  (``blobs/``: content-addressed, each read checks its digest), which a ``farm build
+  --cluster`` of programs hands the workers by digest. No artifact, no delete.
 * **the administrator's** (root, or a user with ``kernel-farm-admin``): makes the
   bucket, the users and the policies (this module), imports bundles, collects garbage.
 
@@ -41,13 +44,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from farm.core.keys import Namespace, namespace_prefix
+from farm.core.keys import BLOBS_PREFIX, Namespace, namespace_prefix
 
 if TYPE_CHECKING:
     from minio import Minio
     from minio.minioadmin import MinioAdmin
 
 READ_POLICY = "kernel-farm-read"
+CLIENT_POLICY = "kernel-farm-client"
 REPAIR_POLICY = "kernel-farm-repair"
 ANY_POOL = "any"
 
@@ -76,6 +80,15 @@ def _read_statements(bucket: str) -> list[PolicyDocument]:
 def read_policy(bucket: str) -> PolicyDocument:
     """List and read the bucket; write nothing."""
     return {"Version": "2012-10-17", "Statement": _read_statements(bucket)}
+
+
+def client_policy(bucket: str) -> PolicyDocument:
+    """Read the bucket; create program sources (``blobs/``); nothing else."""
+    return {"Version": "2012-10-17", "Statement": [
+        *_read_statements(bucket),
+        {"Effect": "Allow", "Action": ["s3:PutObject"],
+         "Resource": [f"{_bucket_arn(bucket)}/{BLOBS_PREFIX}*"]},
+    ]}
 
 
 def pool_policy(bucket: str, fingerprint: str | None) -> PolicyDocument:
@@ -115,12 +128,16 @@ class Grant(BaseModel):
     reader: bool = False
     #: the repair role (``farm gc``, repairs): neither a pool nor a reader
     repair: bool = False
+    #: a build client: a reader that may also create program sources
+    client: bool = False
 
     @property
     def policy(self) -> str:
         """The name of the policy this user gets."""
         if self.repair:
             return REPAIR_POLICY
+        if self.client:
+            return CLIENT_POLICY
         return READ_POLICY if self.reader else pool_policy_name(self.fingerprint)
 
 
@@ -130,6 +147,8 @@ def policies_for(bucket: str, grants: Iterable[Grant]) -> dict[str, PolicyDocume
     for grant in grants:
         if grant.repair:
             found[REPAIR_POLICY] = repair_policy(bucket)
+        elif grant.client:
+            found[CLIENT_POLICY] = client_policy(bucket)
         elif grant.reader:
             found[READ_POLICY] = read_policy(bucket)
         else:
@@ -187,7 +206,8 @@ class _Setup(BaseModel):
 
 
 def grants_from_env(environ: dict[str, str]) -> list[Grant]:
-    """``FARM_ACCESS_GRANTS``: a JSON list of {fingerprint | reader | repair, access_key_env,
+    """``FARM_ACCESS_GRANTS``: a JSON list of {fingerprint | reader | client | repair,
+    access_key_env,
     secret_key_env}, naming the environment variables (filled from the Secret) that hold
     each user's credentials, so that no secret is ever in a value or an argument."""
     raw = json.loads(environ.get("FARM_ACCESS_GRANTS", "[]"))
@@ -197,7 +217,8 @@ def grants_from_env(environ: dict[str, str]) -> list[Grant]:
                        "secret_key": environ.get(entry["secret_key_env"], ""),
                        "fingerprint": entry.get("fingerprint") or None,
                        "reader": bool(entry.get("reader", False)),
-                       "repair": bool(entry.get("repair", False))})
+                       "repair": bool(entry.get("repair", False)),
+                       "client": bool(entry.get("client", False))})
     return _Setup.model_validate({"grants": grants}).grants
 
 
@@ -207,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--print"] and len(args) >= 2:
         grants = [Grant(access_key="reader", secret_key=SecretStr("x" * 8), reader=True),
+                  Grant(access_key="client", secret_key=SecretStr("x" * 8), client=True),
                   Grant(access_key="repair", secret_key=SecretStr("x" * 8), repair=True)]
         grants += [Grant(access_key=f"pool-{fp}", secret_key=SecretStr("x" * 8),
                          fingerprint=fp) for fp in args[2:]]
