@@ -8,16 +8,20 @@ and policies ``farm.cluster.access.apply`` made:
   keeps the original as an older version no pool can remove, and readers verify;
 * the store's own deletes under a pool's credentials empty the object (a tombstone) and
   keep every fault-healing path working: quarantine, repair, a put over a deleted key;
-* the repair role removes an object with every version.
+* the repair role removes an object with every version, ``farm gc`` included.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import secrets
+import subprocess
+import sys
 import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -173,3 +177,40 @@ def test_the_repair_role_removes_every_version(bucket: dict[str, Any]) -> None:
     assert repair.get(NS, a.meta.key) == a
     for s in (pool, repair):
         s.close()
+
+
+def test_farm_gc_removes_every_version_through_the_repair_role(
+        bucket: dict[str, Any], tmp_path: Path) -> None:
+    """``farm gc`` with a pool's credentials only can empty a stale artifact (its
+    versions stay); with the repair role's beside them it removes every version."""
+    pool = store(bucket, "pool")
+    stale = [Artifact.create(Key(id_hash=uuid.uuid4().hex, build_id="0" * 24), "reduce",
+                             b"an earlier build" * 100, "5" * 64) for _ in range(2)]
+    for a in stale:
+        assert pool.put(NS, a) is PutResult.STORED
+    pool.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(tmp_path / "home"), FARM_MINIO_ENDPOINT=bucket["endpoint"],
+               FARM_MINIO_BUCKET=bucket["bucket"], FARM_MINIO_ACCESS_KEY=bucket["pool"][0],
+               FARM_MINIO_SECRET_KEY=bucket["pool"][1])
+
+    def gc(**extra: str) -> list[str]:
+        proc = subprocess.run([sys.executable, "-m", "farm", "gc", "--namespace", str(NS),
+                               "--json"], env={**env, **extra}, text=True,
+                              capture_output=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert bucket["repair"][1] not in proc.stdout + proc.stderr
+        return [s["key"] for s in json.loads(proc.stdout)["stale"]]
+
+    first, second = (artifact_object(NS, a.meta.key) for a in stale)
+    assert sorted(gc()) == sorted(str(a.meta.key) for a in stale)  # a pool: emptied only
+    assert [size for size, _ in versions(bucket, first)][0] == 0
+    assert len(versions(bucket, first)) == len(versions(bucket, second)) == 2
+    repair = store(bucket, "repair", repair=True)
+    for a in stale:  # put back, then collected by the repair role
+        assert repair.put(NS, a) is PutResult.STORED
+    repair.close()
+    assert sorted(gc(FARM_MINIO_REPAIR_ACCESS_KEY=bucket["repair"][0],
+                     FARM_MINIO_REPAIR_SECRET_KEY=bucket["repair"][1])) == \
+        sorted(str(a.meta.key) for a in stale)
+    assert versions(bucket, first) == versions(bucket, second) == []
