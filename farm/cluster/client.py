@@ -15,7 +15,8 @@ The build: every key is computed here (:func:`farm.compilation.obtain.store_key`
 this process's build ids), the store is asked which it holds in one bulk listing, and
 only the misses are sent, in chunks of ``FARM_CHUNK_SIZE``, to the fingerprint's queue
 (:mod:`farm.cluster.gather` gathers the replies and re-sends a dead worker's chunks).
-A stored key counts as Loaded without being read, unless ``verify``. Kernels the target
+A stored key counts as Loaded only once read and checked here (its digest; its signature
+with a verify key): a listing proves a name, not an artifact (issue 33). Kernels the target
 device cannot run (its limits are published by its workers) are counted unsupported
 without being sent: they are never stored, so otherwise every build would send them
 again.
@@ -75,8 +76,8 @@ class BuildOptions(BaseModel):
     fingerprint: str
     #: what the build is, for its batch record (e.g. ``build qwen3-8b``)
     label: str = ""
-    #: read every stored artifact back and verify its digest (a corrupt one is sent);
-    #: always on when the settings carry FARM_VERIFY_KEY (see ``_misses``)
+    #: read every stored artifact back and verify its digest (a corrupt one is sent):
+    #: always done since issue 33 (see ``_misses``); kept for ``--verify``'s callers
     verify: bool = False
     #: seconds to wait for the workers' replies before their kernels fail
     timeout_s: float = Field(default=3600.0, gt=0)
