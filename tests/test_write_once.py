@@ -215,3 +215,24 @@ def test_farm_gc_removes_every_version_through_the_repair_role(
                      FARM_MINIO_REPAIR_SECRET_KEY=bucket["repair"][1])) == \
         sorted(str(a.meta.key) for a in stale)
     assert versions(bucket, first) == versions(bucket, second) == []
+
+
+def test_a_capture_build_counts_a_replaced_program_as_a_miss(bucket: dict[str, Any]) -> None:
+    """``farm build CAPTURE`` (here or on the cluster) counted a held program Loaded from
+    the listing: 4 bytes over it were Loaded. Now it is read and checked: a miss."""
+    from farm.core.hashing import sha256_hex
+    from farm.programs.prebuild import _results
+    from farm.programs.spec import ProgramSpec
+
+    pool = store(bucket, "pool")
+    specs = [ProgramSpec(source=sha256_hex(f"kernel {i} {uuid.uuid4()}".encode()),
+                         source_size=20) for i in range(2)]
+    for spec in specs:
+        assert pool.put(NS, Artifact.create(spec.key, "program", b"a binary" * 100,
+                                            sha256_hex(spec.to_blob()))) is PutResult.STORED
+    raw(bucket, "pool").put_object(bucket["bucket"], artifact_object(NS, specs[0].key),
+                                   io.BytesIO(b"evil"), 4)
+    results, misses = _results(pool, NS, specs, lambda _: None)
+    assert [spec.key for _, spec in misses] == [specs[0].key]
+    assert results[0].outcome is None and results[1].outcome is not None
+    pool.close()

@@ -90,12 +90,14 @@ def put_blobs(store: ArtifactStore, capture: CaptureFile, specs: list[ProgramSpe
 def _results(store: ArtifactStore, ns: Namespace, specs: list[ProgramSpec],
              notify: Progress) -> tuple[list[KernelResult], list[tuple[KernelResult,
                                                                         ProgramSpec]]]:
-    """Every program's result, and the misses (the store lacks their key)."""
+    """Every program's result, and the misses (the store lacks their key, or holds a
+    damaged artifact there: a listing proves a name, not an artifact, so each held one
+    is read and checked before it counts as Loaded, issue 33)."""
     results = [KernelResult(artifact=handle(s), key=s.key) for s in specs]
     held = store.existing(ns, [s.key for s in specs])
     misses = []
     for res, spec in zip(results, specs, strict=True):
-        if spec.key in held:
+        if spec.key in held and store.get(ns, spec.key) is not None:
             res.outcome = Outcome.LOADED
             notify(res)
         elif not spec.portable:
