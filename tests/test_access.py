@@ -74,7 +74,7 @@ def art(i: int) -> Artifact:
 
 def test_the_policies_name_the_namespace_prefix() -> None:
     writes = pool_policy("bkt", FP_A)["Statement"][-1]
-    assert writes["Action"] == ["s3:PutObject", "s3:DeleteObject"]
+    assert writes["Action"] == ["s3:PutObject"]  # create; no delete (write-once)
     assert writes["Resource"] == [f"arn:aws:s3:::bkt/opencl/v1/{FP_A}/*"]
     assert all("Put" not in a for s in read_policy("bkt")["Statement"] for a in s["Action"])
 

@@ -52,7 +52,8 @@ def build(
         "--fallback-local",
         help="cluster: compile here when no worker serves the fingerprint")] = False,
     verify: Annotated[bool, typer.Option(
-        "--verify", help="cluster: read and verify every stored artifact's digest")] = False,
+        "--verify", help="cluster: read and verify every stored artifact's digest (always "
+        "done now; kept for scripts)")] = False,
     wait_for_workers: Annotated[bool, typer.Option(
         "--wait-for-workers", help="cluster: queue the kernels even when no worker serves "
         "the fingerprint now (a pool that scales from zero starts on its queue's "

@@ -52,7 +52,7 @@ def up(
     """
     from farm.core.keys import RECORDS_FILE
     from farm.devservices import export_lines
-    from farm.devservices.cluster import local_cluster
+    from farm.devservices.cluster import local_cluster, local_fingerprint
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -62,7 +62,10 @@ def up(
     else:
         work = workdir.resolve()
         work.mkdir(parents=True, exist_ok=True)
+    fingerprint = local_fingerprint()
     with local_cluster(work) as cluster:
+        # as the chart: root makes the users; workers sign with their pool's credentials
+        cluster.set_access(fingerprint)
         records_url = f"sqlite:///{work / RECORDS_FILE}"
         cluster.extra_env["FARM_RECORDS_URL"] = records_url
         cluster.start_ingester(records_url)
@@ -73,18 +76,28 @@ def up(
         # shell that sources it keeps its own local tier and device.
         shared = cluster.shared()
         lines = export_lines({k: shared[k] for k in sorted(shared)})
-        # Credentials go to a 0600 file, never to the terminal or a log.
+        # Credentials go to 0600 files, never to the terminal or a log: a client's to
+        # cluster.env, the repair role's (farm gc) to repair.env beside it.
         target = env_file or work / "cluster.env"
-        target.touch(mode=0o600)
-        target.chmod(0o600)
-        target.write_text("\n".join(lines) + "\n")
+        _private(target, lines)
+        repair = target.with_name("repair.env")
+        _private(repair, export_lines(cluster.repair_settings()))
         out.print(f"# {workers} worker(s) ready. In another shell:", markup=False)
         out.print(f"source {target}", markup=False, soft_wrap=True)
         out.print("farm workers && farm build tiny --cluster", markup=False)
         out.print("celery -A worker inspect ping    # Celery's own view", markup=False)
+        out.print(f"# farm gc with the repair role: source {repair} as well", markup=False,
+                  soft_wrap=True)
         out.print(f"# logs: {work}/worker-*.log, {work}/ingester-0.log (kept after stop)",
                   markup=False, soft_wrap=True)
         out.print("# Ctrl-C stops the cluster", markup=False)
         stop.wait()
     out.print(f"cluster stopped; logs and records kept in {work}", markup=False,
               soft_wrap=True)
+
+
+def _private(path: Path, lines: list[str]) -> None:
+    """Write ``lines`` to ``path``, readable by its owner only."""
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text("\n".join(lines) + "\n")

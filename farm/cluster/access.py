@@ -2,16 +2,31 @@
 
 Three kinds of credentials, none of them the MinIO root user:
 
-* **a pool's** (``kernel-farm-pool-<fingerprint>``): read the whole bucket, write and
-  delete only under its own namespace ``opencl/v1/<fingerprint>/`` (artifacts, source
-  index, quarantine). A compromised or buggy worker of one device cannot overwrite, or
-  delete, another device's binaries. A pool that names no fingerprint (a trial CPU
-  pool) gets ``kernel-farm-pool-any``: every namespace, still no bucket administration.
-* **a reader's** (``kernel-farm-read``): list and read the bucket. Loaders and build
-  clients work with it: what they compile on a miss stays in their local tier (one line
-  says so, see :mod:`farm.store.tiered`).
+* **a pool's** (``kernel-farm-pool-<fingerprint>``): read the whole bucket (its
+  versions too), create objects only under its own namespace ``opencl/v1/<fingerprint>/``
+  (artifacts, source index, quarantine), and delete nothing. A compromised or buggy
+  worker of one device cannot write another device's binaries, and cannot remove any
+  object, nor any version of one. A pool that names no fingerprint (a trial CPU pool)
+  gets ``kernel-farm-pool-any``: every namespace, still no delete, no administration.
+* **the repair role's** (``kernel-farm-repair``): read, write and delete every object
+  and every version of the bucket. ``farm gc`` and an operator's repairs run with it
+  (``FARM_MINIO_REPAIR_ACCESS_KEY``/``_SECRET_KEY``); no worker holds it.
+* **a reader's** (``kernel-farm-read``): list and read the bucket. Loaders work with
+  it: what they compile on a miss stays in their local tier (one line says so, see
+  :mod:`farm.store.tiered`).
+* **a build client's** (``kernel-farm-client``): a reader's, and create program sources
+  (``blobs/``: content-addressed, each read checks its digest), which a ``farm build
+  --cluster`` of programs hands the workers by digest. No artifact, no delete.
 * **the administrator's** (root, or a user with ``kernel-farm-admin``): makes the
   bucket, the users and the policies (this module), imports bundles, collects garbage.
+
+Write-once, and what MinIO can refuse (docs/SECURITY.md, "Write-once"): the set-up
+turns versioning on, so that a write over an existing object keeps the original as an
+older version, and no pool may delete an object or a version: nothing a pool wrote is
+ever lost. MinIO cannot refuse the overwrite itself to a user who may create the name
+(its policies know no ``s3:if-none-match`` condition, and object locking protects
+versions, not names); the farm's own writes are conditional (``If-None-Match: *``),
+and a reader verifies every artifact's digest (and signature, with a verify key).
 
 Applied by the chart's set-up Job for the bundled MinIO (``python -m
 farm.cluster.access``, reading what to apply from the environment, see :func:`main`),
@@ -29,13 +44,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from farm.core.keys import Namespace, namespace_prefix
+from farm.core.keys import BLOBS_PREFIX, Namespace, namespace_prefix
 
 if TYPE_CHECKING:
     from minio import Minio
     from minio.minioadmin import MinioAdmin
 
 READ_POLICY = "kernel-farm-read"
+CLIENT_POLICY = "kernel-farm-client"
+REPAIR_POLICY = "kernel-farm-repair"
 ANY_POOL = "any"
 
 PolicyDocument = dict[str, Any]
@@ -52,9 +69,10 @@ def _bucket_arn(bucket: str) -> str:
 
 def _read_statements(bucket: str) -> list[PolicyDocument]:
     return [
-        {"Effect": "Allow", "Action": ["s3:GetBucketLocation", "s3:ListBucket"],
+        {"Effect": "Allow", "Action": ["s3:GetBucketLocation", "s3:ListBucket",
+                                       "s3:ListBucketVersions"],
          "Resource": [_bucket_arn(bucket)]},
-        {"Effect": "Allow", "Action": ["s3:GetObject"],
+        {"Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
          "Resource": [f"{_bucket_arn(bucket)}/*"]},
     ]
 
@@ -64,17 +82,37 @@ def read_policy(bucket: str) -> PolicyDocument:
     return {"Version": "2012-10-17", "Statement": _read_statements(bucket)}
 
 
+def client_policy(bucket: str) -> PolicyDocument:
+    """Read the bucket; create program sources (``blobs/``); nothing else."""
+    return {"Version": "2012-10-17", "Statement": [
+        *_read_statements(bucket),
+        {"Effect": "Allow", "Action": ["s3:PutObject"],
+         "Resource": [f"{_bucket_arn(bucket)}/{BLOBS_PREFIX}*"]},
+    ]}
+
+
 def pool_policy(bucket: str, fingerprint: str | None) -> PolicyDocument:
-    """Read the bucket; write and delete only under the namespace of ``fingerprint``
-    (every namespace when ``None``)."""
+    """Read the bucket; create objects only under the namespace of ``fingerprint``
+    (every namespace when ``None``); delete nothing (the store's own deletes become
+    conditional writes of an empty object, see :mod:`farm.store.minio_removal`)."""
     if fingerprint:
         where = f"{_bucket_arn(bucket)}/{namespace_prefix(Namespace.for_fingerprint(fingerprint))}*"
     else:
         where = f"{_bucket_arn(bucket)}/{namespace_prefix(None)}*"
     return {"Version": "2012-10-17", "Statement": [
         *_read_statements(bucket),
-        {"Effect": "Allow", "Action": ["s3:PutObject", "s3:DeleteObject"],
-         "Resource": [where]},
+        {"Effect": "Allow", "Action": ["s3:PutObject"], "Resource": [where]},
+    ]}
+
+
+def repair_policy(bucket: str) -> PolicyDocument:
+    """Read, write and delete every object and version of the bucket (``farm gc``, an
+    operator's repairs); no bucket administration."""
+    return {"Version": "2012-10-17", "Statement": [
+        *_read_statements(bucket),
+        {"Effect": "Allow", "Action": ["s3:PutObject", "s3:DeleteObject",
+                                       "s3:DeleteObjectVersion"],
+         "Resource": [f"{_bucket_arn(bucket)}/*"]},
     ]}
 
 
@@ -88,13 +126,30 @@ class Grant(BaseModel):
     #: the pool's fingerprint; ``None`` with ``reader``: the read-only user
     fingerprint: str | None = Field(default=None, max_length=100)
     reader: bool = False
+    #: the repair role (``farm gc``, repairs): neither a pool nor a reader
+    repair: bool = False
+    #: a build client: a reader that may also create program sources
+    client: bool = False
+
+    @property
+    def policy(self) -> str:
+        """The name of the policy this user gets."""
+        if self.repair:
+            return REPAIR_POLICY
+        if self.client:
+            return CLIENT_POLICY
+        return READ_POLICY if self.reader else pool_policy_name(self.fingerprint)
 
 
 def policies_for(bucket: str, grants: Iterable[Grant]) -> dict[str, PolicyDocument]:
     """Every policy ``grants`` need, by name."""
     found: dict[str, PolicyDocument] = {}
     for grant in grants:
-        if grant.reader:
+        if grant.repair:
+            found[REPAIR_POLICY] = repair_policy(bucket)
+        elif grant.client:
+            found[CLIENT_POLICY] = client_policy(bucket)
+        elif grant.reader:
             found[READ_POLICY] = read_policy(bucket)
         else:
             found[pool_policy_name(grant.fingerprint)] = pool_policy(bucket, grant.fingerprint)
@@ -102,16 +157,22 @@ def policies_for(bucket: str, grants: Iterable[Grant]) -> dict[str, PolicyDocume
 
 
 def apply(admin: MinioAdmin, client: Minio, bucket: str, grants: list[Grant]) -> list[str]:
-    """Make the bucket, the policies and the users (idempotent: run again, the same
-    state). ``admin`` is a ``minio.MinioAdmin``, ``client`` a ``minio.Minio``, both with
-    administrator credentials. Returns one line per thing done, for the Job's log
+    """Make the bucket (versioned: an overwrite keeps the original), the policies and
+    the users (idempotent: run again, the same state). ``admin`` is a
+    ``minio.MinioAdmin``, ``client`` a ``minio.Minio``, both with administrator
+    credentials. Returns one line per thing done, for the Job's log
     (never a secret)."""
     import tempfile
+
+    from minio.versioningconfig import ENABLED, VersioningConfig
 
     done = []
     if not client.bucket_exists(bucket):
         client.make_bucket(bucket)
         done.append(f"bucket {bucket} made")
+    if client.get_bucket_versioning(bucket).status != ENABLED:
+        client.set_bucket_versioning(bucket, VersioningConfig(ENABLED))
+        done.append(f"bucket {bucket}: versioning on")
     for name, document in policies_for(bucket, grants).items():
         with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:
             json.dump(document, fh)
@@ -119,10 +180,9 @@ def apply(admin: MinioAdmin, client: Minio, bucket: str, grants: list[Grant]) ->
             admin.policy_add(name, fh.name)
         done.append(f"policy {name} set")
     for grant in grants:
-        policy = READ_POLICY if grant.reader else pool_policy_name(grant.fingerprint)
         admin.user_add(grant.access_key, grant.secret_key.get_secret_value())
-        _attach(admin, policy, grant.access_key)
-        done.append(f"user {grant.access_key}: {policy}")
+        _attach(admin, grant.policy, grant.access_key)
+        done.append(f"user {grant.access_key}: {grant.policy}")
     return done
 
 
@@ -146,7 +206,8 @@ class _Setup(BaseModel):
 
 
 def grants_from_env(environ: dict[str, str]) -> list[Grant]:
-    """``FARM_ACCESS_GRANTS``: a JSON list of {fingerprint | reader, access_key_env,
+    """``FARM_ACCESS_GRANTS``: a JSON list of {fingerprint | reader | client | repair,
+    access_key_env,
     secret_key_env}, naming the environment variables (filled from the Secret) that hold
     each user's credentials, so that no secret is ever in a value or an argument."""
     raw = json.loads(environ.get("FARM_ACCESS_GRANTS", "[]"))
@@ -155,7 +216,9 @@ def grants_from_env(environ: dict[str, str]) -> list[Grant]:
         grants.append({"access_key": environ.get(entry["access_key_env"], ""),
                        "secret_key": environ.get(entry["secret_key_env"], ""),
                        "fingerprint": entry.get("fingerprint") or None,
-                       "reader": bool(entry.get("reader", False))})
+                       "reader": bool(entry.get("reader", False)),
+                       "repair": bool(entry.get("repair", False)),
+                       "client": bool(entry.get("client", False))})
     return _Setup.model_validate({"grants": grants}).grants
 
 
@@ -164,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     in ``FARM_MINIO_*``; ``--print BUCKET [FINGERPRINT...]`` prints the policies."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--print"] and len(args) >= 2:
-        grants = [Grant(access_key="reader", secret_key=SecretStr("x" * 8), reader=True)]
+        grants = [Grant(access_key="reader", secret_key=SecretStr("x" * 8), reader=True),
+                  Grant(access_key="client", secret_key=SecretStr("x" * 8), client=True),
+                  Grant(access_key="repair", secret_key=SecretStr("x" * 8), repair=True)]
         grants += [Grant(access_key=f"pool-{fp}", secret_key=SecretStr("x" * 8),
                          fingerprint=fp) for fp in args[2:]]
         print(json.dumps(policies_for(args[1], grants), indent=2))

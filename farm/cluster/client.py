@@ -15,9 +15,10 @@ The build: every key is computed here (:func:`farm.compilation.obtain.store_key`
 this process's build ids), the store is asked which it holds in one bulk listing, and
 only the misses are sent, in chunks of ``FARM_CHUNK_SIZE``, to the fingerprint's queue
 (:mod:`farm.cluster.gather` gathers the replies and re-sends a dead worker's chunks).
-A stored key counts as Loaded without being read, unless ``verify``. With a verify key
-(``FARM_VERIFY_KEY``) the client counts only what it verified itself: every stored key
-is read before it counts as Loaded, and every kernel a worker answered for is read back
+A stored key counts as Loaded only once read and checked here (its digest; its signature
+with a verify key): a listing proves a name, not an artifact (issue 33). With a verify
+key (``FARM_VERIFY_KEY``) the client counts only what it verified itself: held keys are
+read from the cluster's own store, and every kernel a worker answered for is read back
 after the reply (:meth:`ClusterClient.check_replies`); what this key refuses fails as
 ``untrusted``. Kernels the target
 device cannot run (its limits are published by its workers) are counted unsupported
@@ -79,8 +80,8 @@ class BuildOptions(BaseModel):
     fingerprint: str
     #: what the build is, for its batch record (e.g. ``build qwen3-8b``)
     label: str = ""
-    #: read every stored artifact back and verify its digest (a corrupt one is sent);
-    #: always on when the settings carry FARM_VERIFY_KEY (see ``_misses``)
+    #: read every stored artifact back and verify its digest (a corrupt one is sent):
+    #: always done since issue 33 (see ``_misses``); kept for ``--verify``'s callers
     verify: bool = False
     #: seconds to wait for the workers' replies before their kernels fail
     timeout_s: float = Field(default=3600.0, gt=0)
@@ -292,15 +293,16 @@ class ClusterClient:
             requests.append((res, KernelRequest(artifact=res.artifact,
                                                 build_id=res.key.build_id)))
         held = self.store.existing(ns, [r.key for r, _ in requests if r.key])
-        # A client that checks signatures trusts nothing it has not verified: with a
-        # verify key every held artifact is read (the store refuses an unsigned or
-        # wrongly signed one) before it counts as Loaded, as with --verify.
+        # A listing proves a name, not an artifact: every held artifact is read, its
+        # digest checked (and, with a verify key, its signature, in the cluster's own
+        # store) before it counts as Loaded; a damaged or replaced one (4 bytes over
+        # 65 KB) is a miss, rebuilt.
         verify = options.verify or bool(self.settings.verify_key)
         checked = self.checked_store() if verify else self.store
         misses: list[tuple[KernelResult, KernelRequest]] = []
         for res, req in requests:
             t = time.perf_counter()
-            if res.key in held and (not verify or checked.get(ns, res.key) is not None):
+            if res.key in held and checked.get(ns, res.key) is not None:
                 res.outcome = Outcome.LOADED
                 res.add_part("fetch", time.perf_counter() - t)
                 notify(res)

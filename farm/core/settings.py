@@ -116,6 +116,11 @@ class Settings(BaseSettings):
     minio_secret_key: SecretStr | None = None
     minio_bucket: str = Field(default=DEFAULT_BUCKET, pattern=r"^[a-z0-9][a-z0-9.-]{2,62}$")
     minio_secure: bool = False
+    #: the repair role's MinIO credentials (FARM_MINIO_REPAIR_ACCESS_KEY and
+    #: FARM_MINIO_REPAIR_SECRET_KEY): ``farm gc`` and an operator's repairs delete every
+    #: version of an object with them; never a worker's (docs/SECURITY.md, "Write-once")
+    minio_repair_access_key: SecretStr | None = None
+    minio_repair_secret_key: SecretStr | None = None
     #: the region requests to MinIO are signed for (FARM_MINIO_REGION): MinIO's own
     #: ``us-east-1`` unless its ``MINIO_SITE_REGION`` says otherwise; given, no process
     #: asks the server for it (a request every process and bucket); "" asks

@@ -4,6 +4,13 @@ Used by ``farm cluster up`` (to try the distributed mode on one machine), by the
 integration tests and by the benchmarks, so that all three run the real thing the same
 way. Workers are started in their own process sessions: killing a worker's whole
 process group (its main process and pool) is how tests simulate a dead machine.
+
+A cluster whose access is set (:meth:`LocalCluster.set_access`, what ``farm cluster up``
+does) runs as the chart does: the MinIO root user only makes the bucket, the users and
+the policies (:mod:`farm.cluster.access`); each worker gets its pool's credentials and
+the signing key through its own environment; clients (``cluster.env``) get a build
+client's credentials and the verify key, never the signing key, the root user or the
+repair role (which ``repair.env`` holds for ``farm gc``).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from farm.cluster.access import Grant, apply
 from farm.cluster.workers import READY_LINE
 from farm.core.keys import DEFAULT_BUCKET
 from farm.devservices.minio import MinioServer
@@ -60,6 +68,41 @@ def paused(*workers: WorkerProcess) -> Iterator[None]:
             os.killpg(w.pid, signal.SIGCONT)
 
 
+#: what only a worker (or the repair role) holds: never in a client's settings
+PRIVATE_SETTINGS = ("FARM_SIGNING_KEY", "FARM_MINIO_REPAIR_ACCESS_KEY",
+                    "FARM_MINIO_REPAIR_SECRET_KEY")
+
+
+@dataclass(frozen=True)
+class ClusterAccess:
+    """The users :meth:`LocalCluster.set_access` made, and the signing keys (base64)."""
+
+    fingerprint: str
+    pool: tuple[str, str] = field(repr=False)
+    client: tuple[str, str] = field(repr=False)
+    repair: tuple[str, str] = field(repr=False)
+    signing_key: str = field(repr=False)
+    verify_key: str = ""
+
+
+def _credentials(role: str) -> tuple[str, str]:
+    import secrets
+
+    return f"farm-{role}-{secrets.token_hex(4)}", secrets.token_urlsafe(24)
+
+
+def local_fingerprint() -> str:
+    """The fingerprint a ``farm worker`` here serves by default (found in a child
+    process, as the worker does: this process forks nothing OpenCL)."""
+    from farm.compilation.backend import device_probes, discover
+    from farm.core.device import select_device
+    from farm.core.settings import load_settings
+
+    settings = load_settings()
+    found = discover(settings)
+    return select_device(found, None, device_probes(settings, found)).fingerprint
+
+
 @dataclass
 class LocalCluster:
     """Settings for clients, and workers started on demand against one Redis and MinIO."""
@@ -73,22 +116,74 @@ class LocalCluster:
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: list[WorkerProcess] = field(default_factory=list)
     ingesters: list[WorkerProcess] = field(default_factory=list)
+    #: the users and keys of a cluster run as the chart runs (:meth:`set_access`)
+    access: ClusterAccess | None = None
+
+    def set_access(self, fingerprint: str) -> ClusterAccess:
+        """Make (with the root user, its only use) a pool user for ``fingerprint``, a
+        build client and the repair role, and a signing key pair: from now on workers
+        run with the pool's credentials and sign, clients read with the client's and
+        verify (see the module docstring)."""
+        from minio import Minio
+        from minio.credentials import StaticProvider
+        from minio.minioadmin import MinioAdmin
+
+        from farm.store.signing import generate_keypair
+
+        pool, client, repair = (_credentials(r) for r in ("pool", "client", "repair"))
+        admin = MinioAdmin(endpoint=self.minio_endpoint, secure=False,
+                           credentials=StaticProvider(self.minio_access_key,
+                                                      self.minio_secret_key))
+        root = Minio(self.minio_endpoint, access_key=self.minio_access_key,
+                     secret_key=self.minio_secret_key, secure=False)
+        apply(admin, root, self.bucket, [
+            Grant(access_key=pool[0], secret_key=pool[1], fingerprint=fingerprint),
+            Grant(access_key=client[0], secret_key=client[1], client=True),
+            Grant(access_key=repair[0], secret_key=repair[1], repair=True)])
+        signing, verify = generate_keypair()
+        self.access = ClusterAccess(fingerprint=fingerprint, pool=pool, client=client,
+                                    repair=repair, signing_key=signing, verify_key=verify)
+        return self.access
 
     def shared(self) -> dict[str, str]:
         """What every node of this cluster shares (``farm cluster up``'s ``cluster.env``):
-        the broker, the store and its keys, and the settings the cluster was started with
-        (its records URL, its limits). Never a node's own: not ``FARM_HOME`` (each node's
-        local tier), nor anything else of the environment it was started from."""
+        the broker, the store and a client's credentials (the verify key, with access
+        set), and the settings the cluster was started with (its records URL, its
+        limits). Never a node's own: not ``FARM_HOME`` (each node's local tier), nor
+        anything else of the environment it was started from, nor what only a worker
+        holds (:data:`PRIVATE_SETTINGS`)."""
+        access, secret = (self.minio_access_key, self.minio_secret_key) \
+            if self.access is None else self.access.client
+        keys = {} if self.access is None else {"FARM_VERIFY_KEY": self.access.verify_key}
         return {
             "FARM_REDIS_URL": self.redis_url,
             "FARM_MINIO_ENDPOINT": self.minio_endpoint,
-            "FARM_MINIO_ACCESS_KEY": self.minio_access_key,
-            "FARM_MINIO_SECRET_KEY": self.minio_secret_key,
+            "FARM_MINIO_ACCESS_KEY": access,
+            "FARM_MINIO_SECRET_KEY": secret,
             "FARM_MINIO_BUCKET": self.bucket,
             "FARM_MINIO_SECURE": "false",
+            **keys,
             **{k: v for k, v in self.extra_env.items()
-               if k.startswith("FARM_") and k != "FARM_HOME"},
+               if k.startswith("FARM_") and k != "FARM_HOME" and k not in PRIVATE_SETTINGS},
         }
+
+    def repair_settings(self) -> dict[str, str]:
+        """The repair role's settings (``repair.env``: ``farm gc``), with access set."""
+        if self.access is None:
+            return {}
+        return {"FARM_MINIO_REPAIR_ACCESS_KEY": self.access.repair[0],
+                "FARM_MINIO_REPAIR_SECRET_KEY": self.access.repair[1]}
+
+    def worker_env(self, home: Path, **extra: str) -> dict[str, str]:
+        """A worker's environment: a client's, and with access set its pool's
+        credentials and the signing key, which no client has."""
+        env = self.env(home)
+        if self.access is not None:
+            env.update(FARM_MINIO_ACCESS_KEY=self.access.pool[0],
+                       FARM_MINIO_SECRET_KEY=self.access.pool[1],
+                       FARM_SIGNING_KEY=self.access.signing_key)
+        env.update(extra)
+        return env
 
     def env(self, home: Path | None = None, **extra: str) -> dict[str, str]:
         """Environment for a farm process of this cluster (client or worker)."""
@@ -109,11 +204,13 @@ class LocalCluster:
         home = self.workdir / f"worker-{index}"
         home.mkdir(parents=True, exist_ok=True)
         log = self.workdir / f"worker-{index}.log"
+        if self.access is not None and not any(a.startswith("--fingerprint") for a in args):
+            args = (f"--fingerprint={self.access.fingerprint}", *args)  # its pool's
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "farm", "worker", f"--concurrency={concurrency}",
                  *args],
-                env=self.env(home, **extra_env), stdout=fh, stderr=subprocess.STDOUT,
+                env=self.worker_env(home, **extra_env), stdout=fh, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         worker = WorkerProcess(process=proc, log=log, home=home, concurrency=concurrency)
         self.workers.append(worker)
@@ -204,4 +301,5 @@ def stop_process_safe(service: LocalServer) -> None:
         service.stop()
 
 
-__all__ = ["LocalCluster", "WorkerProcess", "local_cluster", "stop_process"]
+__all__ = ["ClusterAccess", "LocalCluster", "WorkerProcess", "local_cluster",
+           "local_fingerprint", "stop_process"]

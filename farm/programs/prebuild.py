@@ -90,14 +90,15 @@ def put_blobs(store: ArtifactStore, capture: CaptureFile, specs: list[ProgramSpe
 def _results(store: ArtifactStore, ns: Namespace, specs: list[ProgramSpec],
              notify: Progress, checked: ArtifactStore | None = None
              ) -> tuple[list[KernelResult], list[tuple[KernelResult, ProgramSpec]]]:
-    """Every program's result, and the misses (the store lacks their key; with
-    ``checked``, a client's verifying store, also those it holds but ``checked`` refuses:
-    a held program counts Loaded only once read and verified)."""
+    """Every program's result, and the misses (the store lacks their key, or holds a
+    damaged artifact there: a listing proves a name, not an artifact, so each held one
+    is read and checked, by ``checked`` when given, a client's verifying store, before
+    it counts as Loaded, issue 33)."""
     results = [KernelResult(artifact=handle(s), key=s.key) for s in specs]
     held = store.existing(ns, [s.key for s in specs])
     misses = []
     for res, spec in zip(results, specs, strict=True):
-        if spec.key in held and (checked is None or checked.get(ns, spec.key) is not None):
+        if spec.key in held and (checked or store).get(ns, spec.key) is not None:
             res.outcome = Outcome.LOADED
             notify(res)
         elif not spec.portable:

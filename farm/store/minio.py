@@ -105,6 +105,7 @@ from farm.store.frames import (
 )
 from farm.store.minio_blobs import BlobObjects
 from farm.store.minio_index import SourceIndex
+from farm.store.minio_removal import Removal, is_tombstone
 from farm.store.s3_failures import (
     FAILURES,
     ClientOptions,
@@ -140,7 +141,7 @@ class _Object:
     headers: Mapping[str, str]
 
 
-class MinioStore(SourceIndex, BlobObjects):
+class MinioStore(Removal, SourceIndex, BlobObjects):
     """Artifacts in one MinIO bucket; safe to share between threads (the SDK client is)."""
 
     def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None,
@@ -185,6 +186,9 @@ class MinioStore(SourceIndex, BlobObjects):
             else None
         self._closed = threading.Event()
         self._init_index()
+        self._init_removal(None if client.repair is None else Minio(
+            endpoint, access_key=client.repair[0], secret_key=client.repair[1],
+            secure=secure, region=client.region or None, http_client=self._http))
         if client.check_bucket:
             self._ensure_bucket()
 
@@ -209,10 +213,14 @@ class MinioStore(SourceIndex, BlobObjects):
         retry = Retry(attempts=1, timeout_s=settings.socket_timeout) if opening.probe \
             else Retry(timeout_s=settings.socket_timeout,
                        outage_limit_s=settings.outage_limit)
+        repair_access, repair_secret = (settings.minio_repair_access_key,
+                                        settings.minio_repair_secret_key)
+        repair = (repair_access.get_secret_value(), repair_secret.get_secret_value()) \
+            if repair_access is not None and repair_secret is not None else None
         return cls(parts.netloc, access.get_secret_value(), secret.get_secret_value(),
                    bucket, url.flag("secure"), retry=retry,
                    client=ClientOptions(region=settings.minio_region,
-                                        check_bucket=opening.create))
+                                        check_bucket=opening.create, repair=repair))
 
     @property
     def location(self) -> str:
@@ -318,9 +326,9 @@ class MinioStore(SourceIndex, BlobObjects):
     def _list(self, prefix: str, *, recursive: bool) -> list[str]:
         """Object names (or, not recursive, common prefixes too) under ``prefix``: one
         listing, paged by the server at 1000 names a request."""
-        def once() -> list[str]:
+        def once() -> list[str]:  # a tombstone (empty) is a deleted name: not listed
             return [o.object_name or "" for o in self._client.list_objects(
-                self.bucket, prefix=prefix, recursive=recursive)]
+                self.bucket, prefix=prefix, recursive=recursive) if o.is_dir or o.size]
         return self._call(f"list {prefix or '/'}", once)
 
     # -- reads -----------------------------------------------------------------------------
@@ -336,7 +344,7 @@ class MinioStore(SourceIndex, BlobObjects):
 
     def get(self, ns: Namespace, key: Key) -> Artifact | None:
         obj = self._fetch(artifact_object(ns, key))
-        if obj is None:
+        if obj is None or is_tombstone(obj.data):
             return None
         return checked(self, ns, key, self._decode(key, obj))
 
@@ -374,9 +382,8 @@ class MinioStore(SourceIndex, BlobObjects):
 
     def _any(self, prefix: str) -> bool:
         def once() -> bool:
-            for _ in self._client.list_objects(self.bucket, prefix=prefix, recursive=True):
-                return True
-            return False
+            return any(o.size for o in self._client.list_objects(
+                self.bucket, prefix=prefix, recursive=True))
         return self._call(f"list {prefix}", once)
 
     # -- writes ----------------------------------------------------------------------------
@@ -388,10 +395,11 @@ class MinioStore(SourceIndex, BlobObjects):
         body = encode_artifact(artifact)
         headers = user_metadata(artifact)
         condition = {"If-None-Match": "*"}
+        over_tombstone = False
         self._index(ns, key, source_hash)  # first: see the module docstring
         for _ in range(_MAX_PUT_ROUNDS):
             if self._write_if(name, body, headers, condition):
-                if "If-Match" in condition:
+                if "If-Match" in condition and not over_tombstone:
                     self.stats.bump("repaired")
                     log.info("store %s: repaired corrupt artifact %s/%s",
                              self.location, ns, key)
@@ -399,6 +407,10 @@ class MinioStore(SourceIndex, BlobObjects):
             obj = self._fetch(name)
             if obj is None:  # deleted since the 412: write as if new
                 condition = {"If-None-Match": "*"}
+                continue
+            over_tombstone = is_tombstone(obj.data)
+            if over_tombstone:  # deleted by a store that may not delete: write over it
+                condition = {"If-Match": obj.etag}
                 continue
             decision = decide_put(self._decode(key, obj), artifact)
             if decision is PutResult.REFUSED:
@@ -409,9 +421,6 @@ class MinioStore(SourceIndex, BlobObjects):
             condition = {"If-Match": obj.etag}  # corrupt: replace exactly what we read
         raise StoreError(f"store {self.location}: {ns}/{key} kept changing under "
                          f"{_MAX_PUT_ROUNDS} conditional writes; giving up")
-
-    def _remove(self, name: str) -> None:
-        self._call(f"delete {name}", lambda: self._client.remove_object(self.bucket, name))
 
     def _source_hash_of(self, name: str) -> str | None:
         """The source hash of a stored artifact: from its headers (a HEAD), else its frame."""

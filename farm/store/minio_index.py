@@ -61,7 +61,7 @@ class SourceIndex(ABC):
 
     def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
         obj = self._fetch(source_object(ns, source_hash))
-        if obj is None:
+        if obj is None or not obj.data:  # none, or deleted (farm.store.minio_removal)
             return None
         try:
             return Key.parse(obj.data.decode("utf-8").strip())

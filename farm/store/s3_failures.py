@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from xml.etree import ElementTree
 
 import certifi
@@ -128,7 +128,9 @@ class ClientOptions:
     are signed for (``FARM_MINIO_REGION``; "" asks the server, a request once a
     process), and whether the bucket is checked, and made if missing, now (not in a
     worker's pool process: its main process checked it, and a process start must not
-    wait on MinIO)."""
+    wait on MinIO); and the repair role's credentials (access, secret), with which a
+    delete removes every version of an object (:mod:`farm.store.minio_removal`)."""
 
     region: str = "us-east-1"
     check_bucket: bool = True
+    repair: tuple[str, str] | None = field(default=None, repr=False)
