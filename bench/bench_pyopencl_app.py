@@ -122,6 +122,9 @@ def run_app(app: Path, env: dict[str, str], device: str, *, farm: Path | None = 
     result = {"wall_s": round(wall, 3), "main_s": out["main_s"]}
     if farm is not None:
         result["counts"] = json.loads(farm.read_text())
+        # what the farm said (a refusal, a fallback): the reason a fresh node compiled
+        result["warnings"] = [line[:400] for line in proc.stderr.splitlines()
+                              if line.startswith("kernel-farm: warning")][:10]
     return result
 
 
@@ -359,6 +362,9 @@ def report_capture(rounds: list[dict[str, dict[str, Any]]], prepared: dict[str, 
                for k in (CAPTURED, "second run", "cold"))
     in_app = statistics.median(r[CAPTURED]["main_s"] for r in rounds)
     counts = [r[CAPTURED]["counts"] for r in rounds]
+    for r in rounds:
+        for line in r[CAPTURED].get("warnings", []):
+            print(f"  {CAPTURED}: {line}")
     print(f"{CAPTURED:<30} {p:>7.2f}s {in_app:>7.2f}s   "
           f"{', '.join(f'{w:.2f}' for w in walls)}")
     print(f"capture-prepared node / second run: {p / s:.2f} (goal <= 1.1); cold / "

@@ -271,17 +271,43 @@ def resolve_fingerprint(text: str, known: Iterable[str]) -> str:
 
 
 def open_device(info: DeviceInfo) -> tuple[cl.Context, cl.Device]:
-    """Create a context on the device ``info`` describes (verifying its fingerprint)."""
+    """Create a context on the device ``info`` describes (verifying its fingerprint).
+
+    Its indices are a hint, tried first: the device is the one whose fingerprint is
+    ``info``'s, wherever this process lists it (an application's device, described by a
+    served process that never knew its indices, is not always platform 0, device 0: on
+    a host with NVIDIA and PoCL a proof's child opened the GPU for a PoCL binary)."""
     import pyopencl as cl
 
     try:
-        dev = cl.get_platforms()[info.platform_index].get_devices()[info.device_index]
-    except (IndexError, cl.Error) as exc:
+        platforms = cl.get_platforms()
+    except cl.Error as exc:
         raise DeviceError(f"device {info.fingerprint} is not present here") from exc
-    here = info_from_device(info.platform_index, info.device_index, dev)
-    if here.fingerprint != info.fingerprint:
-        raise DeviceError(f"device changed: expected {info.fingerprint}, found {here.fingerprint}")
-    return _create_context(dev), dev
+    found = ""
+    hint = (info.platform_index, info.device_index)
+    places = [hint, *((p, d) for p, platform in enumerate(platforms)
+                      for d in range(_device_count(platform)) if (p, d) != hint)]
+    for p, d in places:
+        try:
+            dev = platforms[p].get_devices()[d]
+        except (IndexError, cl.Error):
+            continue
+        here = info_from_device(p, d, dev)
+        if here.fingerprint == info.fingerprint:
+            return _create_context(dev), dev
+        found = found or here.fingerprint
+    if found:
+        raise DeviceError(f"device changed: expected {info.fingerprint}, found {found}")
+    raise DeviceError(f"device {info.fingerprint} is not present here")
+
+
+def _device_count(platform: cl.Platform) -> int:
+    import pyopencl as cl
+
+    try:
+        return len(platform.get_devices())
+    except cl.Error:
+        return 0
 
 
 def _create_context(dev: cl.Device) -> cl.Context:
