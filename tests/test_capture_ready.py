@@ -26,6 +26,7 @@ farm home and a PoCL cache folder of its own):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -157,6 +158,26 @@ def test_a_capture_records_what_each_programs_launches_needed(captured: dict[str
     assert len([f for f in found if f[0] == "shift"]) == 2
     assert len([f for f in found if f[0] == "lin" and f[2]]) == 1
     assert len(found) == len(LAUNCHED) + 1
+    # the application, by its main script's digest: farm build stores its plan
+    app = hashlib.sha256((captured["root"] / "app.py").read_bytes()).hexdigest()
+    assert captured["data"]["applications"] == [app]
+
+
+def _plan(home: Path, fingerprint: str, app: str) -> list[str]:
+    """The program keys of ``app``'s first plan slot in ``home``'s store ([]: none)."""
+    from farm.core.keys import Namespace
+    from farm.core.model import Key
+    from farm.core.settings import Settings
+    from farm.programs.plan import PLAN_BUILD_ID, decode, plan_id
+    from farm.store import open_store
+
+    store = open_store(Settings(home=home), signed=False)
+    try:
+        art = store.get(Namespace.for_fingerprint(fingerprint),
+                        Key(id_hash=plan_id(app, 0), build_id=PLAN_BUILD_ID))
+    finally:
+        store.close()
+    return decode(art.binary) if art is not None else []
 
 
 def test_a_node_prepared_from_a_capture_compiles_no_work_group_function(
@@ -167,6 +188,12 @@ def test_a_node_prepared_from_a_capture_compiles_no_work_group_function(
     assert build.returncode == 0, build.stdout + build.stderr[-3000:]
     out = json.loads(build.stdout)["builds"][0]
     assert out["summary"]["compiled"] == 2, out
+    # the application's plan, stored by the build: a fresh node proves it ahead
+    app = captured["data"]["applications"][0]
+    from farm.programs.capture import read_capture
+
+    assert sorted(_plan(root / "b", out["fingerprint"], app)) == sorted(
+        p.spec.key.id_hash for p in read_capture(captured["path"]).programs)
     ready = out["work_group_functions"]
     assert {k: ready[k] for k in ("programs", "made", "held", "ignored", "failed")} == {
         "programs": 2, "made": len(LAUNCHED) + 1, "held": 0, "ignored": 0, "failed": []}, out

@@ -71,6 +71,8 @@ MAX_DIGITS = 20
 #: programs, and blobs, one capture may list
 MAX_PROGRAMS = 100_000
 MAX_BLOBS = 1_000_000
+#: applications (main scripts) one capture names at most
+MAX_APPLICATIONS = 64
 #: launches one capture may list in all, and one program on one device
 MAX_LAUNCHES = 1_000_000
 MAX_PROGRAM_LAUNCHES = MAX_FUNCTIONS
@@ -130,6 +132,11 @@ class CaptureFile(Frozen):
     programs: tuple[CapturedProgram, ...] = Field(default=(), max_length=MAX_PROGRAMS)
     blobs: dict[Annotated[str, StringConstraints(pattern=SHA256_HEX)], Blob] = Field(
         default_factory=dict, max_length=MAX_BLOBS)
+    #: the digests of the main scripts of the processes captured
+    #: (:func:`farm.programs.plan.application_digest`): ``farm build CAPTURE`` stores
+    #: their plan, so a node prepared from the capture proves its programs ahead
+    applications: tuple[Annotated[str, StringConstraints(pattern=SHA256_HEX)], ...] = Field(
+        default=(), max_length=MAX_APPLICATIONS)
 
     def fingerprints(self) -> list[str]:
         """Every fingerprint a program of the capture was built for, sorted."""
@@ -170,13 +177,16 @@ class CaptureLog:
         with self._lock:
             return len(self._programs)
 
-    def to_file(self) -> CaptureFile:
+    def to_file(self, application: str = "") -> CaptureFile:
+        """The file of what was built; ``application``: the main script's digest ("":
+        none, ``python -c``)."""
         launched = self._launched() if self._launched is not None else {}
         with self._lock:
             programs = tuple(_program(spec, fps, launched)
                              for spec, fps in self._programs.values())
             blobs = {d: Blob.of(b) for d, b in sorted(self._blobs.items())}
-        return CaptureFile(programs=programs, blobs=blobs)
+        return CaptureFile(programs=programs, blobs=blobs,
+                           applications=(application,) if application else ())
 
 
 def _program(spec: ProgramSpec, fingerprints: set[str], launched: Launches
@@ -198,7 +208,9 @@ def merge(captures: list[CaptureFile]) -> CaptureFile:
     programs: dict[str, tuple[ProgramSpec, set[str]]] = {}
     launched: dict[tuple[str, str], set[Pair]] = {}
     blobs: dict[str, Blob] = {}
+    apps: dict[str, None] = {}
     for cap in captures:
+        apps.update(dict.fromkeys(cap.applications))
         for p in cap.programs:
             _, fps = programs.setdefault(p.spec.key.id_hash, (p.spec, set()))
             fps.update(p.fingerprints)
@@ -206,7 +218,8 @@ def merge(captures: list[CaptureFile]) -> CaptureFile:
                 launched.setdefault((p.spec.key.id_hash, fp), set()).update(p.launched(fp))
         blobs.update(cap.blobs)
     return CaptureFile(programs=tuple(_program(s, f, launched) for s, f in programs.values()),
-                       blobs=dict(sorted(blobs.items())))
+                       blobs=dict(sorted(blobs.items())),
+                       applications=tuple(apps)[:MAX_APPLICATIONS])
 
 
 def write_capture(path: Path, capture: CaptureFile) -> None:

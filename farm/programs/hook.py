@@ -272,7 +272,7 @@ class Hooked:
                     server.capture is not None:
                 from farm.programs.capture import write_capture
 
-                write_capture(self.capture, server.capture.to_file())
+                write_capture(self.capture, server.capture.to_file(self.plan.app))
             if self.json_path is not None and self.run_dir is None:
                 write_json(self.json_path, counts)
         except OSError as exc:

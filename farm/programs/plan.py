@@ -95,7 +95,7 @@ def store_plans(store: ArtifactStore, app: str, built: dict[str, list[str]]) -> 
                 continue
             art = Artifact.create(key, PLAN_FAMILY, encode(todo), key.id_hash)
             if store.put(ns, art) is not PutResult.REFUSED:
-                return
+                break  # this fingerprint's plan stored; the next fingerprint's
 
 
 def application_digest() -> str:

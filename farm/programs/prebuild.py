@@ -142,6 +142,7 @@ def build_here(settings: Settings, device: DeviceInfo, capture: CaptureFile, *,
                     notify(res)
                     if res.outcome is Outcome.COMPILED:
                         ready.submit(spec)
+        store_plan(store, capture, device.fingerprint, results, specs)
         report = BatchReport(results=results, wall_s=time.perf_counter() - start,
                              parallelism=max(1, workers), compiler_invocations=len(misses))
         return Built(report, ready.finish())
@@ -267,6 +268,7 @@ def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: s
                        progress=lambda r: notify(r) if id(r) in counted else None)
     if verify:
         client.check_replies(ns, [r for r, _ in misses])
+    store_plan(client.store, capture, fingerprint, results, specs)
     report = BatchReport(results=results, wall_s=time.perf_counter() - start,
                          parallelism=len({r.worker for r in results if r.worker}) or 1,
                          compiler_invocations=sum(1 for r in results
@@ -275,6 +277,21 @@ def build_on_cluster(client: ClusterClient, capture: CaptureFile, fingerprint: s
     if not want:
         return Built(report)
     return Built(report, _cluster_readiness(client.store, ns, specs, want, before))
+
+
+def store_plan(store: ArtifactStore, capture: CaptureFile, fingerprint: str,
+               results: list[KernelResult], specs: list[ProgramSpec]) -> None:
+    """Store the captured applications' plan on ``fingerprint`` (the programs held or
+    built there, in the capture's order: :mod:`farm.programs.plan`), so that a node
+    prepared only from the capture proves them ahead, while the application starts, as
+    a node whose programs came from a real run does. A plan is data (program keys): the
+    worst a wrong one does is make a node prove programs it will not ask for."""
+    from farm.programs.plan import store_plans
+
+    keys = [s.key.id_hash for r, s in zip(results, specs, strict=True)
+            if r.outcome in (Outcome.LOADED, Outcome.COMPILED)]
+    for app in capture.applications if keys else ():
+        store_plans(store, app, {fingerprint: keys})
 
 
 def _launches(pairs: frozenset[tuple[str, str]] | None) -> tuple[Launched, ...]:
