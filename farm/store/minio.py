@@ -201,10 +201,7 @@ class MinioStore(Removal, SourceIndex, BlobObjects):
         seconds) and an outage is waited out up to ``FARM_OUTAGE_LIMIT``; a probing
         opening tries each request once instead (a readiness check must answer now, not
         after the outage). ``opening.create`` makes the bucket when it is missing."""
-        parts = url.parts
-        bucket = parts.path.strip("/")
-        if not parts.netloc or not bucket or "/" in bucket:
-            raise url.error("not minio://host:port/bucket")
+        endpoint, bucket, secure = url.bucket()
         settings = opening.settings
         access, secret = settings.minio_access_key, settings.minio_secret_key
         if access is None or secret is None:
@@ -217,8 +214,8 @@ class MinioStore(Removal, SourceIndex, BlobObjects):
                                         settings.minio_repair_secret_key)
         repair = (repair_access.get_secret_value(), repair_secret.get_secret_value()) \
             if repair_access is not None and repair_secret is not None else None
-        return cls(parts.netloc, access.get_secret_value(), secret.get_secret_value(),
-                   bucket, url.flag("secure"), retry=retry,
+        return cls(endpoint, access.get_secret_value(), secret.get_secret_value(),
+                   bucket, secure, retry=retry,
                    client=ClientOptions(region=settings.minio_region,
                                         check_bucket=opening.create, repair=repair))
 

@@ -37,17 +37,13 @@ class MinioReads(ArtifactStore):
     def __init__(self, url: StoreURL, opening: Opening, waiter: Waiter) -> None:
         super().__init__()
         self._url, self._opening = url, replace(opening, reads=None)
-        parts = url.parts
-        bucket = parts.path.strip("/")
-        if not parts.netloc or not bucket or "/" in bucket:
-            raise url.error("not minio://host:port/bucket")
+        endpoint, bucket, secure = url.bucket()
         settings = opening.settings
         access, secret = settings.minio_access_key, settings.minio_secret_key
-        self._reader = S3Reader(parts.netloc, url.flag("secure"),
-                                access.get_secret_value() if access else "",
+        self._reader = S3Reader(endpoint, secure, access.get_secret_value() if access else "",
                                 secret.get_secret_value() if secret else "",
                                 bucket, settings.socket_timeout, settings.minio_region)
-        self._where = f"minio://{parts.netloc}/{bucket}"
+        self._where = f"minio://{endpoint}/{bucket}"
         self._waiter = waiter
         self._lock = threading.Lock()
         self._store: ArtifactStore | None = None

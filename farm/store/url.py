@@ -75,5 +75,13 @@ class StoreURL:
             raise self.error(f"{name} must be true or false, not {value!r}")
         return value in ("true", "1")
 
+    def bucket(self) -> tuple[str, str, bool]:
+        """``host:port``, bucket and TLS of ``minio://host:port/bucket`` (``s3://`` alike;
+        ``?secure=true``); a :class:`SettingsError` for any other shape."""
+        bucket = self.parts.path.strip("/")
+        if not self.parts.netloc or not bucket or "/" in bucket:
+            raise self.error("not minio://host:port/bucket")
+        return self.parts.netloc, bucket, self.flag("secure")
+
     def error(self, why: str) -> SettingsError:
         return SettingsError(f"store URL {self.text!r}: {why}")
