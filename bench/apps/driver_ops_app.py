@@ -10,20 +10,11 @@ is the device (substring of its name or platform), default the first.
 """
 
 import json
-import sys
 import time
 
 import numpy as np
 import pyopencl as cl
-
-
-def device(want: str) -> cl.Device:
-    for platform in cl.get_platforms():
-        for dev in platform.get_devices():
-            if not want or want.lower() in f"{platform.name} {platform.vendor} {dev.name}".lower():
-                return dev
-    raise SystemExit(f"no OpenCL device matches {want!r}")
-
+from app_context import context_from_argv  # this folder
 
 ms: dict[str, float] = {}
 
@@ -37,7 +28,7 @@ def timed(name: str, fn) -> None:
 
 
 t0 = time.perf_counter()
-ctx = cl.Context([device(sys.argv[1] if len(sys.argv) > 1 else "")])
+ctx = context_from_argv()
 ms["context"] = round((time.perf_counter() - t0) * 1000, 3)
 q = cl.CommandQueue(ctx)
 host = np.arange(1 << 16, dtype=np.float32)

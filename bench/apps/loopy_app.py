@@ -18,20 +18,12 @@ import warnings  # noqa: E402
 import numpy as np  # noqa: E402
 import pyopencl as cl  # noqa: E402
 import pyopencl.array as cla  # noqa: E402
+from app_context import context_from_argv  # noqa: E402 (this folder)
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 import loopy as lp  # noqa: E402
 
-
-def device(want: str) -> cl.Device:
-    for platform in cl.get_platforms():
-        for dev in platform.get_devices():
-            if not want or want.lower() in f"{platform.name} {platform.vendor} {dev.name}".lower():
-                return dev
-    raise SystemExit(f"no OpenCL device matches {want!r}")
-
-
-ctx = cl.Context([device(sys.argv[1] if len(sys.argv) > 1 else "")])
+ctx = context_from_argv()
 q = cl.CommandQueue(ctx)
 rng = np.random.default_rng(3)
 V = 2 ** 14

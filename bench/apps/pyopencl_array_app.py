@@ -20,20 +20,12 @@ import pyopencl as cl  # noqa: E402
 import pyopencl.array as cla  # noqa: E402
 import pyopencl.clmath as clm  # noqa: E402
 import pyopencl.clrandom as clr  # noqa: E402
+from app_context import context_from_argv  # noqa: E402 (this folder)
 from pyopencl.elementwise import ElementwiseKernel  # noqa: E402
 from pyopencl.reduction import ReductionKernel  # noqa: E402
 from pyopencl.scan import InclusiveScanKernel  # noqa: E402
 
-
-def device(want: str) -> cl.Device:
-    for platform in cl.get_platforms():
-        for dev in platform.get_devices():
-            if not want or want.lower() in f"{platform.name} {platform.vendor} {dev.name}".lower():
-                return dev
-    raise SystemExit(f"no OpenCL device matches {want!r}")
-
-
-ctx = cl.Context([device(sys.argv[1] if len(sys.argv) > 1 else "")])
+ctx = context_from_argv()
 q = cl.CommandQueue(ctx)
 rng = np.random.default_rng(1)
 n = 10000

@@ -16,20 +16,12 @@ import sys  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pyopencl as cl  # noqa: E402
+from app_context import context_from_argv  # noqa: E402 (this folder)
 from reikna.cluda import ocl_api  # noqa: E402
 from reikna.fft import FFT  # noqa: E402
 from reikna.linalg import MatrixMul  # noqa: E402
 
-
-def device(want: str) -> cl.Device:
-    for platform in cl.get_platforms():
-        for dev in platform.get_devices():
-            if not want or want.lower() in f"{platform.name} {platform.vendor} {dev.name}".lower():
-                return dev
-    raise SystemExit(f"no OpenCL device matches {want!r}")
-
-
-ctx = cl.Context([device(sys.argv[1] if len(sys.argv) > 1 else "")])
+ctx = context_from_argv()
 thr = ocl_api().Thread(cl.CommandQueue(ctx))
 rng = np.random.default_rng(2)
 x = (rng.random((64, 64)) + 1j * rng.random((64, 64))).astype(np.complex64)

@@ -123,6 +123,12 @@ class HostLock:
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = folder if folder is not None else default_folder()
 
+    def _locks(self, resource: str) -> tuple[_Flock, _Flock]:
+        """``resource``'s turnstile and its lock of use (``OSError``: the folder is
+        unusable)."""
+        return (_Flock(lock_file(self.folder, "gate", resource)),
+                _Flock(lock_file(self.folder, "use", resource)))
+
     @contextlib.contextmanager
     def compiling(self, wait_s: float = COMPILE_WAIT_S) -> Iterator[bool]:
         """A compile's slot of the host's cores; yields whether it was taken (``False``:
@@ -133,8 +139,7 @@ class HostLock:
             yield False
             return
         try:
-            gate, use = _Flock(lock_file(self.folder, "gate", CPU)), \
-                _Flock(lock_file(self.folder, "use", CPU))
+            gate, use = self._locks(CPU)
         except OSError as exc:
             log.warning("isolation: cannot use %s (%s); compiling without a slot",
                         self.folder, exc.strerror or exc)
@@ -166,8 +171,7 @@ class HostLock:
             _held.add(resource)
         try:
             try:
-                gate, use = _Flock(lock_file(self.folder, "gate", resource)), \
-                    _Flock(lock_file(self.folder, "use", resource))
+                gate, use = self._locks(resource)
             except OSError as exc:
                 log.warning("isolation: cannot use %s (%s); measuring unisolated",
                             self.folder, exc.strerror or exc)

@@ -5,48 +5,27 @@ A blob's name is its content's digest, so there is nothing to decide on a write:
 object is written with ``If-None-Match: *`` (a 412 means the name is taken, by the same
 bytes unless they are corrupt), and every read checks the digest; a corrupt object is a
 miss (counted) that the next ``put_blob`` replaces with ``If-Match`` on what it read.
-Kept apart from :mod:`farm.store.minio`, whose requests and retries it uses through the
-three methods declared below, so that each module stays about one thing.
+Kept apart from :mod:`farm.store.minio`, whose requests and retries it uses through
+:class:`~farm.store.minio_requests.BucketRequests`, so that each module stays about one
+thing.
 """
 
 from __future__ import annotations
 
 import os
-from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import Protocol
 
 from farm.core.hashing import sha256_hex
 from farm.core.keys import BLOBS_PREFIX, blob_object, digest_from_blob_object
 from farm.store.base import ArtifactStore, checked_blob
-
-
-class Fetched(Protocol):
-    """An object as read (``farm.store.minio._Object``)."""
-
-    @property
-    def data(self) -> bytes: ...
-
-    @property
-    def etag(self) -> str: ...
-
+from farm.store.minio_requests import BucketRequests
 
 #: conditional writes of one blob before giving up (a reader verifies whatever is there)
 _MAX_ROUNDS = 4
 
 
-class BlobObjects(ArtifactStore, ABC):
+class BlobObjects(ArtifactStore, BucketRequests):
     """``get_blob``, ``put_blob`` and ``existing_blobs`` over a bucket (a mixin)."""
-
-    @abstractmethod
-    def _fetch(self, name: str) -> Fetched | None: ...
-
-    @abstractmethod
-    def _write_if(self, name: str, body: bytes, headers: dict[str, str],
-                  condition: dict[str, str]) -> bool: ...
-
-    @abstractmethod
-    def _list(self, prefix: str, *, recursive: bool) -> list[str]: ...
 
     def get_blob(self, digest: str) -> bytes | None:
         obj = self._fetch(blob_object(digest))

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import TypeVar
 
 from farm.core.errors import StoreError
 from farm.core.keys import Namespace, source_object
 from farm.core.model import Key
-from farm.store.minio_blobs import Fetched
+from farm.store.minio_requests import BucketRequests
 
 log = logging.getLogger(__name__)
 
@@ -34,30 +32,13 @@ T = TypeVar("T")
 MAX_CLAIMED = 4096
 
 
-class SourceIndex(ABC):
+class SourceIndex(BucketRequests):
     """``find_source``, ``claim_source`` and the index writes of a bucket (a mixin)."""
 
     def _init_index(self) -> None:
         #: (namespace, source hash) -> key: entries claimed whose put is still to come
         self._claimed: OrderedDict[tuple[str, str], Key] = OrderedDict()
         self._claimed_lock = threading.Lock()
-
-    @property
-    @abstractmethod
-    def location(self) -> str: ...
-
-    @abstractmethod
-    def _fetch(self, name: str) -> Fetched | None: ...
-
-    @abstractmethod
-    def _write_if(self, name: str, body: bytes, headers: dict[str, str],
-                  condition: dict[str, str]) -> bool: ...
-
-    @abstractmethod
-    def _call(self, what: str, fn: Callable[[], T]) -> T: ...
-
-    @abstractmethod
-    def _remove(self, name: str) -> None: ...
 
     def find_source(self, ns: Namespace, source_hash: str) -> Key | None:
         obj = self._fetch(source_object(ns, source_hash))

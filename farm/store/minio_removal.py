@@ -21,16 +21,13 @@ removes the object and every version of it.
 from __future__ import annotations
 
 import logging
-from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from farm.core.errors import StoreAccessDenied
+from farm.store.minio_requests import BucketRequests
 
 if TYPE_CHECKING:
     from minio import Minio
-
-    from farm.store.minio_blobs import Fetched
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +45,7 @@ def is_tombstone(data: bytes) -> bool:
     return not data
 
 
-class Removal(ABC):
+class Removal(BucketRequests):
     """``_remove`` of a bucket's store (a mixin of :class:`~farm.store.minio.MinioStore`)."""
 
     bucket: str
@@ -57,20 +54,6 @@ class Removal(ABC):
     def _init_removal(self, repair: Minio | None) -> None:
         self._repair = repair
         self._may_delete = True
-
-    @property
-    @abstractmethod
-    def location(self) -> str: ...
-
-    @abstractmethod
-    def _fetch(self, name: str) -> Fetched | None: ...
-
-    @abstractmethod
-    def _write_if(self, name: str, body: bytes, headers: dict[str, str],
-                  condition: dict[str, str]) -> bool: ...
-
-    @abstractmethod
-    def _call(self, what: str, fn: Callable[[], T]) -> T: ...
 
     def _remove(self, name: str) -> None:
         """Delete ``name``: every version with the repair role, else the object, else
