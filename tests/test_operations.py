@@ -253,6 +253,7 @@ def test_build_metrics_file_in_a_missing_folder_is_one_line(ops: Ops, tmp_path: 
                 "--metrics-file", str(tmp_path / "no" / "such" / "dir" / "b.prom"))
     assert proc.returncode == 2  # bad input
     assert "--metrics-file" in proc.stderr and "Traceback" not in proc.stderr
+    assert "building" not in proc.stderr  # said before any work: nothing built
 
 
 def test_health_files_for_the_probes(ops: Ops) -> None:

@@ -83,6 +83,12 @@ def build(
     from farm.families import Registry
     from farm.manifest import expand, load_manifest, resolve_manifest
 
+    if metrics_file is not None and not metrics_file.parent.is_dir():
+        from farm.core.errors import InputError
+
+        # bad input is said before any work: nothing is built for a file never written
+        raise InputError(f"--metrics-file {metrics_file}: its folder "
+                         f"{metrics_file.parent} does not exist")
     overrides = {"device": device} if device else {}
     settings = load_settings(**overrides)
     path = resolve_manifest(manifest)
