@@ -179,9 +179,10 @@ def test_unserved_fingerprint_fails_fast_and_falls_back_locally(cluster: LocalCl
     served = json.loads(farm(cluster.env(), "workers", "--json").stdout)
     assert next(iter(served)) in proc.stderr  # names the fingerprints that are served
 
-    # An empty Redis database: nobody serves the local device there.
+    # An empty Redis database, numbered as every cluster's is (a fixed number was some
+    # other module's cluster in some random orders): nobody serves the local device there.
     lonely = cluster.env(tmp_path / "c2")
-    lonely["FARM_REDIS_URL"] = cluster.redis_url.rsplit("/", 1)[0] + "/15"
+    lonely["FARM_REDIS_URL"] = cluster.redis_url.rsplit("/", 1)[0] + f"/{next_redis_db()}"
     proc = farm(lonely, "build", str(manifest), "--cluster")
     assert proc.returncode != 0 and "no worker serves fingerprint" in proc.stderr
     proc = farm(lonely, "build", str(manifest), "--cluster", "--fallback-local", "--json")

@@ -24,6 +24,9 @@ Why these settings:
 * socket timeouts (``FARM_SOCKET_TIMEOUT``) on the broker's and the result backend's
   connections, and health-check pings: kombu's and redis-py's defaults wait for ever on
   a frozen Redis (SIGSTOP, a dead network path), which no outage limit can then bound.
+* ``broker_transport``: kombu's Redis transport whose acknowledgement frees the worker's
+  prefetch place even when Redis fails (:mod:`farm.cluster.broker`); kombu's own never
+  frees it then, and the worker stops taking work for good.
 * the result backend's own retries (``result_backend_always_retry``) wait out a short
   outage, but are bounded to about the outage limit: past it the worker stops anyway
   (``worker.stopping``), and each retry logged a traceback.
@@ -43,6 +46,7 @@ import logging
 
 from celery import Celery
 
+from farm.cluster.broker import TRANSPORT
 from farm.core.errors import SettingsError
 from farm.core.keys import DEFAULT_QUEUE
 from farm.core.settings import Settings
@@ -71,6 +75,7 @@ def make_app(settings: Settings, *, client: bool = False) -> Celery:
         worker_prefetch_multiplier=1,
         task_soft_time_limit=settings.compile_soft_time_limit,
         task_time_limit=settings.compile_hard_time_limit,
+        broker_transport=TRANSPORT,
         broker_transport_options=transport,
         result_backend_transport_options=transport,
         redis_socket_timeout=timeout,
