@@ -129,3 +129,4 @@ _._bounded  # unused method (farm/tuning/keys.py): a pydantic validator
 bare_chunk  # unused function (bench/cp_bare.py: a Celery task, registered by its decorator)
 before_pyopencl  # unused function (farm/programs/autoinstall.py): the shim's sitecustomize calls it by name
 install_from_env  # unused function (farm/programs/autoinstall.py): the shim's sitecustomize calls it by name
+_.reject  # kombu calls it (message.reject -> channel.basic_reject), farm/cluster/broker.py
