@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
 
@@ -1087,14 +1088,21 @@ def test_each_pool_gets_minio_credentials_for_its_own_namespace(
     root_users = {where for where, c in containers(docs, every=True)
                   if root_keys & {k for _, k in env_refs(c).values()}}
     assert root_users == {f"{FULLNAME}-minio/minio", f"{FULLNAME}-minio-access/access"}
+    # the repair role (deletes every version) is no pod's: only the set-up Job reads it
+    repair_keys = {"minio-repair-access-key", "minio-repair-secret-key"}
+    repair_users = {where for where, c in containers(docs, every=True)
+                    if repair_keys & {k for _, k in env_refs(c).values()}}
+    assert repair_users == {f"{FULLNAME}-minio-access/access"}
 
 
 def test_the_bundled_minio_set_up_job_makes_what_the_pods_use(
         rendered: dict[str, list[dict]]) -> None:
     """The post-install Job runs farm.cluster.access with grants naming each pool's
-    fingerprint and a reader; read back through the same code, with the Secret's values,
-    they are the credentials the pods get."""
-    from farm.cluster.access import grants_from_env, pool_policy_name
+    fingerprint, a reader and the repair role; read back through the same code, with the
+    Secret's values, they are the credentials the pods get (issue 33: the chart made no
+    repair user). An existingSecret without the repair keys: that user is left out, in
+    one line, and the rest is made."""
+    from farm.cluster.access import REPAIR_POLICY, grants_from_env, pool_policy_name
 
     docs = rendered[EXAMPLE_SCENARIO]
     values = chart_values(EXAMPLE_SCENARIO)
@@ -1105,10 +1113,27 @@ def test_the_bundled_minio_set_up_job_makes_what_the_pods_use(
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     for name, (_, key) in env_refs(container).items():
         env[name] = f"{key}-value-0123456789"
-    grants = grants_from_env(env)
+    grants, skipped = grants_from_env(env)
+    assert skipped == []
     pools = values["workers"]["pools"]
-    assert sorted((g.fingerprint or "", g.reader) for g in grants) == sorted(
-        [(p["fingerprint"], False) for p in pools] + [("", True)])
+    assert sorted((g.fingerprint or "", g.reader, g.repair) for g in grants) == sorted(
+        [(p["fingerprint"], False, False) for p in pools] + [("", True, False),
+                                                             ("", False, True)])
+    (repair,) = (g for g in grants if g.repair)
+    assert repair.policy == REPAIR_POLICY
+    assert repair.access_key == "minio-repair-access-key-value-0123456789"
+    optional = {e["name"] for e in container["env"]
+                if e.get("valueFrom", {}).get("secretKeyRef", {}).get("optional")}
+    assert optional == {"ACCESS_REPAIR_KEY_ID", "ACCESS_REPAIR_SECRET"}
+    without = {k: v for k, v in env.items() if k not in optional}
+    grants, skipped = grants_from_env(without)
+    assert not any(g.repair for g in grants) and len(grants) == len(pools) + 1
+    assert skipped == ["repair user not made: ACCESS_REPAIR_KEY_ID and "
+                       "ACCESS_REPAIR_SECRET are empty"]
+    # a pool's keys missing is no option: it fails as before
+    broken = {**env, "ACCESS_0_KEY_ID": ""}
+    with pytest.raises(pydantic.ValidationError):
+        grants_from_env(broken)
     for pool in pools:
         grant = next(g for g in grants if g.fingerprint == pool["fingerprint"])
         assert grant.access_key == f"minio-pool-{pool['name']}-access-key-value-0123456789"
@@ -1124,9 +1149,10 @@ def test_pool_credentials_are_derived_stably_and_differ(
     data = secret_values(rendered["default"])
     assert data["minio-pool-cpu-access-key"] == "farm-pool-cpu"
     assert data["minio-reader-access-key"] == "farm-reader"
+    assert data["minio-repair-access-key"] == "farm-repair"
     secrets_made = {data["minio-pool-cpu-secret-key"], data["minio-reader-secret-key"],
-                    data["minio-secret-key"]}
-    assert len(secrets_made) == 3
+                    data["minio-repair-secret-key"], data["minio-secret-key"]}
+    assert len(secrets_made) == 4
     assert len(data["minio-pool-cpu-secret-key"]) == len(data["minio-reader-secret-key"]) == 40
 
 

@@ -236,3 +236,48 @@ def test_a_capture_build_counts_a_replaced_program_as_a_miss(bucket: dict[str, A
     assert [spec.key for _, spec in misses] == [specs[0].key]
     assert results[0].outcome is None and results[1].outcome is not None
     pool.close()
+
+
+def test_the_set_up_job_makes_the_repair_role_when_its_keys_are_given(
+        minio_server: Any, tmp_path: Path) -> None:
+    """``python -m farm.cluster.access`` as the chart's Job runs it (root credentials,
+    grants naming variables): with the repair keys, the repair user is made and may
+    delete a version a pool may not; without them (an existingSecret made before the
+    role), it is left out in one line and the rest is made. No secret is printed."""
+    name = f"wj-{uuid.uuid4().hex[:12]}"
+    pool, repair = _pair(), _pair()
+    grants = [{"fingerprint": FP, "access_key_env": "P_KEY", "secret_key_env": "P_SECRET"},
+              {"repair": True, "optional": True, "access_key_env": "R_KEY",
+               "secret_key_env": "R_SECRET"}]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(tmp_path / "home"), FARM_MINIO_ENDPOINT=minio_server.endpoint,
+               FARM_MINIO_BUCKET=name, FARM_MINIO_ACCESS_KEY=minio_server.access_key,
+               FARM_MINIO_SECRET_KEY=minio_server.secret_key,
+               FARM_ACCESS_GRANTS=json.dumps(grants), P_KEY=pool[0], P_SECRET=pool[1])
+
+    def job(**extra: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "farm.cluster.access"],
+                              env={**env, **extra}, text=True, capture_output=True,
+                              timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        for secret in (pool[1], repair[1], minio_server.secret_key):
+            assert secret not in proc.stdout + proc.stderr
+        return proc.stdout
+
+    out = job()
+    assert "access: repair user not made: R_KEY and R_SECRET are empty" in out
+    assert f"user {pool[0]}: kernel-farm-pool-{FP}" in out
+    out = job(R_KEY=repair[0], R_SECRET=repair[1])
+    assert f"user {repair[0]}: kernel-farm-repair" in out and "not made" not in out
+
+    made = {"bucket": name, "endpoint": minio_server.endpoint, "pool": pool,
+            "repair": repair}
+    a = art("job")
+    writer = store(made, "pool")
+    assert writer.put(NS, a) is PutResult.STORED
+    writer.close()
+    obj = artifact_object(NS, a.meta.key)
+    with pytest.raises(S3Error, match="AccessDenied"):
+        raw(made, "pool").remove_object(name, obj)
+    raw(made, "repair").remove_object(name, obj)
+    assert not [o for o in raw(made, "repair").list_objects(name, prefix=obj)]

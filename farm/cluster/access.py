@@ -205,21 +205,37 @@ class _Setup(BaseModel):
     grants: list[Grant]
 
 
-def grants_from_env(environ: dict[str, str]) -> list[Grant]:
+def _role(entry: dict[str, Any]) -> str:
+    """How one grant entry is named in a line: its role, or its pool's fingerprint."""
+    for role in ("repair", "client", "reader"):
+        if entry.get(role):
+            return role
+    return f"pool {entry.get('fingerprint') or ANY_POOL}"
+
+
+def grants_from_env(environ: dict[str, str]) -> tuple[list[Grant], list[str]]:
     """``FARM_ACCESS_GRANTS``: a JSON list of {fingerprint | reader | client | repair,
-    access_key_env,
-    secret_key_env}, naming the environment variables (filled from the Secret) that hold
-    each user's credentials, so that no secret is ever in a value or an argument."""
+    access_key_env, secret_key_env[, optional]}, naming the environment variables
+    (filled from the Secret) that hold each user's credentials, so that no secret is
+    ever in a value or an argument. Returns the grants, and one line for each
+    ``optional`` grant left out because both its variables are empty (the chart's
+    repair user, whose keys a Secret made before it existed does not hold); a grant
+    that is not optional, or half given, is checked as any other."""
     raw = json.loads(environ.get("FARM_ACCESS_GRANTS", "[]"))
-    grants = []
+    grants, skipped = [], []
     for entry in raw:
-        grants.append({"access_key": environ.get(entry["access_key_env"], ""),
-                       "secret_key": environ.get(entry["secret_key_env"], ""),
+        access = environ.get(entry["access_key_env"], "")
+        secret = environ.get(entry["secret_key_env"], "")
+        if entry.get("optional") and not access and not secret:
+            skipped.append(f"{_role(entry)} user not made: {entry['access_key_env']} and "
+                           f"{entry['secret_key_env']} are empty")
+            continue
+        grants.append({"access_key": access, "secret_key": secret,
                        "fingerprint": entry.get("fingerprint") or None,
                        "reader": bool(entry.get("reader", False)),
                        "repair": bool(entry.get("repair", False)),
                        "client": bool(entry.get("client", False))})
-    return _Setup.model_validate({"grants": grants}).grants
+    return _Setup.model_validate({"grants": grants}).grants, skipped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         settings = load_settings()
-        grants = grants_from_env(dict(os.environ))
+        grants, skipped = grants_from_env(dict(os.environ))
         # validates the endpoint, makes the bucket
         store = open_store(settings, shared=True, signed=False)
         if not isinstance(store, MinioStore):
@@ -263,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   secret.get_secret_value()))
     client = Minio(store.endpoint, access_key=access.get_secret_value(),
                    secret_key=secret.get_secret_value(), secure=store.secure)
-    for line in apply(admin, client, settings.minio_bucket, grants):
+    for line in [*apply(admin, client, settings.minio_bucket, grants), *skipped]:
         print(f"access: {line}")
     store.close()
     return 0
