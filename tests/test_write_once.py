@@ -124,19 +124,26 @@ def test_a_pool_creates_but_may_not_delete_and_its_overwrite_keeps_the_original(
     pool.close()
 
 
+@pytest.mark.parametrize("condition, refused", [
+    ({"Null": {"s3:if-none-match": "true"}}, "invalid condition key"),
+    # the other way a policy could see that a name exists: a tag every stored object
+    # carries, denied on the existing object (AWS evaluates it for reads, not writes)
+    ({"StringEquals": {"s3:ExistingObjectTag/farm": "stored"}},
+     "unsupported condition keys .* for action 's3:PutObject'"),
+])
 def test_minio_has_no_policy_condition_that_refuses_an_overwrite(
-        bucket: dict[str, Any]) -> None:
+        bucket: dict[str, Any], condition: dict[str, Any], refused: str) -> None:
     """Why the overwrite is not refused: MinIO's policies know no ``s3:if-none-match``
-    (AWS's way to require conditional writes). When a MinIO learns it, this fails, and
-    the pool policy should require it."""
+    (AWS's way to require conditional writes), and take no condition on the existing
+    object's tags for a ``PutObject``. When a MinIO learns either, this fails, and the
+    pool policy should require it."""
     document = {"Version": "2012-10-17", "Statement": [{
         "Effect": "Deny", "Action": ["s3:PutObject"],
-        "Resource": [f"arn:aws:s3:::{bucket['bucket']}/*"],
-        "Condition": {"Null": {"s3:if-none-match": "true"}}}]}
+        "Resource": [f"arn:aws:s3:::{bucket['bucket']}/*"], "Condition": condition}]}
     with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:
         json.dump(document, fh)
         fh.flush()
-        with pytest.raises(MinioAdminException, match="invalid condition key"):
+        with pytest.raises(MinioAdminException, match=refused):
             bucket["admin"].policy_add("farm-conditional-" + secrets.token_hex(3), fh.name)
 
 
