@@ -54,7 +54,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    """Turn SIGTERM into the same clean exit path as Ctrl-C."""
+    """Turn SIGTERM, and SIGINT, into the same clean exit path. SIGINT too, explicitly:
+    a process started in the background by a non-interactive shell (`cmd &` in a
+    script, nohup) inherits SIGINT ignored, and Python then installs no handler, so
+    a SIGINT would never stop the services."""
     raise KeyboardInterrupt
 
 
@@ -87,6 +90,7 @@ def up(args: argparse.Namespace) -> int:
     """Start, report, hold until a signal, stop. Returns the process exit status."""
     everything = not (args.redis or args.minio or args.postgres)
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     status = 0
     stack = ExitStack()
     try:
