@@ -196,9 +196,13 @@ def test_a_killed_capture_build_ends_its_compile_processes(
     path = _capture(tmp_path / "c.json", fingerprint, sources)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
     env.update(FARM_HOME=str(tmp_path / "home"), PYOPENCL_NO_CACHE="1", POCL_KERNEL_CACHE="0")
+    # as a terminal's foreground job: SIGINT at its default, whatever this suite inherited
+    # (a suite started in the background by a script has SIGINT ignored, and so would the
+    # build, which would then finish instead of being interrupted)
     proc = subprocess.Popen([sys.executable, "-m", "farm", "build", str(path), "--workers",
                              "2", "--json"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         pool: list[int] = []
