@@ -246,12 +246,14 @@ def test_a_capture_build_counts_a_replaced_program_as_a_miss(bucket: dict[str, A
 
 
 def test_the_set_up_job_makes_the_repair_role_when_its_keys_are_given(
-        minio_server: Any, tmp_path: Path) -> None:
+        minio_server: Any, bucket: dict[str, Any], tmp_path: Path) -> None:
     """``python -m farm.cluster.access`` as the chart's Job runs it (root credentials,
     grants naming variables): with the repair keys, the repair user is made and may
     delete a version a pool may not; without them (an existingSecret made before the
     role), it is left out in one line and the rest is made. No secret is printed."""
-    name = f"wj-{uuid.uuid4().hex[:12]}"
+    # the module's bucket: MinIO's policy names are the server's, not a bucket's, so the
+    # same grants for another bucket would re-point this module's pool and repair users
+    name = bucket["bucket"]
     pool, repair = _pair(), _pair()
     grants = [{"fingerprint": FP, "access_key_env": "P_KEY", "secret_key_env": "P_SECRET"},
               {"repair": True, "optional": True, "access_key_env": "R_KEY",
