@@ -133,3 +133,27 @@ def test_a_read_only_loader_compiles_locally_and_says_so_once(
     assert json.loads(again.stdout)["summary"]["local"] == 2
     assert stored() == before  # the reader compiled into its local tier, not the bucket
     logging.getLogger(__name__).info("read-only warm: %s", said[0])
+
+
+@pytest.mark.parametrize("grants, said", [
+    ("[1]", "0: Input should be an object"),
+    ('[{"access_key_env": "A"}]', "0.secret_key_env: Field required"),
+    ("not json", "Invalid JSON"),
+    ('[{"access_key_env": "A", "secret_key_env": "B", "evil": 1}]', "0.evil: unknown field"),
+    ('[{"access_key_env": "A", "secret_key_env": "B"}]',
+     "0.access_key: String should have at least 3 characters"),
+    ('{"grants": []}', "Input should be a valid array"),
+])
+def test_malformed_grants_are_one_line_naming_the_entry(
+        grants: str, said: str, tmp_path: Path) -> None:
+    """The set-up Job's ``FARM_ACCESS_GRANTS`` malformed or hostile: one line naming the
+    entry and the field, exit 2, no traceback, nothing asked of MinIO (``[1]`` was a
+    ``TypeError`` traceback)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_HOME=str(tmp_path / "home"), FARM_ACCESS_GRANTS=grants,
+               FARM_MINIO_ENDPOINT="127.0.0.1:1")
+    proc = subprocess.run([sys.executable, "-m", "farm.cluster.access"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("access: FARM_ACCESS_GRANTS: ") and said in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -42,7 +42,7 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
 
 from farm.core.keys import BLOBS_PREFIX, Namespace, namespace_prefix
 
@@ -197,45 +197,59 @@ def _attach(admin: MinioAdmin, policy: str, user: str) -> None:
             raise
 
 
-class _Setup(BaseModel):
-    """What ``python -m farm.cluster.access`` applies (``FARM_ACCESS_GRANTS``)."""
+class GrantEntry(BaseModel):
+    """One entry of ``FARM_ACCESS_GRANTS``: who (a pool's fingerprint, or a role) and the
+    names of the environment variables holding its credentials, never the credentials."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    grants: list[Grant]
+    access_key_env: str = Field(min_length=1, max_length=200)
+    secret_key_env: str = Field(min_length=1, max_length=200)
+    fingerprint: str = Field(default="", max_length=100)
+    reader: bool = False
+    client: bool = False
+    repair: bool = False
+    #: left out, in one line, when both its variables are empty (the chart's repair
+    #: user: a Secret made before the role existed does not hold its keys)
+    optional: bool = False
+
+    @property
+    def role(self) -> str:
+        """How this entry is named in a line: its role, or its pool's fingerprint."""
+        for role in ("repair", "client", "reader"):
+            if getattr(self, role):
+                return role
+        return f"pool {self.fingerprint or ANY_POOL}"
 
 
-def _role(entry: dict[str, Any]) -> str:
-    """How one grant entry is named in a line: its role, or its pool's fingerprint."""
-    for role in ("repair", "client", "reader"):
-        if entry.get(role):
-            return role
-    return f"pool {entry.get('fingerprint') or ANY_POOL}"
+_ENTRIES = TypeAdapter(list[GrantEntry])
+#: the grants made of the entries, by their index in ``FARM_ACCESS_GRANTS`` (an error
+#: names the entry)
+_GRANTS = TypeAdapter(dict[int, Grant])
 
 
 def grants_from_env(environ: dict[str, str]) -> tuple[list[Grant], list[str]]:
-    """``FARM_ACCESS_GRANTS``: a JSON list of {fingerprint | reader | client | repair,
-    access_key_env, secret_key_env[, optional]}, naming the environment variables
-    (filled from the Secret) that hold each user's credentials, so that no secret is
-    ever in a value or an argument. Returns the grants, and one line for each
-    ``optional`` grant left out because both its variables are empty (the chart's
-    repair user, whose keys a Secret made before it existed does not hold); a grant
-    that is not optional, or half given, is checked as any other."""
-    raw = json.loads(environ.get("FARM_ACCESS_GRANTS", "[]"))
-    grants, skipped = [], []
-    for entry in raw:
-        access = environ.get(entry["access_key_env"], "")
-        secret = environ.get(entry["secret_key_env"], "")
-        if entry.get("optional") and not access and not secret:
-            skipped.append(f"{_role(entry)} user not made: {entry['access_key_env']} and "
-                           f"{entry['secret_key_env']} are empty")
+    """``FARM_ACCESS_GRANTS``: a JSON list of :class:`GrantEntry`, naming the environment
+    variables (filled from the Secret) that hold each user's credentials, so that no
+    secret is ever in a value or an argument. Returns the grants, and one line for each
+    ``optional`` entry left out because both its variables are empty; an entry that is
+    not optional, or half given, is checked as any other. Raises ``ValidationError``
+    (a malformed list or entry) whose location is the entry's index and the field."""
+    entries = _ENTRIES.validate_json(environ.get("FARM_ACCESS_GRANTS", "[]"))
+    given: dict[int, dict[str, Any]] = {}
+    skipped = []
+    for index, entry in enumerate(entries):
+        access = environ.get(entry.access_key_env, "")
+        secret = environ.get(entry.secret_key_env, "")
+        if entry.optional and not access and not secret:
+            skipped.append(f"{entry.role} user not made: {entry.access_key_env} and "
+                           f"{entry.secret_key_env} are empty")
             continue
-        grants.append({"access_key": access, "secret_key": secret,
-                       "fingerprint": entry.get("fingerprint") or None,
-                       "reader": bool(entry.get("reader", False)),
-                       "repair": bool(entry.get("repair", False)),
-                       "client": bool(entry.get("client", False))})
-    return _Setup.model_validate({"grants": grants}).grants, skipped
+        given[index] = {"access_key": access, "secret_key": secret,
+                        "fingerprint": entry.fingerprint or None, "reader": entry.reader,
+                        "repair": entry.repair, "client": entry.client}
+    grants = list(_GRANTS.validate_python(given).values())
+    return grants, skipped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,22 +268,26 @@ def main(argv: list[str] | None = None) -> int:
     from minio.credentials import StaticProvider
     from minio.minioadmin import MinioAdmin
 
-    from farm.core.errors import FarmError, SettingsError
+    from farm.core.errors import FarmError, SettingsError, one_line
     from farm.core.settings import load_settings
     from farm.store.minio import MinioStore
     from farm.store.open import open_store
 
     try:
-        settings = load_settings()
         grants, skipped = grants_from_env(dict(os.environ))
+    except ValidationError as exc:
+        print(f"access: FARM_ACCESS_GRANTS: {one_line(exc)}", file=sys.stderr)
+        return 2
+    try:
+        settings = load_settings()
         # validates the endpoint, makes the bucket
         store = open_store(settings, shared=True, signed=False)
         if not isinstance(store, MinioStore):
             store.close()
             raise SettingsError(f"access grants are MinIO's; the shared store is "
                                 f"{store.location}")
-    except (FarmError, ValidationError, ValueError, KeyError) as exc:
-        print(f"access: {str(exc).splitlines()[0]}", file=sys.stderr)
+    except FarmError as exc:
+        print(f"access: {one_line(exc)}", file=sys.stderr)
         return 2
     access = settings.minio_access_key
     secret = settings.minio_secret_key
