@@ -136,7 +136,8 @@ checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha
 checksum/secret: {{ include "kernel-farm.secretChecksum" . }}
 {{- end }}
 
-{{/* env entry reading one key of the credentials Secret: (list $ "ENV_NAME" "secret-key") */}}
+{{/* env entry reading one key of the credentials Secret: (list $ "ENV_NAME" "secret-key"),
+or (list $ "ENV_NAME" "secret-key" true) for a key the Secret may lack (empty then) */}}
 {{- define "kernel-farm.secretEnv" -}}
 {{- $root := index . 0 -}}
 - name: {{ index . 1 }}
@@ -144,6 +145,9 @@ checksum/secret: {{ include "kernel-farm.secretChecksum" . }}
     secretKeyRef:
       name: {{ include "kernel-farm.secretName" $root }}
       key: {{ index . 2 }}
+      {{- if and (gt (len .) 3) (index . 3) }}
+      optional: true
+      {{- end }}
 {{- end }}
 
 {{/*
