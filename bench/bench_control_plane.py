@@ -58,6 +58,7 @@ Prints a table and one JSON line per point (``{"bench": "control_plane", ...}``)
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import resource
@@ -93,7 +94,9 @@ def client_main(args: argparse.Namespace) -> None:
     settings = load_settings()
     registry = Registry.load(settings.family_modules)
     store = open_store(settings)
-    client = ClusterClient(settings, registry=registry, store=store)
+    # as `farm build --cluster` makes it: the Celery app made ahead, where the code can
+    ahead = {"ahead": True} if "ahead" in inspect.signature(ClusterClient).parameters else {}
+    client = ClusterClient(settings, registry=registry, store=store, **ahead)
     tag = uuid.uuid4().hex[:10]
 
     def kernels(first: int, count: int) -> list[ArtifactId]:

@@ -113,9 +113,10 @@ def chunk_task(state: Any, args: argparse.Namespace, tag: str, count: int) -> li
     from farm.cluster.payloads import CompileRequest, KernelRequest, parse_request
     from farm.core.keys import build_alive_key, build_replies_key
     from farm.core.model import ArtifactId, KernelId
-    from worker.app import chunk_status
+    from farm.programs.request import ChunkRequest
     from worker.chunks import Delivery
     from worker.execute import execute_job
+    from worker.hooks.metrics import chunk_status
 
     log = get_task_logger("bench.cp_chunk")
     build = uuid.uuid4().hex
@@ -132,7 +133,7 @@ def chunk_task(state: Any, args: argparse.Namespace, tag: str, count: int) -> li
                 family="sim_compile", params={"index": c * args.chunk + i, "run": run_tag})),
                 build_id=family.build_id) for i in range(args.chunk)]).model_dump(mode="json")
         t = time.perf_counter()
-        request = parse_request(payload)
+        request = parse_request(payload, ChunkRequest)
         delivery = Delivery(task_id=str(uuid.uuid4()), build=build, worker="bench:1",
                             redelivered=False)
         reply = execute_job(request, state, delivery=delivery)

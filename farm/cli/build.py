@@ -163,7 +163,7 @@ def _cluster_build(settings: Settings, registry: Registry, artifacts: list[Artif
     local_fp = choose_device(settings, probe_devices()).fingerprint \
         if target.fallback_local or not target.fingerprint else None
     fp = target.fingerprint or local_fp or ""
-    with ClusterClient(settings, registry=registry, say=_say) as client:
+    with ClusterClient(settings, registry=registry, say=_say, ahead=True) as client:
         if target.fingerprint:  # whole, or a unique prefix of a fingerprint served
             grace = settings.dead_worker_grace
             fp = resolve_fingerprint(target.fingerprint, client.waiter.call(

@@ -129,7 +129,8 @@ def _on_cluster(settings: Settings, capture: CaptureFile, fp: str, store: Artifa
     def say(line: str) -> None:
         err.print(line, markup=False, soft_wrap=True)
 
-    with ClusterClient(settings, registry=Registry(), store=store, say=say) as client:
+    with ClusterClient(settings, registry=Registry(), store=store, say=say,
+                       ahead=True) as client:
         client.served(fp)  # no worker for it: one line naming those served
         return build_on_cluster(client, capture, fp, progress=tick, status=tick.status)
 

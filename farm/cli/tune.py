@@ -159,7 +159,7 @@ def _on_cluster(settings: Settings, registry: Registry, specs: list[TuningSpec],
     from farm.tuning.cluster import tune_on_cluster
     from farm.tuning.runner import TuneOutcome
 
-    with ClusterClient(settings, registry=registry, say=_say) as client:
+    with ClusterClient(settings, registry=registry, say=_say, ahead=True) as client:
         if fingerprint:
             fp = resolve_fingerprint(fingerprint, client.waiter.call(
                 lambda: served(client.redis, settings.dead_worker_grace)))

@@ -6,7 +6,14 @@ A build client (``farm build --cluster``) and a loader that asks the farm on a m
 * the Redis client and the :class:`~farm.core.outage.Waiter` of its outages (every round
   trip waits out an outage shorter than ``FARM_OUTAGE_LIMIT``, with one line each way);
 * the Celery app, made when the first chunk is sent (a build whose kernels are all
-  stored never imports Celery);
+  stored never imports Celery), or, with ``ahead=True`` (the CLI's builds and tunes),
+  on a thread of its own (:class:`AppAhead`) from the client's start, while the client
+  asks Redis and the store which workers serve and which kernels are held: importing
+  Celery and opening the broker's connection cost a client's first chunk 80 to 100 ms
+  of its latency when made at the send (docs/BENCHMARKS.md, "Where the added latency
+  goes"). A build whose kernels are all stored does not wait for it. Not in an
+  application's process (a served program's miss, the loader's): a thread importing
+  while the application forks is a risk the application did not take;
 * the served check (:meth:`ClusterClient.served`): a build for a fingerprint no live
   worker serves fails fast, naming the fingerprints that are served;
 * :meth:`ClusterClient.build`: obtain artifacts through the workers.
@@ -36,8 +43,9 @@ workers to come) and its progress display; the loader's loads of what was stored
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -97,14 +105,16 @@ class ClusterClient:
     ``registry`` computes the keys (default: the settings' families); ``store`` is
     asked which keys it holds (default: the settings' store, opened on first use and
     closed with the client); ``say`` gets the lines worth keeping (an outage waited
-    for, a chunk re-sent; default: this module's log).
+    for, a chunk re-sent; default: this module's log); ``ahead`` makes the Celery app
+    on a thread from the start (see the module doc).
     """
 
     #: seconds between looks at who holds the chunks in flight (tests shorten it)
     check_interval_s: float = CHECK_INTERVAL_S
 
     def __init__(self, settings: Settings, *, registry: Registry | None = None,
-                 store: ArtifactStore | None = None, say: Say | None = None) -> None:
+                 store: ArtifactStore | None = None, say: Say | None = None,
+                 ahead: bool = False) -> None:
         if not settings.redis_url:
             raise SettingsError("the cluster needs FARM_REDIS_URL")
         self.settings = settings
@@ -116,6 +126,7 @@ class ClusterClient:
         self.waiter = redis_waiter(settings.redis_url, settings.outage_limit, say=self.say)
         self._redis: redis.Redis | None = None
         self._app: Celery | None = None
+        self._ahead = AppAhead(self._make_app) if ahead else None
         self._served: tuple[str, list[WorkerInfo], float] | None = None
         self._checked: ArtifactStore | None = None
 
@@ -135,14 +146,22 @@ class ClusterClient:
     def app(self) -> Celery:
         """The Celery app (made on first use: a build of stored kernels sends nothing)."""
         if self._app is None:
-            from farm.cluster.celery_app import make_app
-
-            self._app = make_app(self.settings, client=True)
+            ahead, self._ahead = self._ahead, None
+            made = ahead.take() if ahead is not None else None
+            self._app = made if made is not None else self._make_app()
         return self._app
+
+    def _make_app(self) -> Celery:
+        from farm.cluster.celery_app import make_app
+
+        return make_app(self.settings, client=True)
 
     def renew_app(self) -> None:
         """Drop the Celery app and its result channel; the next use makes them afresh."""
         old, self._app = self._app, None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.abandon()
         if old is not None:
             _close_app(old)
 
@@ -373,6 +392,62 @@ class ClusterClient:
 def _device_of(workers: list[WorkerInfo]) -> DeviceInfo | None:
     """The target device's limits, as its workers published them."""
     return next((w.device for w in workers if w.device), None)
+
+
+class AppAhead:
+    """A client's Celery app made on a daemon thread, so that its imports (Celery, kombu's
+    transport, the result backend) and the broker's first connection happen while the
+    client waits for Redis and the store rather than inside its first chunk's send.
+
+    :meth:`take` waits for it and hands it over (``None`` when it could not be made: the
+    caller makes it again and meets the error itself); :meth:`abandon` lets a client
+    that never sent close without waiting: the thread closes the app when it is done.
+    """
+
+    def __init__(self, make: Callable[[], Celery]) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._app: Celery | None = None
+        self._abandoned = False
+        threading.Thread(target=self._run, args=(make,), name="farm-celery-ahead",
+                         daemon=True).start()
+
+    def _run(self, make: Callable[[], Celery]) -> None:
+        app: Celery | None = None
+        try:
+            app = make()
+            _warm(app)
+        except Exception as exc:  # taken again by the caller, who meets it then
+            log.debug("making the Celery app ahead: %s", exc)
+        with self._lock:
+            keep = not self._abandoned
+            if keep:
+                self._app = app
+        self._done.set()
+        if not keep and app is not None:
+            _close_app(app)
+
+    def take(self) -> Celery | None:
+        self._done.wait()
+        with self._lock:
+            app, self._app = self._app, None
+        return app
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            app, self._app = self._app, None
+        if app is not None:
+            _close_app(app)
+
+
+def _warm(app: Celery) -> None:
+    """What a first send would do once a process: the result backend's modules, and a
+    broker connection opened into the app's pool (left to the send when Redis does not
+    answer: the send waits out an outage, this thread does not)."""
+    app.backend  # noqa: B018 - imports the backend's modules (the instance is per thread)
+    with app.producer_or_acquire() as producer:
+        producer.connection.ensure_connection(max_retries=0)  # one attempt, no sleep
 
 
 def _close_app(app: Celery) -> None:
