@@ -167,6 +167,7 @@ def main() -> None:
     trace = Trace(Path(sys.argv[1]))
     app = sys.argv[2]
     sys.argv = sys.argv[2:]
+    sys.path[0] = os.path.dirname(os.path.abspath(app))  # as `python APP.py` has it
     install(trace)
     atexit.register(trace.write)
     runpy.run_path(app, run_name="__main__")

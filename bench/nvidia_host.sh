@@ -11,9 +11,13 @@ cd "$(dirname "$0")/.."
 # Byte-compiled as pip does by default (the host sets PYTHONDONTWRITEBYTECODE, so a
 # module without a .pyc is compiled from source again in every process: 0.3 s of the
 # farm's and 0.5 s of pyopencl's and Mako's start-up there, which no installed farm pays).
-if [ ! -d /tmp/site/pyopencl ]; then
+# Again whenever the carried wheels differ from those installed (a warm host kept
+# /tmp/site from a call that carried fewer).
+wheels=$(ls .whl | sort | md5sum)
+if [ ! -d /tmp/site/pyopencl ] || [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$wheels" ]; then
     python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl
+    echo "$wheels" > /tmp/site/.wheels
 fi
 # The project itself every time: the working tree travels anew with each call. Built
 # with the carried setuptools (first on PYTHONPATH): pyproject.toml wants setuptools >= 77.
