@@ -90,7 +90,7 @@ def _pair_records(found: dict[str, dict[str, float]], conn_of: dict[str, str],
         for task in tasks:
             at = [t for t, c in _records_in(found[task], records) if c == paired]
             if at:
-                found[task]["records"] = at[0]
+                found[task]["records"] = at[-1]  # the last pack: before the last write
 
 
 def _records_in(event: dict[str, float], records: list[tuple[float, str]]
