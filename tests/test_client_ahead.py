@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 import redis
 
 from farm.cluster.client import AppAhead, ClusterClient
@@ -35,44 +36,36 @@ class _App:
         self.closed.set()
 
 
-def test_a_client_sends_with_the_app_made_on_its_thread(redis_url: str,
-                                                        client: redis.Redis) -> None:
-    made_on: list[str] = []
-    settings = Settings(redis_url=redis_url)
+@pytest.fixture
+def made_on(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread each client's Celery app is made on, in order."""
+    made: list[str] = []
     real = ClusterClient._make_app
 
     def recording(self: ClusterClient) -> Any:
-        made_on.append(threading.current_thread().name)
+        made.append(threading.current_thread().name)
         return real(self)
 
-    ClusterClient._make_app = recording  # type: ignore[method-assign]
-    try:
-        with ClusterClient(settings, registry=None, ahead=True) as cc:
-            app = cc.app
-            assert cc.app is app
-            app.send_task(TASK_NAME, args=[{"probe": 1}], queue="ahead-probe",
-                          ignore_result=True)
-    finally:
-        ClusterClient._make_app = real  # type: ignore[method-assign]
+    monkeypatch.setattr(ClusterClient, "_make_app", recording)
+    return made
+
+
+def test_a_client_sends_with_the_app_made_on_its_thread(redis_url: str, client: redis.Redis,
+                                                        made_on: list[str]) -> None:
+    with ClusterClient(Settings(redis_url=redis_url), ahead=True) as cc:
+        app = cc.app
+        assert cc.app is app
+        app.send_task(TASK_NAME, args=[{"probe": 1}], queue="ahead-probe",
+                      ignore_result=True)
     assert made_on == ["farm-celery-ahead"]
     assert client.llen("ahead-probe") == 1
 
 
-def test_without_ahead_the_app_is_made_at_first_use(redis_url: str) -> None:
-    made_on: list[str] = []
-    real = ClusterClient._make_app
-
-    def recording(self: ClusterClient) -> Any:
-        made_on.append(threading.current_thread().name)
-        return real(self)
-
-    ClusterClient._make_app = recording  # type: ignore[method-assign]
-    try:
-        with ClusterClient(Settings(redis_url=redis_url)) as cc:
-            assert made_on == []
-            assert cc.app is not None
-    finally:
-        ClusterClient._make_app = real  # type: ignore[method-assign]
+def test_without_ahead_the_app_is_made_at_first_use(redis_url: str,
+                                                    made_on: list[str]) -> None:
+    with ClusterClient(Settings(redis_url=redis_url)) as cc:
+        assert made_on == []
+        assert cc.app is not None
     assert made_on == [threading.current_thread().name]
 
 
