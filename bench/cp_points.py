@@ -177,9 +177,15 @@ def _timeline(watch: Any, lat: list[dict[str, Any]], compiles_s: float, *,
         return None
     import cp_timeline
 
-    return cp_timeline.split(watch.close(), [dict(c, first=i == 0) for r in lat
-                                             for i, c in enumerate(r["chunks"])],
-                             compiles_s, bare=bare)
+    lines = watch.close()
+    chunks = [dict(c, first=i == 0) for r in lat for i, c in enumerate(r["chunks"])]
+    dump = os.environ.get("CP_TIMELINE_DUMP")  # a folder: what was split, to look at
+    if dump:
+        Path(dump).mkdir(parents=True, exist_ok=True)
+        name = f"{'bare' if bare else 'farm'}-{int(time.time())}"
+        (Path(dump) / f"{name}.monitor").write_text("\n".join(lines))
+        (Path(dump) / f"{name}.chunks.json").write_text(json.dumps(chunks))
+    return cp_timeline.split(lines, chunks, compiles_s, bare=bare)
 
 
 def bare_point(args: argparse.Namespace, n: int, chunk: int, link: Link,

@@ -8,9 +8,9 @@ host's: the clients stamp their sends and arrivals with the same clock, ``time.t
 * ``LPUSH`` of its message (the client's publish; its headers name the task id);
 * the farm: the holder note (``SET farm:task:<id>:holder``: Celery's consumer has it),
   the pool process's first round trip (``SET farm:task:<id>:kernel``, with the leases),
-  the chunk's records (``XADD farm:records:...``, on the records connection of that pool
-  process: paired with the chunk's own connection by the windows it falls in), its reply
-  (``XADD farm:build:<token>:replies ... task <id>``);
+  the chunk's records (``XADD farm:records:...``: the last pack that names one of the
+  keys its reply names, before that reply), its reply (``XADD
+  farm:build:<token>:replies ... task <id>``);
 * bare Celery: its result (``SETEX`` or ``PUBLISH`` of ``celery-task-meta-<id>``).
 
 So a chunk's added latency splits into: the client's publish (send to ``LPUSH``), the
@@ -32,6 +32,8 @@ from typing import Any
 import cp_monitor
 
 _TASK_ID = re.compile(r'"id": "([0-9a-f-]{36})"')
+#: an artifact's key in a records pack or a reply (``<id_hash>.<build_id>``)
+_KEY = re.compile(r'"key":\s*"([0-9a-f]+\.[0-9a-f]+)"')
 
 #: the segments, in order: (name, from event, to event)
 FARM = [("client publish", "sent", "lpush"), ("broker to consumer", "lpush", "holder"),
@@ -46,9 +48,9 @@ BARE = [("client publish", "sent", "lpush"),
 def events(commands: list[tuple[float, str, str, list[str]]]) -> dict[str, dict[str, float]]:
     """task id -> event -> time (the first of each), from the commands."""
     found: dict[str, dict[str, float]] = defaultdict(dict)
-    conn_of: dict[str, str] = {}
-    records: list[tuple[float, str]] = []
-    for at, conn, cmd, args in commands:
+    keys_of: dict[str, list[str]] = {}  # task id -> the keys its reply names
+    packs: dict[str, list[float]] = defaultdict(list)  # key -> its records packs' times
+    for at, _conn, cmd, args in commands:
         key = args[0] if args else ""
         if cmd == "lpush" and len(args) > 1:
             m = _TASK_ID.search(args[1])
@@ -60,45 +62,21 @@ def events(commands: list[tuple[float, str, str, list[str]]]) -> dict[str, dict[
                 found[task].setdefault("holder", at)
             elif what == "kernel":
                 found[task].setdefault("begin", at)
-                conn_of[task] = conn
         elif cmd == "xadd" and key.startswith("farm:records:"):
-            records.append((at, conn))
+            for named in _KEY.findall(" ".join(args)):
+                packs[named].append(at)
         elif cmd == "xadd" and key.endswith(":replies") and "task" in args:
             task = args[args.index("task") + 1]
             found[task].setdefault("reply", at)
+            keys_of[task] = _KEY.findall(" ".join(args))
         elif key.startswith("celery-task-meta-") and cmd in ("setex", "set", "publish"):
             found[key.removeprefix("celery-task-meta-")].setdefault("result", at)
-    _pair_records(found, conn_of, records)
+    for task, keys in keys_of.items():  # the last pack before the last write
+        reply = found[task]["reply"]
+        before = [t for k in keys for t in packs.get(k, []) if t <= reply]
+        if before:
+            found[task]["records"] = max(before)
     return found
-
-
-def _pair_records(found: dict[str, dict[str, float]], conn_of: dict[str, str],
-                  records: list[tuple[float, str]]) -> None:
-    """A chunk's records come on its pool process's records connection: the one seen in
-    every window (begin, reply) of the chunks of that pool process's own connection."""
-    windows: dict[str, list[str]] = defaultdict(list)
-    for task, conn in conn_of.items():
-        windows[conn].append(task)
-    for tasks in windows.values():
-        common: set[str] | None = None
-        for task in tasks:
-            seen = _records_in(found[task], records)
-            common = {c for _, c in seen} if common is None else common & {c for _, c in seen}
-        if not common or len(common) != 1:
-            continue
-        paired = next(iter(common))
-        for task in tasks:
-            at = [t for t, c in _records_in(found[task], records) if c == paired]
-            if at:
-                found[task]["records"] = at[-1]  # the last pack: before the last write
-
-
-def _records_in(event: dict[str, float], records: list[tuple[float, str]]
-                ) -> list[tuple[float, str]]:
-    begin, reply = event.get("begin"), event.get("reply")
-    if begin is None or reply is None:
-        return []
-    return [(t, c) for t, c in records if begin <= t <= reply]
 
 
 def split(lines: list[str], chunks: list[dict[str, Any]], compiles_s: float, *,
