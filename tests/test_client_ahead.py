@@ -4,7 +4,8 @@ A CLI build makes its Celery app on a thread while it asks Redis and the store, 
 its first chunk's send does not import Celery; what must hold: the app sent with is the
 one made on that thread, a client that never sends closes without waiting for it (the
 thread then closes it), and an app whose broker did not answer at the start is still
-handed over (its send meets the outage as every send does).
+handed over, without waiting for the broker (its send meets the outage as every send
+does).
 """
 
 from __future__ import annotations
@@ -96,6 +97,43 @@ def test_an_app_whose_broker_did_not_answer_is_still_handed_over() -> None:
     assert isinstance(app, _App)
     assert app.made_on == "farm-celery-ahead"
     assert not app.closed.is_set()
+
+
+def test_taking_the_app_does_not_wait_for_its_broker() -> None:
+    """A Redis that does not answer holds the thread's connection, not the send: the app
+    is handed over while the connection still waits (here until the test lets it go)."""
+    release = threading.Event()
+    order: list[str] = []
+
+    class _Connection:
+        def ensure_connection(self, max_retries: int) -> None:
+            release.wait(10)
+            order.append("connected")
+
+    class _Producer:
+        connection = _Connection()
+
+        def __enter__(self) -> _Producer:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    class _SlowBroker(_App):
+        backend = None
+
+        def producer_or_acquire(self) -> _Producer:
+            return _Producer()
+
+    app = AppAhead(_SlowBroker).take()
+    order.append("taken")
+    release.set()
+    for _ in range(200):
+        if "connected" in order:
+            break
+        threading.Event().wait(0.05)
+    assert isinstance(app, _SlowBroker)
+    assert order == ["taken", "connected"]
 
 
 def test_an_app_that_could_not_be_made_is_none_for_the_caller_to_make() -> None:

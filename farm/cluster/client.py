@@ -399,14 +399,17 @@ class AppAhead:
     transport, the result backend) and the broker's first connection happen while the
     client waits for Redis and the store rather than inside its first chunk's send.
 
-    :meth:`take` waits for it and hands it over (``None`` when it could not be made: the
-    caller makes it again and meets the error itself); :meth:`abandon` lets a client
-    that never sent close without waiting: the thread closes the app when it is done.
+    :meth:`take` waits for the app to be made, not for its connection: a Redis that does
+    not answer then holds this thread only (a socket timeout), and the send meets the
+    outage through the client's waiter as every round trip does. It hands the app over
+    (``None`` when it could not be made: the caller makes it again and meets the error
+    itself); :meth:`abandon` lets a client that never sent close without waiting: the
+    thread closes the app when it is done.
     """
 
     def __init__(self, make: Callable[[], Celery]) -> None:
         self._lock = threading.Lock()
-        self._done = threading.Event()
+        self._made = threading.Event()
         self._app: Celery | None = None
         self._abandoned = False
         threading.Thread(target=self._run, args=(make,), name="farm-celery-ahead",
@@ -416,19 +419,27 @@ class AppAhead:
         app: Celery | None = None
         try:
             app = make()
-            _warm(app)
+            app.backend  # noqa: B018 - imports its modules (the instance is per thread)
         except Exception as exc:  # taken again by the caller, who meets it then
             log.debug("making the Celery app ahead: %s", exc)
         with self._lock:
             keep = not self._abandoned
             if keep:
                 self._app = app
-        self._done.set()
-        if not keep and app is not None:
+        self._made.set()
+        if app is None:
+            return
+        if not keep:
             _close_app(app)
+            return
+        try:  # a broker connection into the app's pool, for the first send to take
+            with app.producer_or_acquire() as producer:
+                producer.connection.ensure_connection(max_retries=0)  # once, no sleep
+        except Exception as exc:  # the send connects itself, through the waiter
+            log.debug("connecting the Celery app ahead: %s", exc)
 
     def take(self) -> Celery | None:
-        self._done.wait()
+        self._made.wait()
         with self._lock:
             app, self._app = self._app, None
         return app
@@ -439,15 +450,6 @@ class AppAhead:
             app, self._app = self._app, None
         if app is not None:
             _close_app(app)
-
-
-def _warm(app: Celery) -> None:
-    """What a first send would do once a process: the result backend's modules, and a
-    broker connection opened into the app's pool (left to the send when Redis does not
-    answer: the send waits out an outage, this thread does not)."""
-    app.backend  # noqa: B018 - imports the backend's modules (the instance is per thread)
-    with app.producer_or_acquire() as producer:
-        producer.connection.ensure_connection(max_retries=0)  # one attempt, no sleep
 
 
 def _close_app(app: Celery) -> None:
