@@ -107,6 +107,7 @@ def test_taking_the_app_does_not_wait_for_its_broker() -> None:
 
     class _Connection:
         def ensure_connection(self, max_retries: int) -> None:
+            assert max_retries == 0  # one attempt: the thread never sleeps between tries
             release.wait(10)
             order.append("connected")
 
