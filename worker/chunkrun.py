@@ -48,7 +48,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from farm.cluster.lease import LeaseSet
@@ -254,10 +253,11 @@ class ChunkRun:
                     self._unclaim(k)
                     self.replies[k.index] = self._failed(k.req, k.key, "validation", str(exc))
                 k.own_s = time.perf_counter() - t
-            last = [k for k in kernels[-1:] if k.outcome is not None]  # or the only one
-            self._record(last, since)
-            self._at_once([partial(self._keep, k) for k in last
-                           if k.outcome is not Outcome.LOADED])
+            for k in kernels[-1:]:  # the last (or the only) one: its record, then its write
+                if k.outcome is not None:
+                    self._record([k], since)
+                    if k.outcome is not Outcome.LOADED:
+                        self._keep(k)
         finally:  # a chunk given back leaves no claim or write of its still under way
             wait(claims)
             wait(early)
@@ -342,21 +342,6 @@ class ChunkRun:
         """A kernel that failed leaves no index entry it claimed (nothing of it stored)."""
         if k.claim is not None and k.claim[1]:
             self.state.store.unclaim_source(self.state.ns, k.source, k.key)
-
-    def _at_once(self, calls: list[Callable[[], T]]) -> list[T]:
-        """Run ``calls`` on the state's threads, all at once; their results in order (the
-        first exception raised, once all are done)."""
-        if len(calls) <= 1:
-            return [c() for c in calls]
-        futures = [self.state.io.submit(c) for c in calls[1:]]
-        try:  # the first on this thread: one hand-over less
-            first: list[T] = [calls[0]()]
-        finally:
-            errors = [f.exception() for f in futures]
-        for error in errors:
-            if error is not None:
-                raise error
-        return first + [f.result() for f in futures]
 
     # -- what does not fit ------------------------------------------------------------------
     def _later(self, kernels: list[_Kernel]) -> None:
