@@ -3,7 +3,9 @@ real MinIO and Redis: the compile starts before the claim is answered; a claim t
 finds the source indexed discards that compile and reuses the indexed artifact (the
 rules' outcome, Rekeyed, as if it had waited), even when the compile failed; the
 build's later chunks on the process then wait for their claims and compile nothing
-they throw away; a kernel whose compile fails leaves no index entry it claimed.
+they throw away; a kernel whose compile fails leaves no index entry it claimed; a
+chunk's first compile starts before its leases are answered, once its build was seen
+alive (never for a build not seen: a dead client's chunk compiles nothing).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from farm.compilation.load import LoadedBinary
 from farm.core.device import DeviceInfo
 from farm.core.keys import Namespace, build_alive_key, build_replies_key, source_object
 from farm.core.model import Artifact, Key, LaunchSettings, Lowered
-from farm.core.outage import redis_waiter
+from farm.core.outage import Waiter, redis_waiter
 from farm.core.outcomes import Outcome
 from farm.core.settings import Settings
 from farm.devservices import MinioServer
@@ -105,6 +107,22 @@ class LateClaims(WrappedStore):
                      ) -> tuple[Key | None, bool]:
         self.answered_after_a_compile.append(self.backend.started.wait(2.0))
         return super().claim_source(ns, source_hash, key)
+
+
+class LateLeases:
+    """The outage waiter, answering a chunk's lease round trip only once a compile has
+    begun (or after two seconds; the test clears ``started`` before each chunk), so that
+    a compile made while it is out is seen to be."""
+
+    def __init__(self, inner: Waiter, backend: CountedBackend) -> None:
+        self.inner = inner
+        self.backend = backend
+        self.answered_after_a_compile: list[bool] = []
+
+    def call(self, fn: Any) -> Any:
+        if fn.__qualname__.startswith("ChunkRun._begin"):
+            self.answered_after_a_compile.append(self.backend.started.wait(2.0))
+        return self.inner.call(fn)
 
 
 @pytest.fixture
@@ -204,3 +222,21 @@ def test_a_failed_compile_leaves_no_claimed_entry(state: WorkerState) -> None:
     inner = state.store.inner  # type: ignore[attr-defined]
     assert not list(inner._client.list_objects(inner.bucket, prefix=source_object(
         state.ns, lowered.source_hash)))
+
+
+def test_the_first_compile_goes_ahead_of_the_leases_once_the_build_is_seen_alive(
+        state: WorkerState) -> None:
+    backend = state.backend
+    assert isinstance(backend, CountedBackend)
+    late = LateLeases(state.redis_waiter, backend)  # type: ignore[arg-type]
+    state.redis_waiter = late  # type: ignore[assignment]
+    build = uuid.uuid4().hex
+    backend.started.clear()
+    [first] = chunk(state, build, (7, "a"))  # the build not seen yet: leases first
+    backend.started.clear()
+    second = chunk(state, build, (8, "a"), (9, "a"))  # seen alive: compiled meanwhile
+    assert [r.outcome for r in [first, *second]] == [Outcome.COMPILED] * 3
+    assert late.answered_after_a_compile == [False, True]
+    assert backend.compiles == 3  # each kernel once: the compile made ahead was kept
+    for reply in (first, *second):
+        assert state.store.get(state.ns, Key.parse(reply.key)) is not None

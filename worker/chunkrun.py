@@ -9,10 +9,16 @@ kernels:
 1. **one Redis round trip** takes the compile leases of all its sources at once
    (:class:`~farm.cluster.lease.LeaseSet`), notes them for the crash ledger, and reads
    the build's heartbeat key when this process has not seen it for a second
-   (``worker.chunks.BuildWatch``: a client gone means the chunk is dropped);
-2. **the looks, sent at once**: one request a kernel from the state's threads
-   (``Obtainer.claim``: on MinIO the source-index entry written where there is none; an
-   entry found means the kernel is looked up as before, Loaded or Rekeyed);
+   (``worker.chunks.BuildWatch``: a client gone means the chunk is dropped); it goes
+   from one of the state's threads while the first kernel compiles, so its round trip
+   costs the chunk nothing: only for a build this process saw alive within the last
+   ``ALIVE_FRESH_S`` (a dead client's chunks still compile nothing) and not in a build
+   whose claims were refused (below); that compile is thrown away when the lease is
+   another worker's (one compile, and only then);
+2. **the looks, sent at once** as the leases come back: one request a kernel from the
+   state's threads, for the sources leased only (``Obtainer.claim``: on MinIO the
+   source-index entry written where there is none; an entry found means the kernel is
+   looked up as before, Loaded or Rekeyed);
 3. **the compiles while the looks are out**, one after the other, each noted on the
    worker's host for the crash ledger (``worker.crashes.InHand``: no round trip): a
    kernel whose look is not back yet is compiled meanwhile, so the look's round trip
@@ -22,11 +28,13 @@ kernels:
    rekey's build, whose sources are all indexed, compiles nothing it throws away);
 4. **one Redis round trip**, when the last kernel's turn comes, sends the records of
    the kernels before it (one pack), *before* any of their store writes, so no
-   artifact is ever stored without its record; then **their writes, at once**, on the
-   state's threads, while the last kernel compiles (a chunk's writes waited for after
-   its compiles were 5.4 of its 19 ms at p50 on the H200 host);
-5. **one Redis round trip** sends the last kernel's record, then its write; the
-   earlier writes are waited for (a chunk given back leaves none under way);
+   artifact is ever stored without its record; then **their writes, at once**; both
+   from the state's threads while the last kernel compiles (a chunk's writes waited
+   for after its compiles were 5.4 of its 19 ms at p50 on the H200 host; the pack's
+   round trip was on the chunk's way too);
+5. **one Redis round trip** sends the last kernel's record (once the pack before it is
+   out), then its write; the earlier writes are waited for (a chunk given back leaves
+   none under way);
 6. **one Redis round trip** ends the chunk (``end``): its reply appended to the build's
    reply stream, the leases, the crash ledger's note and the holder note deleted (one
    ``DEL``).
@@ -100,6 +108,16 @@ class _Kernel:
     own_s: float = 0.0
 
 
+@dataclass
+class _Early:
+    """The chunk's first compile, made before its lease and claim were answered: the
+    artifact, or the failure that counts only if nothing is reused; its time."""
+
+    artifact: Artifact | None
+    failed: FarmError | None
+    own_s: float
+
+
 class ChunkRun:
     """One delivery of one chunk on this pool process (see the module docstring)."""
 
@@ -121,13 +139,26 @@ class ChunkRun:
         gone). Raises ``Avoided``, or an ``InfrastructureError`` (the chunk goes back)."""
         lowered = self._lower()
         fast, later = self._split(lowered)
-        why = self._begin(fast)
+        claims: list[Future[tuple[Key | None, bool]]] | None = None
+        first: _Early | None = None
+        if fast and self._ahead_of_leases():
+            begun = self.state.io.submit(self._begin_and_claim, fast)
+            try:
+                first = self._early(fast[0])  # while the leases are asked
+            except BaseException:  # the chunk goes back: nothing of it left under way
+                wait([begun])
+                if begun.exception() is None:
+                    wait(begun.result()[1])
+                raise
+            why, claims = begun.result()
+        else:
+            why = self._begin(fast)
         if why is not None:
             return self.dropped(why)
         held = [k for k in fast if k.source in self.leases.names]
         later += [k for k in fast if k.source not in self.leases.names]
         if held:
-            self._fast(held)
+            self._fast(held, claims, first if held[0] is fast[0] else None)
         if later:
             self.leases.release()  # the old path takes each lease again, kernel by kernel
             self._later(later)
@@ -210,6 +241,44 @@ class ChunkRun:
             raise Avoided(f"its client sends this worker no more of build {build}")
         return None
 
+    def _ahead_of_leases(self) -> bool:
+        """Whether the first compile goes ahead of the leases: not in a build whose
+        claims were refused (a rekey's), and only for a build this process saw alive,
+        and not shutting it out, less than ``ALIVE_FRESH_S`` ago (a dead client's queued
+        chunks are dropped without a compile, as before)."""
+        builds = self.state.builds
+        if builds.claims_refused(self.build):
+            return False
+        if self.build is None:
+            return True
+        alive = builds.fresh(self.build)
+        return alive is not None and alive != BUILD_AVOIDS
+
+    def _begin_and_claim(self, fast: list[_Kernel]
+                         ) -> tuple[str | None, list[Future[tuple[Key | None, bool]]]]:
+        """:meth:`_begin` on a store thread, then the claims of the sources it leased
+        sent at once (a claim is only ever made under its source's lease)."""
+        why = self._begin(fast)
+        if why is not None:
+            return why, []
+        state = self.state
+        return None, [state.io.submit(state.rules.claim, k.key, k.lowered)
+                      for k in fast if k.source in self.leases.names]
+
+    def _early(self, k: _Kernel) -> _Early:
+        """The chunk's first compile, made while its leases are asked (step 1's round
+        trip hidden behind it): kept when the lease is this worker's and the claim finds
+        the source unindexed, else thrown away as a compile made while the claim was
+        out is (:meth:`_obtain`)."""
+        self._in_hand(k.key.id_hash)
+        t = time.perf_counter()
+        try:
+            return _Early(self._compile(k), None, time.perf_counter() - t)
+        except InfrastructureError:
+            raise
+        except FarmError as exc:  # its failure counts only if nothing is reused
+            return _Early(None, exc, time.perf_counter() - t)
+
     def _call_leases(self, once: Callable[[], T]) -> T:
         """``once()`` through the outage waiter; a Redis before 7.0, which refuses
         ``SET ... NX GET``, is asked again with the lease script (learnt once)."""
@@ -226,23 +295,31 @@ class ChunkRun:
             return call(once)
 
     # -- the fast path ----------------------------------------------------------------------
-    def _fast(self, kernels: list[_Kernel]) -> None:
+    def _fast(self, kernels: list[_Kernel],
+              sent: list[Future[tuple[Key | None, bool]]] | None = None,
+              first: _Early | None = None) -> None:
+        """``kernels`` under this worker's leases; ``sent``: their claims, already out
+        (else sent here); ``first``: the first kernel's compile, made ahead."""
         state = self.state
         ahead = not state.builds.claims_refused(self.build)
-        claims = [state.io.submit(state.rules.claim, k.key, k.lowered) for k in kernels]
-        early: list[Future[None]] = []  # the writes of all but the last kernel
+        claims = sent if sent is not None else [
+            state.io.submit(state.rules.claim, k.key, k.lowered) for k in kernels]
+        #: the records of all but the last kernel sent, then their writes started
+        pack: Future[list[Future[None]]] | None = None
+        writes: list[Future[None]] = []
         since = self.start
         try:
             for n, (k, claim) in enumerate(zip(kernels, claims, strict=True)):
                 if n and n == len(kernels) - 1:  # the others' records, and their writes
-                    first = [j for j in kernels[:n] if j.outcome is not None]
-                    since = self._record(first, since)  # while the last one compiles
-                    early = [state.io.submit(self._keep, j) for j in first
-                             if j.outcome is not Outcome.LOADED]
-                self._in_hand(k.key.id_hash)
-                t = time.perf_counter()
+                    done = [j for j in kernels[:n] if j.outcome is not None]
+                    since = self._record(done, since, send=False)
+                    pack = state.io.submit(self._send_and_keep, done)  # while the last
+                early = first if n == 0 else None
+                if early is None:
+                    self._in_hand(k.key.id_hash)
+                t = time.perf_counter() - (early.own_s if early is not None else 0.0)
                 try:
-                    self._obtain(k, claim, ahead=ahead)
+                    self._obtain(k, claim, ahead=ahead, early=early)
                 except KernelError as exc:
                     self._unclaim(k)
                     self.replies[k.index] = self._failed(k.req, k.key, exc.kind, str(exc),
@@ -253,6 +330,8 @@ class ChunkRun:
                     self._unclaim(k)
                     self.replies[k.index] = self._failed(k.req, k.key, "validation", str(exc))
                 k.own_s = time.perf_counter() - t
+            if pack is not None:  # the earlier records are out before the last one's
+                writes = pack.result()
             for k in kernels[-1:]:  # the last (or the only) one: its record, then its write
                 if k.outcome is not None:
                     self._record([k], since)
@@ -260,8 +339,11 @@ class ChunkRun:
                         self._keep(k)
         finally:  # a chunk given back leaves no claim or write of its still under way
             wait(claims)
-            wait(early)
-        for error in [f.exception() for f in early]:
+            if pack is not None:
+                wait([pack])
+                writes = pack.result() if pack.exception() is None else []
+            wait(writes)
+        for error in [f.exception() for f in writes]:
             if error is not None:
                 raise error
         done = [k for k in kernels if k.outcome is not None]
@@ -271,7 +353,7 @@ class ChunkRun:
                 work_s=k.own_s, worker=state.name, host=state.host)
 
     def _obtain(self, k: _Kernel, claim: Future[tuple[Key | None, bool]], *,
-                ahead: bool) -> None:
+                ahead: bool, early: _Early | None = None) -> None:
         """The rules for one kernel, its look (its claim) sent: Compiled when the claim
         found the source unindexed, else Loaded, Rekeyed or Compiled. ``ahead``: compile
         while the claim is still out (its round trip hidden behind the compile); a claim
@@ -281,11 +363,11 @@ class ChunkRun:
         all indexed)."""
         rules = self.state.rules
         family = k.req.artifact.kernel.family
-        early: Artifact | None = None
-        failed: FarmError | None = None
-        if ahead and not claim.done():
+        made: Artifact | None = early.artifact if early is not None else None
+        failed: FarmError | None = early.failed if early is not None else None
+        if early is None and ahead and not claim.done():
             try:
-                early = self._compile(k)
+                made = self._compile(k)
             except InfrastructureError:
                 raise
             except FarmError as exc:  # its failure counts only if nothing is reused
@@ -303,18 +385,28 @@ class ChunkRun:
                 return
         if failed is not None:
             raise failed
-        k.artifact = early if early is not None else self._compile(k)
+        k.artifact = made if made is not None else self._compile(k)
         k.outcome = Outcome.COMPILED
 
     def _compile(self, k: _Kernel) -> Artifact:
         """Finalize and validate by a load on this device (``WorkerState.compile``)."""
         return self.state.compile(k.key, k.req.artifact.kernel.family, k.lowered, k.source)
 
-    def _record(self, done: list[_Kernel], since: float) -> float:
-        """Every kernel's record; the changing ones sent now, in one pack, before any of
-        their store writes (a Loaded record goes with the chunk's end). Each kernel's
-        time is its own plus its share of the chunk's time since ``since`` that no
-        kernel's own accounts for; returns now (the next pack's ``since``)."""
+    def _send_and_keep(self, done: list[_Kernel]) -> list[Future[None]]:
+        """On a store thread, while the last kernel compiles: the records made for
+        ``done`` sent (one pack), then their writes started; the writes."""
+        state = self.state
+        if any(k.outcome is not Outcome.LOADED for k in done):
+            state.send_records()
+        return [state.io.submit(self._keep, k) for k in done
+                if k.outcome is not Outcome.LOADED]
+
+    def _record(self, done: list[_Kernel], since: float, *, send: bool = True) -> float:
+        """Every kernel's record; the changing ones sent now (``send``; else by the
+        caller), in one pack, before any of their store writes (a Loaded record goes
+        with the chunk's end). Each kernel's time is its own plus its share of the
+        chunk's time since ``since`` that no kernel's own accounts for; returns now (the
+        next pack's ``since``)."""
         state = self.state
         now = time.perf_counter()
         overhead = (now - since - sum(k.own_s for k in done)) / max(1, len(done))
@@ -327,7 +419,7 @@ class ChunkRun:
                      work_s=k.own_s, worker=state.name, host=state.host,
                      requested_by=requested_by, kernel=k.req.artifact.kernel.label()),
                 None if k.outcome is Outcome.LOADED else k.lowered)
-        if any(k.outcome is not Outcome.LOADED for k in done):
+        if send and any(k.outcome is not Outcome.LOADED for k in done):
             state.send_records()
         return now
 
