@@ -18,6 +18,8 @@
 #   bench/h200_round.sh control-plane-31                      # about 3 minutes (issue 31:
 #       this tree beside 624c62d and a bare Celery round trip; carry .base too)
 #   bench/h200_round.sh control-plane-31-128                  # a machine of 32+ cores
+#   bench/h200_round.sh control-plane-ab                      # about 5 minutes: this tree
+#       against .base/ab (carry .base)
 #   bench/h200_round.sh capture-pocl                          # about 4 minutes (issue 30)
 #   bench/h200_round.sh gpu-test pyapp-final                  # at most 7.5 minutes: the
 #       GPU tests, the three applications on NVIDIA (2 rounds), then on PoCL 5 (1 round,
@@ -89,6 +91,19 @@ for name in "$@"; do
         # round trip, in one call, on one Redis and MinIO; where the added latency goes
         # (--timeline); a pool process's side of a chunk alone (cp_chunk.py); what a
         # request costs MinIO (bench_minio_put.py)
+        # this tree against the commit exported in .base/ab (git archive REF farm worker
+        # loader bench | tar -x -C .base/ab), in one call: the fleet at 8 and 32 workers
+        # with a bare Celery round trip and the timeline, then a pool process's side alone,
+        # the two codes alternating
+        control-plane-ab) step control-plane-ab 480 $host sh -c \
+            'python3 -m compileall -q -j 0 .base > /dev/null;
+             python3 bench/bench_control_plane.py --workers 8,32 --chunks 4 --rtt-ms 0.5 \
+                 --kernels 2000 --clients 2 --latency-rounds 24 --baseline .base/ab \
+                 --bare --timeline;
+             for i in 1 2; do
+                 PYTHONPATH=.base/ab:$PYTHONPATH python3 .base/ab/bench/cp_chunk.py --chunks 300 --rtt-ms 0.5 | tail -1 | sed "s/^/ab: /";
+                 python3 bench/cp_chunk.py --chunks 300 --rtt-ms 0.5 | tail -1 | sed "s/^/new: /";
+             done' ;;
         control-plane-31) step control-plane-31 420 $host sh -c \
             'python3 -m compileall -q -j 0 .base > /dev/null;
              python3 bench/bench_control_plane.py --workers 8,32 --chunks 4 --rtt-ms 0.5 \
