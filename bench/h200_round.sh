@@ -49,6 +49,17 @@ for name in "$@"; do
             --device nvidia --rounds 3 ;;
         probe-served) step probe-served 120 $host python3 bench/probe_served_start.py \
             --device nvidia ;;
+        # which driver cache makes the prover's context slow, and what a Python start-up
+        # costs there (plain, -I, -S, the farm's launcher on `python -c pass`)
+        prover-context) step prover-context 180 $host sh -c \
+            'python3 bench/probe_prover_context.py --device nvidia --rounds 3;
+             python3 bench/probe_prover_context.py --device pocl --rounds 2;
+             for f in "" -I -S; do python3 -c "import subprocess,sys,time,statistics as s
+t=[]
+for i in range(7):
+    a=time.perf_counter(); subprocess.run(sys.argv[1:]); t.append(time.perf_counter()-a)
+print(\"start-up\", sys.argv[1:], round(1000*s.median(t),1), \"ms\")" python3 $f -c pass; done;
+             python3 -X importtime -c pass 2>&1 | sort -t"|" -k2 -n | tail -6' ;;
         ready-pocl) step ready-pocl 240 env FARM_DEVICE=pocl $host python3 bench/bench_ready.py \
             --manifest medium --workers 16 --device pocl --repeat 1 --no-before ;;
         # issue 30 after issue 29 (i30m): the three applications, a signed store, on NVIDIA
