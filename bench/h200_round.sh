@@ -20,6 +20,9 @@
 #   bench/h200_round.sh control-plane-31-128                  # a machine of 32+ cores
 #   bench/h200_round.sh control-plane-ab                      # about 5 minutes: this tree
 #       against .base/ab (carry .base)
+#   bench/h200_round.sh pyapp-ab                              # about 6 minutes (issue 30:
+#       this tree against .base/ab on NVIDIA; carry .whl with the applications' wheels,
+#       .kit, .base)
 #   bench/h200_round.sh capture-pocl                          # about 4 minutes (issue 30)
 #   bench/h200_round.sh gpu-test pyapp-final                  # at most 7.5 minutes: the
 #       GPU tests, the three applications on NVIDIA (2 rounds), then on PoCL 5 (1 round,
@@ -72,6 +75,15 @@ print(\"start-up\", sys.argv[1:], round(1000*s.median(t),1), \"ms\")" python3 $f
             'timeout 170 python3 bench/bench_pyopencl_app.py --device nvidia --rounds 2;
              FARM_DEVICE=pocl timeout 140 python3 bench/bench_pyopencl_app.py --device pocl \
                  --rounds 1 --capture-row' ;;
+        # issue 30 on NVIDIA, this tree against the commit exported in .base/ab, the two
+        # alternating in one call (array and reikna, one round each, twice)
+        pyapp-ab) step pyapp-ab 560 $host sh -c \
+            'for i in 1 2; do
+                 PYTHONPATH=.base/ab:$PYTHONPATH timeout 130 python3 .base/ab/bench/bench_pyopencl_app.py \
+                     --device nvidia --rounds 1 --apps array,reikna | grep -v "^BENCH" | sed "s/^/ab: /";
+                 timeout 130 python3 bench/bench_pyopencl_app.py --device nvidia --rounds 1 \
+                     --apps array,reikna | grep -v "^BENCH" | sed "s/^/new: /";
+             done' ;;
         pyapp-pocl) step pyapp-pocl 300 env FARM_DEVICE=pocl $host python3 \
             bench/bench_pyopencl_app.py --device pocl --rounds 2 ;;
         gpu-cluster-bench) step gpu-cluster-bench 560 $host python3 \
