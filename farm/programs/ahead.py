@@ -8,9 +8,8 @@ fresh node that proof costs a process and a device context (on NVIDIA a context 
 spends that long itself before it builds anything: importing pyopencl, creating its own
 context. So when a served process starts importing pyopencl on a node that has not
 proven this application's programs yet (:func:`start`, from ``farm run``'s start-up
-hook), it starts one more process, the **prover ahead** (:func:`main` with ``APP HOME``, in
-a Python started without ``site`` and given this process's import path: :data:`_BOOT`),
-and goes on:
+hook), it starts one more process, the **prover ahead**
+(``python -m farm.programs.ahead APP HOME``), and goes on:
 
 1. the prover takes the application's lock in the node's book (one prover per
    application and node: a pool's children, a second rank, wait for the same one), reads
@@ -61,17 +60,6 @@ WAIT_S = 10.0
 PROVER_LIMIT_S = 300.0
 _END = "end"
 
-
-#: the prover's import path: this process's, handed over (see :data:`_BOOT`)
-_PATH = "FARM_AHEAD_PATH"
-#: how the prover starts: Python without ``site`` (``-S``), which then costs nothing for
-#: the ``.pth`` files of the site-packages (a host's numba-cuda hook made ``site`` 70 of
-#: a start-up's 83 ms on the H200 host: docs/BENCHMARKS.md), the import path this
-#: process has appended after the standard library's, in its order, as ``site`` would
-#: have made it; so the prover proves that much sooner
-_BOOT = (f"import os,sys;sys.path+=[p for p in os.environ.pop({_PATH!r},'').split(os.pathsep)"
-         " if p and p not in sys.path];"
-         "from farm.programs.ahead import main;sys.exit(main(sys.argv[1:]))")
 
 #: the node's book of this proof version (``farm.compilation.proofs.PROOF_VERSION``, which
 #: this module does not import: ``farm run``'s own process starts a prover too, and
@@ -164,12 +152,11 @@ def start(home: str, app: str) -> Ahead | None:
         return ahead
     from farm.core.runenv import unserved_environment
 
-    env = {**unserved_environment(), "FARM_HOME": home,
-           _PATH: os.pathsep.join(p for p in sys.path if p)}
+    env = {**unserved_environment(), "FARM_HOME": home}
     null = os.devnull
     try:
         ahead.pid = os.posix_spawn(
-            sys.executable, [sys.executable, "-S", "-c", _BOOT, app, home], env,
+            sys.executable, [sys.executable, "-m", "farm.programs.ahead", app, home], env,
             file_actions=[(os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0),
                           (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
                           (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0)])
@@ -234,8 +221,7 @@ class _Here:
 
 
 def main(argv: list[str]) -> int:
-    """The prover ahead of ``APP`` on the node of ``HOME`` (see the module docstring;
-    ``python -m farm.programs.ahead APP HOME`` runs it too)."""
+    """``python -m farm.programs.ahead APP HOME`` (see the module docstring)."""
     import fcntl
     import shutil
     import tempfile
