@@ -46,15 +46,18 @@ def test_the_childs_driver_cache_is_private_and_goes_with_it(
     is removed with the child: never where the node's processes look (issue 29, item 6)."""
     from farm.compilation.validate import IsolatedValidator, Request
 
-    node_cache = tmp_path / "node-pocl"
-    node_cache.mkdir()
-    monkeypatch.setenv("POCL_CACHE_DIR", str(node_cache))
     device = select_device(probe_devices(), None)
     settings, ns, neg, _ = built_store(tmp_path)
     store = SQLiteStore(settings.store_path)
     good = store.get(ns, neg)
     store.close()
     assert good is not None
+    # the node's cache named only now: PoCL takes its folder once a process, when it
+    # first starts there (the lines above, when no test before them used PoCL here), and
+    # this process's PoCL must not be pointed at a folder this test then removes
+    node_cache = tmp_path / "node-pocl"
+    node_cache.mkdir()
+    monkeypatch.setenv("POCL_CACHE_DIR", str(node_cache))
     with IsolatedValidator(device) as child:
         assert child.check(good.binary, Request()).ok
         private = child._cache
