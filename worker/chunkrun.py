@@ -223,7 +223,7 @@ class ChunkRun:
                 pipe.get(build_alive_key(build or ""))
             self.leases.ask(pipe, [k.source for k in fast])
             if fast and self.ledger is not None:
-                pipe.set(task_kernel_key(self.ledger.task_id), _note(self.leases, fast),
+                pipe.set(task_kernel_key(self.ledger.task_id), self.leases.asked_note(),
                          ex=TASK_STATE_TTL_S)
             return list(pipe.execute())
 
@@ -492,13 +492,3 @@ class ChunkRun:
                            failure=KernelFailure(kind=kind, message=message,
                                                  build_log=build_log),
                            work_s=time.perf_counter() - self.start, host=self.state.host)
-
-
-def _note(leases: LeaseSet, kernels: list[_Kernel]) -> str:
-    """The crash ledger's note of the leases asked for (one not taken is harmless:
-    releasing it checks the token)."""
-    from farm.cluster.lease import kernel_note
-    from farm.core.keys import lease_key
-
-    names = " ".join(lease_key(leases.ns, k.source) for k in kernels)
-    return kernel_note("", names, leases.token)

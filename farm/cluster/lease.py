@@ -239,6 +239,11 @@ class LeaseSet:
                 pipe.eval(_ACQUIRE, 1, name, self.token, ttl_ms)
         self._sent = time.monotonic()
 
+    def asked_note(self) -> str:
+        """The crash ledger's note of the leases :meth:`ask` asked for, before their
+        replies (one not taken is harmless: releasing it checks the token)."""
+        return kernel_note("", " ".join(name for _, name in self._asked), self.token)
+
     def got(self, replies: list[Any]) -> set[str]:
         """Read the replies to :meth:`ask`'s commands: the source hashes now held."""
         for (source_hash, name), reply in zip(self._asked, replies, strict=True):
