@@ -110,8 +110,8 @@ class _Kernel:
 
 @dataclass
 class _Early:
-    """The chunk's first compile, made before its lease and claim were answered: the
-    artifact, or the failure that counts only if nothing is reused; its time."""
+    """A compile made before its lease or claim was answered: the artifact, or the
+    failure that counts only if nothing is reused; its time."""
 
     artifact: Artifact | None
     failed: FarmError | None
@@ -144,6 +144,7 @@ class ChunkRun:
         if fast and self._ahead_of_leases():
             begun = self.state.io.submit(self._begin_and_claim, fast)
             try:
+                self._in_hand(fast[0].key.id_hash)
                 first = self._early(fast[0])  # while the leases are asked
             except BaseException:  # the chunk goes back: nothing of it left under way
                 wait([begun])
@@ -266,11 +267,9 @@ class ChunkRun:
                       for k in fast if k.source in self.leases.names]
 
     def _early(self, k: _Kernel) -> _Early:
-        """The chunk's first compile, made while its leases are asked (step 1's round
-        trip hidden behind it): kept when the lease is this worker's and the claim finds
-        the source unindexed, else thrown away as a compile made while the claim was
-        out is (:meth:`_obtain`)."""
-        self._in_hand(k.key.id_hash)
+        """A compile made before the kernel's claim (and, the chunk's first, its lease)
+        was answered: kept when the lease is this worker's and the claim finds the
+        source unindexed, else thrown away (:meth:`_obtain`)."""
         t = time.perf_counter()
         try:
             return _Early(self._compile(k), None, time.perf_counter() - t)
@@ -363,15 +362,10 @@ class ChunkRun:
         all indexed)."""
         rules = self.state.rules
         family = k.req.artifact.kernel.family
-        made: Artifact | None = early.artifact if early is not None else None
-        failed: FarmError | None = early.failed if early is not None else None
         if early is None and ahead and not claim.done():
-            try:
-                made = self._compile(k)
-            except InfrastructureError:
-                raise
-            except FarmError as exc:  # its failure counts only if nothing is reused
-                failed = exc
+            early = self._early(k)
+        made = early.artifact if early is not None else None
+        failed = early.failed if early is not None else None
         k.claim = claim.result()
         if not k.claim[1]:  # the index held something (or the store only looked)
             if k.claim[0] is not None:  # the source is indexed: a rekey's build
