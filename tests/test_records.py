@@ -634,3 +634,31 @@ def test_an_owning_sink_closes_its_storage(tmp_path: Path) -> None:
     assert recorder.closed
     with SessionStorage(f"sqlite:///{path}") as storage:
         assert storage.count_records() == 1
+
+
+def test_an_interrupt_in_the_first_write_stays_the_error_shown(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """CI, stop 38: SIGTERM reached ``farm build`` while its first records write was
+    importing SQLAlchemy; the write at close then failed on the half-imported module and
+    that ``AttributeError`` replaced the interrupt, traceback and all."""
+    opened: list[int] = []
+
+    def interrupted_then_broken() -> SessionStorage:
+        opened.append(1)
+        if len(opened) == 1:
+            raise KeyboardInterrupt("SIGTERM")
+        raise AttributeError("module 'sqlalchemy' has no attribute 'dialects'")
+
+    recorder = Recorder(StorageSink(interrupted_then_broken), label="interrupted")
+    with pytest.raises(KeyboardInterrupt), caplog.at_level("WARNING"), recorder:
+        compile_(recorder)  # the first change writes the session: interrupted here
+    assert recorder.closed and len(opened) == 2  # close tried once more, and only warned
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [f"records: the last records of session {recorder.session.id} were "
+                      "not written (module 'sqlalchemy' has no attribute 'dialects')"]
+    # leaving the block without an error, records that cannot be written are still one
+    broken = Recorder(FlakySink(StorageSink.open(f"sqlite:///{tmp_path / 'r.sqlite'}"),
+                                failures=5), label="broken")
+    with pytest.raises(StoreError), broken:
+        compile_(broken)
+    assert broken.closed

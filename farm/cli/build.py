@@ -184,22 +184,11 @@ def _cluster_build(settings: Settings, registry: Registry, artifacts: list[Artif
         options = BuildOptions(fingerprint=fp, label=label, verify=target.verify,
                                wait_for_workers=target.wait_for_workers)
         recorder = open_recorder(settings, label)
-        try:
-            with progress(len(artifacts), quiet=quiet) as shown:
-                report = client.build(artifacts, options, recorder=recorder, progress=shown,
-                                      status=shown.status)
-        except BaseException:
-            _close_quietly(recorder)  # the error on its way out is the one line to show
-            raise
-        recorder.close()
+        # an error on its way out is the one line to show, a records problem a warning
+        with recorder, progress(len(artifacts), quiet=quiet) as shown:
+            report = client.build(artifacts, options, recorder=recorder, progress=shown,
+                                  status=shown.status)
     return report, fp, recorder
-
-
-def _close_quietly(recorder: Recorder) -> None:
-    try:
-        recorder.close()
-    except Exception as exc:  # e.g. Redis gone too: the records stay unsent
-        err.print(f"records of this build not sent: {exc}", markup=False, soft_wrap=True)
 
 
 def _publish_metrics(report: BatchReport, settings: Settings, *, manifest: str,

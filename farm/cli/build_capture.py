@@ -61,15 +61,15 @@ def build_capture(name: str, *, workers: int | None, json_out: bool, cluster: bo
     recorder = open_recorder(settings, label)
     reports: list[tuple[str, Built]] = []
     try:
-        for fp, specs in plan.items():
-            with progress(len(specs), quiet=json_out) as tick, _sigterm_interrupts():
-                if use_cluster:
-                    built = _on_cluster(settings, capture, fp, store, tick)
-                else:
-                    built = _here(settings, capture, fp, store, recorder, workers, tick)
-            reports.append((fp, built))
+        with recorder:  # an interrupt's records problem is a warning, not its traceback
+            for fp, specs in plan.items():
+                with progress(len(specs), quiet=json_out) as tick, _sigterm_interrupts():
+                    if use_cluster:
+                        built = _on_cluster(settings, capture, fp, store, tick)
+                    else:
+                        built = _here(settings, capture, fp, store, recorder, workers, tick)
+                reports.append((fp, built))
     finally:
-        recorder.close()
         store.close()
     failed = any(b.report.failed or (b.ready and b.ready.failed) for _, b in reports)
     if json_out:

@@ -175,7 +175,7 @@ def _on_cluster(settings: Settings, registry: Registry, specs: list[TuningSpec],
                     done[i] = TuneOutcome(spec=spec, result=found, reused=True)
         todo = [(i, s) for i, s in enumerate(specs) if i not in done]
         recorder = open_recorder(settings, run.label)
-        try:
+        with recorder:  # an error on its way out stays the one shown
             if todo:
                 artifacts = [a for _, s in todo for a in s.artifacts()]
                 with progress(len(artifacts)) as shown:
@@ -189,8 +189,6 @@ def _on_cluster(settings: Settings, registry: Registry, specs: list[TuningSpec],
                         requested_by=RequestedBy(session=recorder.session.id, batch=0),
                         notify=lambda o: shown.advance(_what(o), o.spec.label()))
                 done.update({i: o for (i, _), o in zip(todo, got, strict=True)})
-        finally:
-            recorder.close()
     return fp, [done[i] for i in range(len(specs))]
 
 

@@ -67,11 +67,14 @@ def local_farm(settings: Settings, *, label: str, workers: int | None = None,
         compiler = own
     prover = Prover(device, ProofBook(settings.home))
     try:
-        yield LocalFarm(settings=settings, registry=registry, device=device, context=context,
-                        store=store, recorder=recorder, compiler=compiler, prover=prover)
+        with recorder:  # an error or interrupt on its way out stays the one shown
+            try:
+                yield LocalFarm(settings=settings, registry=registry, device=device,
+                                context=context, store=store, recorder=recorder,
+                                compiler=compiler, prover=prover)
+            finally:
+                prover.close()
+                if own is not None:
+                    own.close()
     finally:
-        prover.close()
-        if own is not None:
-            own.close()
-        recorder.close()
         store.close()

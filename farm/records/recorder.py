@@ -27,7 +27,8 @@ Rules (docs/ARCHITECTURE.md, "Records and sessions"):
 - Recording never fails a build: a sink that raises while records come in is logged,
   its records are kept and retried with the next send (sinks are idempotent by
   (session, seq)), bounded by ``max_held``. ``flush()`` and ``close()`` do raise, so
-  the end of a build reports records that could not be written.
+  the end of a build reports records that could not be written; a ``with`` block that
+  an error or an interrupt leaves only warns, so that error stays the one shown.
 """
 
 from __future__ import annotations
@@ -271,7 +272,22 @@ class Recorder:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+        else:
+            self.close_quietly()
+
+    def close_quietly(self) -> None:
+        """``close()`` for a block that an error or an interrupt is leaving: that one is
+        the line to show, so records that cannot be written are a warning here, never a
+        second error in its place. (Ctrl-C or SIGTERM in the middle of the first write's
+        import of SQLAlchemy leaves it half imported, and the write at close then fails
+        with an ``AttributeError`` that replaced the interrupt, traceback and all.)"""
+        try:
+            self.close()
+        except Exception as exc:  # any sink failure: the records stay unwritten
+            log.warning("records: the last records of session %d were not written (%s)",
+                        self._session.id, " ".join(str(exc).split()))
 
     def __repr__(self) -> str:
         return (f"Recorder(session={self._session.id}, level={self.config.level.value}, "
