@@ -338,9 +338,8 @@ class ChunkRun:
                         self._keep(k)
         finally:  # a chunk given back leaves no claim or write of its still under way
             wait(claims)
-            if pack is not None:
-                wait([pack])
-                writes = pack.result() if pack.exception() is None else []
+            if pack is not None and pack.exception() is None:  # exception() waits for it
+                writes = pack.result()
             wait(writes)
         for error in [f.exception() for f in writes]:
             if error is not None:
